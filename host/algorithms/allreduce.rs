@@ -1,0 +1,204 @@
+//! Allreduce: ring (bandwidth-optimal, pipelined), recursive doubling (latency-optimal) and
+//! Rabenseifner (recursive-halving reduce-scatter + recursive-doubling allgather).
+//!
+//! All three work in place on `buf` and assume a commutative operator; callers apply the
+//! operator's finishing step (avg's division) afterwards. Safety contract: see the module docs
+//! of [`crate::algorithms`].
+
+use super::{Fold, block_range, segments};
+use crate::buffer::RawBuf;
+use crate::error::Result;
+use crate::reducer::Reducer;
+use crate::transport::Transport;
+
+/// Ring allreduce: a reduce-scatter around the ring, then an allgather around the ring. Each
+/// rank sends and receives `2 (n-1)/n` of the buffer, the minimum. Reduce-scatter steps are cut
+/// into segments of `seg` elements so reducing segment `k` overlaps receiving segment `k+1`.
+///
+/// `scratch` must hold at least `2 * seg` elements (or the whole buffer if smaller).
+///
+/// # Safety
+/// See [`crate::algorithms`]: `buf` and `scratch` valid, exclusive and disjoint until the
+/// future completes.
+pub(crate) async unsafe fn ring<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    buf: RawBuf<T>,
+    scratch: RawBuf<T>,
+    seg: usize,
+) -> Result<()> {
+    let (n, me) = (x.size(), x.rank());
+    if n == 1 {
+        return Ok(());
+    }
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let seg = seg.max(1).min(scratch.len() / 2).max(1);
+    let block = |i: usize| {
+        let (s, l) = block_range(buf.len(), n, i);
+        buf.block(s, l)
+    };
+    for step in 0..n - 1 {
+        let send = block((me + n - step) % n);
+        let recv = block((me + n - step - 1) % n);
+        let sends: Vec<_> = segments(send.len(), seg).collect();
+        let recvs: Vec<_> = segments(recv.len(), seg).collect();
+        let mut previous: Option<(X::Pending, usize)> = None;
+        for k in 0..sends.len().max(recvs.len()) {
+            let slot = scratch.block((k % 2) * seg, seg);
+            let s: Vec<_> = sends.get(k).map(|&(o, l)| (send.block(o, l), right)).into_iter().collect();
+            let rv: Vec<_> = recvs.get(k).map(|&(_, l)| (slot.block(0, l), left)).into_iter().collect();
+            // SAFETY: the send segment belongs to a block fully reduced in the previous step
+            // (or original data) and is not written during this step; the receive goes into a
+            // scratch slot whose previous contents were reduced at iteration k-1.
+            let pending = unsafe { x.post(&s, &rv) }?;
+            if let Some((p, kk)) = previous.take() {
+                p.await?;
+                reduce_segment(r, recv, &recvs, kk, scratch, seg);
+            }
+            previous = Some((pending, k));
+        }
+        if let Some((p, kk)) = previous.take() {
+            p.await?;
+            reduce_segment(r, recv, &recvs, kk, scratch, seg);
+        }
+    }
+    for step in 0..n - 1 {
+        let send = block((me + 1 + n - step) % n);
+        let recv = block((me + n - step) % n);
+        // SAFETY: distinct blocks of `buf`; the send block is complete, the receive block is
+        // not read by this rank during the step.
+        unsafe { x.post(&[(send, right)], &[(recv, left)]) }?.await?;
+    }
+    Ok(())
+}
+
+fn reduce_segment<T: Copy, R: Reducer<T>>(
+    r: &R,
+    recv: RawBuf<T>,
+    recvs: &[(usize, usize)],
+    k: usize,
+    scratch: RawBuf<T>,
+    seg: usize,
+) {
+    let Some(&(o, l)) = recvs.get(k) else { return };
+    // SAFETY: segment k of the receive block is owned by this rank during the step (no message
+    // reads or writes it), and the scratch slot's receive has completed.
+    unsafe { r.reduce(recv.block(o, l).as_mut_slice(), scratch.block((k % 2) * seg, l).as_slice()) };
+}
+
+/// Folds the extra ranks of a non-power-of-two communicator in: odd ranks below `2 rem`
+/// receive and reduce their even neighbour's data.
+async fn fold_in<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    fold: Fold,
+    buf: RawBuf<T>,
+    scratch: RawBuf<T>,
+) -> Result<()> {
+    let me = x.rank();
+    if me >= 2 * fold.rem {
+        return Ok(());
+    }
+    if me % 2 == 0 {
+        // SAFETY: `buf` is only read while the send is pending.
+        unsafe { x.post(&[(buf, me + 1)], &[]) }?.await
+    } else {
+        let tmp = scratch.block(0, buf.len());
+        // SAFETY: `tmp` is scratch, disjoint from `buf`.
+        unsafe { x.post(&[], &[(tmp, me - 1)]) }?.await?;
+        // SAFETY: the receive completed; nothing else touches either buffer.
+        unsafe { r.reduce(buf.as_mut_slice(), tmp.as_slice()) };
+        Ok(())
+    }
+}
+
+/// Sends the result back to the ranks that folded away.
+async fn fold_out<T: Copy, X: Transport<T>>(x: &X, fold: Fold, buf: RawBuf<T>) -> Result<()> {
+    let me = x.rank();
+    if me >= 2 * fold.rem {
+        return Ok(());
+    }
+    // SAFETY: `buf` is read by the send (odd ranks) or written by the receive (even ranks) and
+    // untouched otherwise until completion.
+    unsafe { if me % 2 == 0 { x.post(&[], &[(buf, me + 1)]) } else { x.post(&[(buf, me - 1)], &[]) } }?.await
+}
+
+/// Recursive doubling: `log2 n` full-buffer exchanges; best for small buffers.
+/// `scratch` must hold `buf.len()` elements.
+///
+/// # Safety
+/// See [`crate::algorithms`].
+pub(crate) async unsafe fn recursive_doubling<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    buf: RawBuf<T>,
+    scratch: RawBuf<T>,
+) -> Result<()> {
+    let fold = Fold::new(x.size());
+    fold_in(x, r, fold, buf, scratch).await?;
+    if let Some(v) = fold.virtual_rank(x.rank()) {
+        let tmp = scratch.block(0, buf.len());
+        let mut mask = 1;
+        while mask < fold.pof2 {
+            let partner = fold.real_rank(v ^ mask);
+            // SAFETY: `buf` is only read by the send, `tmp` (scratch) only written by the
+            // receive, until completion.
+            unsafe { x.post(&[(buf, partner)], &[(tmp, partner)]) }?.await?;
+            // SAFETY: the exchange completed.
+            unsafe { r.reduce(buf.as_mut_slice(), tmp.as_slice()) };
+            mask <<= 1;
+        }
+    }
+    fold_out(x, fold, buf).await
+}
+
+/// Rabenseifner: reduce-scatter by recursive halving, then allgather by recursive doubling.
+/// Moves about as little data as the ring in `2 log2 n` steps instead of `2 (n-1)`.
+/// `scratch` must hold `buf.len()` elements.
+///
+/// # Safety
+/// See [`crate::algorithms`].
+pub(crate) async unsafe fn rabenseifner<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    buf: RawBuf<T>,
+    scratch: RawBuf<T>,
+) -> Result<()> {
+    let fold = Fold::new(x.size());
+    fold_in(x, r, fold, buf, scratch).await?;
+    if let Some(v) = fold.virtual_rank(x.rank()) {
+        let (mut lo, mut hi) = (0, buf.len());
+        let mut levels = Vec::new();
+        let mut mask = fold.pof2 / 2;
+        while mask >= 1 {
+            let partner = fold.real_rank(v ^ mask);
+            let mid = lo + (hi - lo) / 2;
+            let (keep, give) = if v & mask == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
+            let keep_buf = buf.block(keep.0, keep.1 - keep.0);
+            let tmp = scratch.block(0, keep_buf.len());
+            // SAFETY: the given half is only read, the scratch only written, until completion;
+            // the kept half is untouched meanwhile.
+            unsafe { x.post(&[(buf.block(give.0, give.1 - give.0), partner)], &[(tmp, partner)]) }?.await?;
+            // SAFETY: the exchange completed.
+            unsafe { r.reduce(keep_buf.as_mut_slice(), tmp.as_slice()) };
+            levels.push((lo, hi));
+            (lo, hi) = keep;
+            mask /= 2;
+        }
+        let mut mask = 1;
+        while mask < fold.pof2 {
+            let partner = fold.real_rank(v ^ mask);
+            let Some((plo, phi)) = levels.pop() else { break };
+            let other = if lo == plo { (hi, phi) } else { (plo, lo) };
+            // SAFETY: this rank's reduced range is only read, the partner's range only written,
+            // and they are disjoint halves of the parent range.
+            unsafe {
+                x.post(&[(buf.block(lo, hi - lo), partner)], &[(buf.block(other.0, other.1 - other.0), partner)])
+            }?
+            .await?;
+            (lo, hi) = (plo, phi);
+            mask <<= 1;
+        }
+    }
+    fold_out(x, fold, buf).await
+}

@@ -1,0 +1,824 @@
+//! The collectives of the Mpi backend.
+//!
+//! Each collective is planned once (`plan_*`: argument checks, then either native MPI calls or
+//! one of Duralumin's algorithms) and exposed blocking and non-blocking by
+//! [`blocking_and_nonblocking!`]. The path is chosen only from values every rank shares (counts
+//! that must match, tuning, operator), so all ranks always take the same one:
+//! * counts that fit one MPI call go to the MPI library; larger ones are split (elementwise
+//!   operations) or run over point-to-point, whose transport splits messages;
+//! * gatherv, scatterv and alltoallv always run Duralumin's linear/pairwise algorithms: their
+//!   counts are not known on every rank, so no rank could tell whether another one needs the
+//!   large-count path (MPI libraries run these linear too).
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use duralumin_kernels::{Element, ReduceOp};
+
+use super::Communicator;
+use super::job::{Job, Mode, Post};
+use crate::algorithms::{allreduce, bcast, exchange};
+use crate::buffer::RawBuf;
+use crate::check;
+use crate::datatype::{datatype, mpi_op};
+use crate::error::{Error, Result};
+use crate::ffi::in_place;
+use crate::ffi::native::Native;
+use crate::reducer::{HostReducer, Reducer};
+use crate::request::{Request, Scope};
+use crate::transport::MpiTransport;
+
+/// Allreduce algorithms. `Auto` picks by message size (see [`super::Tuning`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AllreduceAlgorithm {
+    /// Native below [`super::Tuning::allreduce_ring_bytes`], ring above (native for
+    /// non-commutative operators).
+    #[default]
+    Auto,
+    /// The MPI library's `MPI_Allreduce`.
+    Native,
+    /// Pipelined ring: reduce-scatter then allgather around the ring.
+    Ring,
+    /// Recursive doubling (full-buffer exchanges, `log2 n` steps).
+    RecursiveDoubling,
+    /// Rabenseifner: recursive-halving reduce-scatter, recursive-doubling allgather.
+    Rabenseifner,
+}
+
+/// Broadcast algorithms. `Auto` picks by message size (see [`super::Tuning`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BcastAlgorithm {
+    /// Native below [`super::Tuning::bcast_chain_bytes`] or with 2 ranks, chain above.
+    #[default]
+    Auto,
+    /// The MPI library's `MPI_Bcast`.
+    Native,
+    /// Pipelined chain (chunks flow `root -> root+1 -> ...`).
+    Chain,
+}
+
+impl AllreduceAlgorithm {
+    fn name(self) -> &'static str {
+        match self {
+            AllreduceAlgorithm::Auto => "auto",
+            AllreduceAlgorithm::Native => "native",
+            AllreduceAlgorithm::Ring => "ring",
+            AllreduceAlgorithm::RecursiveDoubling => "recursive doubling",
+            AllreduceAlgorithm::Rabenseifner => "rabenseifner",
+        }
+    }
+}
+
+fn cptr<T>(s: &[T]) -> *const c_void {
+    s.as_ptr().cast()
+}
+
+/// `p + off` elements, as a void pointer for MPI.
+fn at<T>(p: RawBuf<T>, off: usize) -> *mut c_void {
+    p.block(off, 0).ptr().cast()
+}
+
+fn cnt(n: usize) -> c_int {
+    // Only called with counts already checked against `max_message_elements <= c_int::MAX`.
+    c_int::try_from(n).unwrap_or(c_int::MAX)
+}
+
+fn finish_slice<T: Element, O: ReduceOp<T>>(s: &mut [T], ranks: u32) {
+    for x in s {
+        *x = O::finish(*x, ranks);
+    }
+}
+
+/// The finishing step of `O` on `buf`, if it has one.
+fn finish<T: Element, O: ReduceOp<T>>(buf: RawBuf<T>, ranks: usize) -> Option<Post<T>> {
+    O::HAS_FINISH.then(|| Post::Finish { buf, f: finish_slice::<T, O>, ranks: ranks as u32 })
+}
+
+/// `(offset, len)` pieces of at most `max` elements; at least one piece.
+fn pieces(len: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    crate::algorithms::segments(len, max)
+}
+
+/// Emits the blocking and the non-blocking public method of a collective from its plan.
+macro_rules! blocking_and_nonblocking {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident / $iname:ident <$($g:ident : $bound:path),*> ($($arg:ident : $ty:ty),* $(,)?)
+            => $plan:ident ($($pa:expr),* $(,)?);
+    )*) => {$(
+        $(#[$doc])*
+        pub fn $name<'buf, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
+            self.core.errors.check()?;
+            let job = self.$plan($($pa,)* Mode::Blocking)?;
+            self.run(job)
+        }
+
+        #[doc = concat!("Non-blocking [`", stringify!($name), "`](Self::", stringify!($name), "): starts the \
+            operation and returns a [`Request`]. The buffers stay borrowed until the request \
+            completes (at the latest when the [`Scope`] ends); the operation progresses on the \
+            progress thread meanwhile.")]
+        pub fn $iname<'s, 'buf: 's, $($g: $bound),*>(
+            &'s self,
+            scope: &'s Scope<'s, '_>,
+            $($arg: $ty),*
+        ) -> Result<Request<'s>> {
+            self.core.errors.check()?;
+            let job = self.$plan($($pa,)* Mode::NonBlocking)?;
+            self.start(scope, job)
+        }
+    )*};
+}
+pub(super) use blocking_and_nonblocking;
+
+impl Communicator {
+    fn fits(&self, n: usize) -> bool {
+        n <= self.tuning.max_message_elements
+    }
+
+    pub(super) fn transport<T: Element>(&self, mode: Mode) -> Result<MpiTransport> {
+        Ok(MpiTransport {
+            comm: self.core.algo,
+            dt: datatype::<T>()?,
+            tag: self.next_tag(),
+            rank: self.core.rank,
+            size: self.core.size,
+            max_count: self.tuning.max_message_elements,
+            blocking: mode == Mode::Blocking,
+        })
+    }
+
+    blocking_and_nonblocking! {
+        /// Allreduce (`MPI_Allreduce`): `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every
+        /// rank. `send` and `recv` have equal lengths on every rank. The algorithm is chosen by
+        /// size ([`AllreduceAlgorithm::Auto`]).
+        fn allreduce / iallreduce <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], op: O)
+            => plan_allreduce(Some(send), recv, op, AllreduceAlgorithm::Auto);
+        /// In-place allreduce: `buf` is both the input and the result.
+        fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>> (buf: &'buf mut [T], op: O)
+            => plan_allreduce(None, buf, op, AllreduceAlgorithm::Auto);
+        /// Allreduce with an explicit algorithm. Algorithms other than `Native` and `Auto`
+        /// need a commutative operator ([`Error::AlgorithmUnsupported`] otherwise).
+        fn allreduce_with / iallreduce_with <T: Element, O: ReduceOp<T>>
+            (send: &'buf [T], recv: &'buf mut [T], op: O, algorithm: AllreduceAlgorithm)
+            => plan_allreduce(Some(send), recv, op, algorithm);
+        /// In-place allreduce with an explicit algorithm.
+        fn allreduce_in_place_with / iallreduce_in_place_with <T: Element, O: ReduceOp<T>>
+            (buf: &'buf mut [T], op: O, algorithm: AllreduceAlgorithm)
+            => plan_allreduce(None, buf, op, algorithm);
+
+        /// Reduce (`MPI_Reduce`) to `root`: at the root `recv` (as long as `send`) receives the
+        /// reduction; elsewhere `recv` is not used (pass `&mut []`).
+        fn reduce / ireduce <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], root: usize, op: O)
+            => plan_reduce(Some(send), recv, root, op);
+        /// In-place reduce: `buf` is every rank's input; at the root it receives the result,
+        /// elsewhere it is left unchanged.
+        fn reduce_in_place / ireduce_in_place <T: Element, O: ReduceOp<T>> (buf: &'buf mut [T], root: usize, op: O)
+            => plan_reduce(None, buf, root, op);
+
+        /// Broadcast (`MPI_Bcast`) of `buf` from `root`; `buf` has the same length everywhere.
+        fn bcast / ibcast <T: Element> (buf: &'buf mut [T], root: usize)
+            => plan_bcast(buf, root, BcastAlgorithm::Auto);
+        /// Broadcast with an explicit algorithm.
+        fn bcast_with / ibcast_with <T: Element> (buf: &'buf mut [T], root: usize, algorithm: BcastAlgorithm)
+            => plan_bcast(buf, root, algorithm);
+
+        /// Allgather (`MPI_Allgather`): rank `i`'s `send` lands at `recv[i*c..(i+1)*c]` on every
+        /// rank, `c = send.len()`, `recv.len() == size * c`.
+        fn allgather / iallgather <T: Element> (send: &'buf [T], recv: &'buf mut [T])
+            => plan_allgather(Some(send), recv);
+        /// In-place allgather: this rank's block of `buf` (length `size * c`) is its input.
+        fn allgather_in_place / iallgather_in_place <T: Element> (buf: &'buf mut [T])
+            => plan_allgather(None, buf);
+
+        /// Allgatherv (`MPI_Allgatherv`): rank `i`'s `send` (of `counts[i]` elements) lands at
+        /// `recv[displs[i]..]`. Receive blocks must not overlap.
+        fn allgatherv / iallgatherv <T: Element>
+            (send: &'buf [T], recv: &'buf mut [T], counts: &[usize], displs: &[usize])
+            => plan_allgatherv(Some(send), recv, counts, displs);
+        /// In-place allgatherv: this rank's block of `buf` is its input.
+        fn allgatherv_in_place / iallgatherv_in_place <T: Element>
+            (buf: &'buf mut [T], counts: &[usize], displs: &[usize])
+            => plan_allgatherv(None, buf, counts, displs);
+
+        /// All-to-all (`MPI_Alltoall`): block `j` of `send` goes to rank `j`, block `i` of
+        /// `recv` comes from rank `i`; both have `size * c` elements.
+        fn alltoall / ialltoall <T: Element> (send: &'buf [T], recv: &'buf mut [T])
+            => plan_alltoall(Some(send), recv);
+        /// In-place all-to-all: block `j` of `buf` is sent to rank `j` and replaced by the
+        /// block rank `j` sent.
+        fn alltoall_in_place / ialltoall_in_place <T: Element> (buf: &'buf mut [T])
+            => plan_alltoall(None, buf);
+
+        /// All-to-all with per-rank counts and displacements (`MPI_Alltoallv`):
+        /// `send[send_displs[j]..][..send_counts[j]]` goes to rank `j`,
+        /// `recv[recv_displs[i]..][..recv_counts[i]]` comes from rank `i`.
+        fn alltoallv / ialltoallv <T: Element> (
+            send: &'buf [T], send_counts: &[usize], send_displs: &[usize],
+            recv: &'buf mut [T], recv_counts: &[usize], recv_displs: &[usize],
+        ) => plan_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+
+        /// Gather (`MPI_Gather`) to `root`: rank `i`'s `send` lands at `recv[i*c..]` on the
+        /// root (`recv.len() == size * c`); `recv` is not used elsewhere (pass `&mut []`).
+        fn gather / igather <T: Element> (send: &'buf [T], recv: &'buf mut [T], root: usize)
+            => plan_gather(Some(send), recv, root);
+        /// In-place gather: at the root `buf` has `size * c` elements with its own block in
+        /// place; elsewhere `buf` is the `c`-element contribution (only read).
+        fn gather_in_place / igather_in_place <T: Element> (buf: &'buf mut [T], root: usize)
+            => plan_gather(None, buf, root);
+
+        /// Gatherv (`MPI_Gatherv`) to `root`: rank `i`'s `send` lands at
+        /// `recv[displs[i]..][..counts[i]]` on the root. `counts` and `displs` are used at the
+        /// root only (pass `&[]` elsewhere).
+        fn gatherv / igatherv <T: Element>
+            (send: &'buf [T], recv: &'buf mut [T], counts: &[usize], displs: &[usize], root: usize)
+            => plan_gatherv(Some(send), recv, counts, displs, root);
+        /// In-place gatherv: the root's own block is already in place in `buf`; elsewhere
+        /// `buf` is the contribution (only read).
+        fn gatherv_in_place / igatherv_in_place <T: Element>
+            (buf: &'buf mut [T], counts: &[usize], displs: &[usize], root: usize)
+            => plan_gatherv(None, buf, counts, displs, root);
+
+        /// Scatter (`MPI_Scatter`) from `root`: block `i` of the root's `send`
+        /// (`send.len() == size * recv.len()`) lands in rank `i`'s `recv`; `send` is not used
+        /// elsewhere (pass `&[]`).
+        fn scatter / iscatter <T: Element> (send: &'buf [T], recv: &'buf mut [T], root: usize)
+            => plan_scatter(Some(send), recv, root);
+        /// In-place scatter: at the root `buf` holds all `size` blocks and keeps its own;
+        /// elsewhere `buf` receives the block.
+        fn scatter_in_place / iscatter_in_place <T: Element> (buf: &'buf mut [T], root: usize)
+            => plan_scatter(None, buf, root);
+
+        /// Scatterv (`MPI_Scatterv`) from `root`: `send[displs[i]..][..counts[i]]` lands in rank
+        /// `i`'s `recv`. `send`, `counts` and `displs` are used at the root only.
+        fn scatterv / iscatterv <T: Element>
+            (send: &'buf [T], counts: &[usize], displs: &[usize], recv: &'buf mut [T], root: usize)
+            => plan_scatterv(Some(send), counts, displs, recv, root);
+        /// In-place scatterv: at the root `buf` is the send buffer and its own block stays in
+        /// place; elsewhere `buf` receives the block.
+        fn scatterv_in_place / iscatterv_in_place <T: Element>
+            (buf: &'buf mut [T], counts: &[usize], displs: &[usize], root: usize)
+            => plan_scatterv(None, counts, displs, buf, root);
+
+        /// Reduce-scatter with equal blocks (`MPI_Reduce_scatter_block`): `send` has
+        /// `size * c` elements and rank `i` receives the reduction of block `i` in `recv`
+        /// (`c` elements).
+        fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], op: O)
+            => plan_reduce_scatter(Some(send), recv, op);
+        /// In-place reduce-scatter: `buf` (`size * c` elements) is the input; the result for
+        /// this rank is written to `buf[..c]` (MPI's `MPI_IN_PLACE` convention).
+        fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>> (buf: &'buf mut [T], op: O)
+            => plan_reduce_scatter(None, buf, op);
+
+        /// Reduce-scatter with per-rank counts (`MPI_Reduce_scatter`): `send` holds the blocks
+        /// back to back (`sum(counts)` elements), rank `i` receives block `i` (`counts[i]`).
+        fn reduce_scatterv / ireduce_scatterv <T: Element, O: ReduceOp<T>>
+            (send: &'buf [T], recv: &'buf mut [T], counts: &[usize], op: O)
+            => plan_reduce_scatterv(Some(send), recv, counts, op);
+        /// In-place reduce-scatterv: `buf` (`sum(counts)` elements) is the input; the result is
+        /// written to `buf[..counts[rank]]`.
+        fn reduce_scatterv_in_place / ireduce_scatterv_in_place <T: Element, O: ReduceOp<T>>
+            (buf: &'buf mut [T], counts: &[usize], op: O)
+            => plan_reduce_scatterv(None, buf, counts, op);
+    }
+
+    /// Barrier (`MPI_Barrier`): returns once every rank has entered it.
+    pub fn barrier(&self) -> Result<()> {
+        self.core.errors.check()?;
+        self.run::<u8>(Job::native(datatype::<u8>()?, Native::Barrier))
+    }
+
+    /// Non-blocking barrier (`MPI_Ibarrier`).
+    pub fn ibarrier<'s>(&'s self, scope: &'s Scope<'s, '_>) -> Result<Request<'s>> {
+        self.core.errors.check()?;
+        self.start::<u8>(scope, Job::native(datatype::<u8>()?, Native::Barrier))
+    }
+
+    fn plan_allreduce<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        _op: O,
+        algorithm: AllreduceAlgorithm,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        if let Some(s) = send {
+            check::len("allreduce receive buffer", recv.len(), s.len())?;
+        }
+        let n = recv.len();
+        let bytes = n.saturating_mul(size_of::<T>());
+        let algorithm = match algorithm {
+            AllreduceAlgorithm::Auto
+                if !O::COMMUTATIVE || self.size() == 1 || bytes < self.tuning.allreduce_ring_bytes =>
+            {
+                AllreduceAlgorithm::Native
+            }
+            AllreduceAlgorithm::Auto => AllreduceAlgorithm::Ring,
+            a if a != AllreduceAlgorithm::Native && !O::COMMUTATIVE => {
+                return Err(Error::AlgorithmUnsupported {
+                    algorithm: a.name(),
+                    reason: "the operator is not commutative",
+                });
+            }
+            a => a,
+        };
+        let out = RawBuf::from_mut(recv);
+        if algorithm == AllreduceAlgorithm::Native {
+            let dt = datatype::<T>()?;
+            let op = mpi_op::<T, O>()?;
+            let calls = pieces(n, self.tuning.max_message_elements)
+                .map(|(off, len)| Native::Allreduce {
+                    send: send.map_or(in_place().cast_const(), |s| at(RawBuf::from_ref(s), off).cast_const()),
+                    recv: at(out, off),
+                    count: cnt(len),
+                    op,
+                })
+                .collect();
+            return Ok(Job::Native { dt, calls, post: finish::<T, O>(out, self.size()).into_iter().collect() });
+        }
+        let input = send.map(RawBuf::from_ref);
+        let x = self.transport::<T>(mode)?;
+        let core = Arc::clone(&self.core);
+        let seg = (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1);
+        Ok(Job::Future(Box::pin(async move {
+            if let Some(input) = input {
+                // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
+                // whole operation.
+                unsafe { out.copy_from(input) };
+            }
+            let r = HostReducer::<O>::new();
+            let scratch_len = if algorithm == AllreduceAlgorithm::Ring { n.min(2 * seg) } else { n };
+            let mut scratch = core.scratch.take::<T>(scratch_len)?;
+            let tmp = scratch.raw();
+            // SAFETY: `out` is borrowed by the operation and `tmp` is its own scratch: valid,
+            // exclusive and disjoint until completion.
+            unsafe {
+                match algorithm {
+                    AllreduceAlgorithm::Ring => allreduce::ring(&x, &r, out, tmp, seg).await?,
+                    AllreduceAlgorithm::RecursiveDoubling => allreduce::recursive_doubling(&x, &r, out, tmp).await?,
+                    _ => allreduce::rabenseifner(&x, &r, out, tmp).await?,
+                }
+                r.finish(out.as_mut_slice(), x.size as u32);
+            }
+            Ok(())
+        })))
+    }
+
+    fn plan_reduce<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        root: usize,
+        _op: O,
+        _mode: Mode,
+    ) -> Result<Job<T>> {
+        check::rank("reduce root", root, self.size())?;
+        let is_root = self.rank() == root;
+        let n = match send {
+            Some(s) => {
+                if is_root {
+                    check::len("reduce receive buffer", recv.len(), s.len())?;
+                }
+                s.len()
+            }
+            None => recv.len(),
+        };
+        let dt = datatype::<T>()?;
+        let op = mpi_op::<T, O>()?;
+        let out = RawBuf::from_mut(recv);
+        let input = send.map(RawBuf::from_ref);
+        let calls = pieces(n, self.tuning.max_message_elements)
+            .map(|(off, len)| {
+                let (s, r) = match (input, is_root) {
+                    (Some(i), true) => (at(i, off), at(out, off)),
+                    (Some(i), false) => (at(i, off), std::ptr::null_mut()),
+                    (None, true) => (in_place(), at(out, off)),
+                    (None, false) => (at(out, off), std::ptr::null_mut()),
+                };
+                Native::Reduce { send: s.cast_const(), recv: r, count: cnt(len), op, root: root as c_int }
+            })
+            .collect();
+        let post = if is_root { finish::<T, O>(out, self.size()) } else { None };
+        Ok(Job::Native { dt, calls, post: post.into_iter().collect() })
+    }
+
+    fn plan_bcast<T: Element>(
+        &self,
+        buf: &mut [T],
+        root: usize,
+        algorithm: BcastAlgorithm,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        check::rank("bcast root", root, self.size())?;
+        let bytes = buf.len().saturating_mul(size_of::<T>());
+        let chain = match algorithm {
+            BcastAlgorithm::Auto => self.size() > 2 && bytes >= self.tuning.bcast_chain_bytes,
+            BcastAlgorithm::Native => false,
+            BcastAlgorithm::Chain => true,
+        };
+        let out = RawBuf::from_mut(buf);
+        if !chain {
+            let calls = pieces(out.len(), self.tuning.max_message_elements)
+                .map(|(off, len)| Native::Bcast { buf: at(out, off), count: cnt(len), root: root as c_int })
+                .collect();
+            return Ok(Job::Native { dt: datatype::<T>()?, calls, post: Vec::new() });
+        }
+        let x = self.transport::<T>(mode)?;
+        let chunk = (self.tuning.bcast_chunk_bytes / size_of::<T>().max(1)).max(1);
+        // SAFETY: `buf` is borrowed by the public method for the whole operation.
+        Ok(Job::Future(Box::pin(async move { unsafe { bcast::chain(&x, out, root, chunk).await } })))
+    }
+
+    fn plan_allgather<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], mode: Mode) -> Result<Job<T>> {
+        let n = self.size();
+        let count = match send {
+            Some(s) => {
+                check::len("allgather receive buffer", recv.len(), check::product("allgather", s.len(), n)?)?;
+                s.len()
+            }
+            None => check::divisible("allgather buffer (size * count)", recv.len(), n)?,
+        };
+        let out = RawBuf::from_mut(recv);
+        if self.fits(count) {
+            let send = send.map_or(in_place().cast_const(), cptr);
+            return Ok(Job::native(
+                datatype::<T>()?,
+                Native::Allgather { send, recv: out.ptr().cast(), count: cnt(count) },
+            ));
+        }
+        let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
+        self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)
+    }
+
+    /// Allgather(v) over the ring algorithm, after placing this rank's own block.
+    fn ring_allgather<T: Element>(
+        &self,
+        send: Option<RawBuf<T>>,
+        blocks: Vec<RawBuf<T>>,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        let me = self.rank();
+        Ok(Job::Future(Box::pin(async move {
+            // SAFETY: the public method borrows the buffers for the whole operation; receive
+            // blocks were checked disjoint, and the send buffer is a distinct slice.
+            unsafe {
+                if let Some(s) = send {
+                    blocks[me].copy_from(s);
+                }
+                exchange::ring_allgather(&x, &blocks).await
+            }
+        })))
+    }
+
+    fn plan_allgatherv<T: Element>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let n = self.size();
+        check::per_rank("allgatherv counts", counts, n)?;
+        check::per_rank("allgatherv displacements", displs, n)?;
+        check::blocks("allgatherv receive blocks", counts, displs, recv.len(), true)?;
+        if let Some(s) = send {
+            check::len("allgatherv send buffer", s.len(), counts[self.rank()])?;
+        }
+        let total = check::total("allgatherv counts", counts)?;
+        let out = RawBuf::from_mut(recv);
+        // Counts agree on every rank, displacements are this rank's own business: decide by
+        // counts so every rank takes the same path.
+        if self.fits(total) && displs.iter().all(|&d| self.fits(d)) {
+            let send_ptr = send.map_or(in_place().cast_const(), cptr);
+            return Ok(Job::native(
+                datatype::<T>()?,
+                Native::Allgatherv {
+                    send: send_ptr,
+                    count: cnt(counts[self.rank()]),
+                    recv: out.ptr().cast(),
+                    counts: counts.iter().map(|&c| cnt(c)).collect(),
+                    displs: displs.iter().map(|&d| cnt(d)).collect(),
+                },
+            ));
+        }
+        let blocks: Vec<_> = counts.iter().zip(displs).map(|(&c, &d)| out.block(d, c)).collect();
+        self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)
+    }
+
+    fn plan_alltoall<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], mode: Mode) -> Result<Job<T>> {
+        let n = self.size();
+        if let Some(s) = send {
+            check::len("alltoall receive buffer", recv.len(), s.len())?;
+        }
+        let count = check::divisible("alltoall buffer (size * count)", recv.len(), n)?;
+        let out = RawBuf::from_mut(recv);
+        if self.fits(count) {
+            let send = send.map_or(in_place().cast_const(), cptr);
+            return Ok(Job::native(
+                datatype::<T>()?,
+                Native::Alltoall { send, recv: out.ptr().cast(), count: cnt(count) },
+            ));
+        }
+        let counts = vec![count; n];
+        let displs = check::packed_displs(&counts);
+        self.pairwise_alltoall(send.map(RawBuf::from_ref), &counts, &displs, out, &counts, &displs, mode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pairwise_alltoall<T: Element>(
+        &self,
+        send: Option<RawBuf<T>>,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: RawBuf<T>,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        let me = self.rank();
+        let core = Arc::clone(&self.core);
+        let sblocks: Vec<(usize, usize)> = send_counts.iter().zip(send_displs).map(|(&c, &d)| (d, c)).collect();
+        let rblocks: Vec<_> = recv_counts.iter().zip(recv_displs).map(|(&c, &d)| recv.block(d, c)).collect();
+        Ok(Job::Future(Box::pin(async move {
+            // In place, the outgoing blocks are copied aside first: the receive blocks are the
+            // same memory.
+            let mut copy = match send {
+                Some(_) => None,
+                None => Some(core.scratch.take::<T>(recv.len())?),
+            };
+            let source = match (send, copy.as_mut()) {
+                (Some(s), _) => s,
+                (None, Some(c)) => {
+                    let c = c.raw();
+                    // SAFETY: scratch and the operation's buffer are disjoint and exclusive.
+                    unsafe { c.copy_from(recv) };
+                    c
+                }
+                (None, None) => return Ok(()),
+            };
+            let sends: Vec<_> = sblocks.iter().map(|&(d, c)| source.block(d, c)).collect();
+            // SAFETY: send blocks are only read; receive blocks were checked in range and
+            // disjoint, and are distinct from the send buffer (or its scratch copy).
+            unsafe {
+                rblocks[me].copy_from(sends[me]);
+                exchange::alltoall(&x, &sends, &rblocks).await
+            }
+        })))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn plan_alltoallv<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let n = self.size();
+        check::per_rank("alltoallv send counts", send_counts, n)?;
+        check::per_rank("alltoallv receive counts", recv_counts, n)?;
+        check::blocks("alltoallv send blocks", send_counts, send_displs, send.len(), false)?;
+        check::blocks("alltoallv receive blocks", recv_counts, recv_displs, recv.len(), true)?;
+        let me = self.rank();
+        check::len("alltoallv receive count from this rank itself", recv_counts[me], send_counts[me])?;
+        self.pairwise_alltoall(
+            Some(RawBuf::from_ref(send)),
+            send_counts,
+            send_displs,
+            RawBuf::from_mut(recv),
+            recv_counts,
+            recv_displs,
+            mode,
+        )
+    }
+
+    fn plan_gather<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], root: usize, mode: Mode) -> Result<Job<T>> {
+        let n = self.size();
+        check::rank("gather root", root, n)?;
+        let is_root = self.rank() == root;
+        let count = match (send, is_root) {
+            (Some(s), true) => {
+                check::len("gather receive buffer", recv.len(), check::product("gather", s.len(), n)?)?;
+                s.len()
+            }
+            (Some(s), false) => s.len(),
+            (None, true) => check::divisible("gather buffer (size * count)", recv.len(), n)?,
+            (None, false) => recv.len(),
+        };
+        let out = RawBuf::from_mut(recv);
+        let mine = send.map_or(out, RawBuf::from_ref);
+        if self.fits(count) {
+            let (s, r) = match (send.is_some(), is_root) {
+                (true, true) => (mine.ptr().cast(), out.ptr().cast()),
+                (false, true) => (in_place(), out.ptr().cast()),
+                (_, false) => (mine.ptr().cast(), std::ptr::null_mut()),
+            };
+            let call = Native::Gather { send: s.cast_const(), recv: r, count: cnt(count), root: root as c_int };
+            return Ok(Job::native(datatype::<T>()?, call));
+        }
+        let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
+        self.linear(send.map(RawBuf::from_ref), mine, blocks, root, true, mode)
+    }
+
+    /// Linear gather (`gather == true`) or scatter over point-to-point. At the root,
+    /// `separate` is the out-of-place buffer whose own block must be copied into (gather) or
+    /// out of (scatter) `blocks`; `mine` is this rank's contribution or destination elsewhere.
+    fn linear<T: Element>(
+        &self,
+        separate: Option<RawBuf<T>>,
+        mine: RawBuf<T>,
+        blocks: Vec<RawBuf<T>>,
+        root: usize,
+        gather: bool,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        let is_root = self.rank() == root;
+        Ok(Job::Future(Box::pin(async move {
+            // SAFETY: the public method borrows the buffers for the whole operation; blocks
+            // were checked in range (and disjoint where they are written).
+            unsafe {
+                if let (true, Some(own)) = (is_root, separate) {
+                    if gather { blocks[root].copy_from(own) } else { own.copy_from(blocks[root]) }
+                }
+                if gather {
+                    exchange::linear_gather(&x, root, mine, &blocks).await
+                } else {
+                    exchange::linear_scatter(&x, root, mine, &blocks).await
+                }
+            }
+        })))
+    }
+
+    fn plan_gatherv<T: Element>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        counts: &[usize],
+        displs: &[usize],
+        root: usize,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let n = self.size();
+        check::rank("gatherv root", root, n)?;
+        let is_root = self.rank() == root;
+        let out = RawBuf::from_mut(recv);
+        let mut blocks = Vec::new();
+        if is_root {
+            check::per_rank("gatherv counts", counts, n)?;
+            check::blocks("gatherv receive blocks", counts, displs, out.len(), true)?;
+            if let Some(s) = send {
+                check::len("gatherv send buffer", s.len(), counts[root])?;
+            }
+            blocks = counts.iter().zip(displs).map(|(&c, &d)| out.block(d, c)).collect();
+        }
+        let mine = send.map_or(out, RawBuf::from_ref);
+        self.linear(send.map(RawBuf::from_ref), mine, blocks, root, true, mode)
+    }
+
+    fn plan_scatter<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], root: usize, mode: Mode) -> Result<Job<T>> {
+        let n = self.size();
+        check::rank("scatter root", root, n)?;
+        let is_root = self.rank() == root;
+        let count = match (send, is_root) {
+            (Some(s), true) => {
+                check::len("scatter send buffer", s.len(), check::product("scatter", recv.len(), n)?)?;
+                recv.len()
+            }
+            (None, true) => check::divisible("scatter buffer (size * count)", recv.len(), n)?,
+            (_, false) => recv.len(),
+        };
+        let out = RawBuf::from_mut(recv);
+        let source = send.map_or(out, RawBuf::from_ref);
+        if self.fits(count) {
+            let (s, r) = match (send.is_some(), is_root) {
+                (true, true) => (source.ptr().cast_const().cast(), out.ptr().cast()),
+                (false, true) => (out.ptr().cast_const().cast(), in_place()),
+                (_, false) => (std::ptr::null(), out.ptr().cast()),
+            };
+            let call = Native::Scatter { send: s, recv: r, count: cnt(count), root: root as c_int };
+            return Ok(Job::native(datatype::<T>()?, call));
+        }
+        let blocks: Vec<_> =
+            if is_root { (0..n).map(|i| source.block(i * count, count)).collect() } else { Vec::new() };
+        let separate = send.is_some().then_some(out);
+        self.linear(separate, out, blocks, root, false, mode)
+    }
+
+    fn plan_scatterv<T: Element>(
+        &self,
+        send: Option<&[T]>,
+        counts: &[usize],
+        displs: &[usize],
+        recv: &mut [T],
+        root: usize,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let n = self.size();
+        check::rank("scatterv root", root, n)?;
+        let is_root = self.rank() == root;
+        let out = RawBuf::from_mut(recv);
+        let source = send.map_or(out, RawBuf::from_ref);
+        let mut blocks = Vec::new();
+        if is_root {
+            check::per_rank("scatterv counts", counts, n)?;
+            check::blocks("scatterv send blocks", counts, displs, source.len(), false)?;
+            if send.is_some() {
+                check::len("scatterv receive buffer", out.len(), counts[root])?;
+            }
+            blocks = counts.iter().zip(displs).map(|(&c, &d)| source.block(d, c)).collect();
+        }
+        let separate = send.is_some().then_some(out);
+        self.linear(separate, out, blocks, root, false, mode)
+    }
+
+    fn plan_reduce_scatter<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        op: O,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let n = self.size();
+        let count = match send {
+            Some(s) => {
+                check::len("reduce_scatter send buffer", s.len(), check::product("reduce_scatter", recv.len(), n)?)?;
+                recv.len()
+            }
+            None => check::divisible("reduce_scatter buffer (size * count)", recv.len(), n)?,
+        };
+        if !self.fits(count) {
+            return self.plan_reduce_scatterv(send, recv, &vec![count; n], op, mode);
+        }
+        let out = RawBuf::from_mut(recv);
+        let call = Native::ReduceScatterBlock {
+            send: send.map_or(in_place().cast_const(), cptr),
+            recv: out.ptr().cast(),
+            count: cnt(count),
+            op: mpi_op::<T, O>()?,
+        };
+        Ok(Job::native(datatype::<T>()?, call).then(finish::<T, O>(out.block(0, count), n)))
+    }
+
+    fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        counts: &[usize],
+        _op: O,
+        _mode: Mode,
+    ) -> Result<Job<T>> {
+        let (n, me) = (self.size(), self.rank());
+        check::per_rank("reduce_scatterv counts", counts, n)?;
+        let total = check::total("reduce_scatterv counts", counts)?;
+        match send {
+            Some(s) => {
+                check::len("reduce_scatterv send buffer", s.len(), total)?;
+                check::len("reduce_scatterv receive buffer", recv.len(), counts[me])?;
+            }
+            None => check::len("reduce_scatterv buffer", recv.len(), total)?,
+        }
+        let dt = datatype::<T>()?;
+        let op = mpi_op::<T, O>()?;
+        let out = RawBuf::from_mut(recv);
+        let result = out.block(0, counts[me]);
+        if self.fits(total) {
+            let call = Native::ReduceScatter {
+                send: send.map_or(in_place().cast_const(), cptr),
+                recv: out.ptr().cast(),
+                counts: counts.iter().map(|&c| cnt(c)).collect(),
+                op,
+            };
+            return Ok(Job::native(dt, call).then(finish::<T, O>(result, n)));
+        }
+        // Too large for one call: one (split) reduce per block, to that block's owner. Every
+        // rank knows the counts, so all issue the same calls in the same order.
+        let displs = check::packed_displs(counts);
+        let input = send.map_or(out, RawBuf::from_ref);
+        let mut calls = Vec::new();
+        for r in 0..n {
+            for (off, len) in pieces(counts[r], self.tuning.max_message_elements) {
+                let src = at(input, displs[r] + off);
+                let (s, d) = match (r == me, send.is_some()) {
+                    (true, true) => (src.cast_const(), at(out, off)),
+                    (true, false) => (in_place().cast_const(), src),
+                    (false, _) => (src.cast_const(), std::ptr::null_mut()),
+                };
+                calls.push(Native::Reduce { send: s, recv: d, count: cnt(len), op, root: r as c_int });
+            }
+        }
+        let mut post = Vec::new();
+        if send.is_none() {
+            post.push(Post::MoveToFront { buf: out, from: displs[me], len: counts[me] });
+        }
+        post.extend(finish::<T, O>(result, n));
+        Ok(Job::Native { dt, calls, post })
+    }
+}

@@ -1,0 +1,170 @@
+//! An operation ready to run: native MPI calls or an algorithm future, plus finishing steps;
+//! and how it runs blocking or on the progress engine.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use duralumin_kernels::Element;
+
+use super::Communicator;
+use crate::buffer::RawBuf;
+use crate::error::Result;
+use crate::ffi::native::Native;
+use crate::ffi::{RawDatatype, RawRequest, p2p};
+use crate::progress::{OpFuture, Task, block_on};
+use crate::request::{Request, Scope};
+
+/// Whether an operation is being built for a blocking call or for the progress engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Blocking,
+    NonBlocking,
+}
+
+/// A step that runs after the data has moved.
+#[derive(Debug)]
+pub(crate) enum Post<T> {
+    /// Applies the operator's finishing step (avg's division) to `buf`.
+    Finish { buf: RawBuf<T>, f: fn(&mut [T], u32), ranks: u32 },
+    /// Moves `len` elements at `from` to the start of `buf` (in-place reduce-scatter results).
+    MoveToFront { buf: RawBuf<T>, from: usize, len: usize },
+}
+
+// SAFETY: the buffers belong to the operation, which is the only user until it completes.
+unsafe impl<T: Send> Send for Post<T> {}
+
+impl<T: Copy> Post<T> {
+    /// # Safety
+    /// The operation's data movement has completed and its buffers are still borrowed by it.
+    unsafe fn apply(&self) {
+        match *self {
+            // SAFETY: the caller guarantees exclusive access to the completed buffer.
+            Post::Finish { buf, f, ranks } => f(unsafe { buf.as_mut_slice() }, ranks),
+            Post::MoveToFront { buf, from, len } => {
+                if from != 0 && len != 0 {
+                    // SAFETY: `from + len <= buf.len()` (checked when planned); ptr::copy
+                    // handles the overlap.
+                    unsafe { std::ptr::copy(buf.ptr().add(from), buf.ptr(), len) };
+                }
+            }
+        }
+    }
+}
+
+/// An operation ready to run.
+pub(crate) enum Job<T> {
+    /// Native MPI collectives (several when a large operation is split), then `post`.
+    Native { dt: RawDatatype, calls: Vec<Native>, post: Vec<Post<T>> },
+    /// One of Duralumin's algorithms (its future includes any finishing step).
+    Future(OpFuture),
+}
+
+impl<T> Job<T> {
+    pub(crate) fn native(dt: RawDatatype, call: Native) -> Self {
+        Job::Native { dt, calls: vec![call], post: Vec::new() }
+    }
+
+    pub(crate) fn then(mut self, step: Option<Post<T>>) -> Self {
+        if let (Job::Native { post, .. }, Some(step)) = (&mut self, step) {
+            post.push(step);
+        }
+        self
+    }
+}
+
+/// Waits for a set of MPI requests by polling `MPI_Test`.
+struct WaitRequests {
+    reqs: Vec<RawRequest>,
+}
+
+impl Future for WaitRequests {
+    type Output = Result<()>;
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        let mut done = true;
+        for r in &mut this.reqs {
+            if r.0 != RawRequest::null().0 {
+                match p2p::test(r) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => done = false,
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+        }
+        if done { Poll::Ready(Ok(())) } else { Poll::Pending }
+    }
+}
+
+impl Drop for WaitRequests {
+    fn drop(&mut self) {
+        for r in &mut self.reqs {
+            p2p::cancel_and_wait(r);
+        }
+    }
+}
+
+impl Communicator {
+    /// Runs a job to completion on this thread.
+    pub(crate) fn run<T: Element>(&self, job: Job<T>) -> Result<()> {
+        match job {
+            Job::Native { dt, calls, post } => {
+                for call in &calls {
+                    // SAFETY: the call was planned from buffers borrowed by the public method
+                    // that is running it now, with counts checked against their lengths.
+                    unsafe { call.run(dt, self.core.coll) }?;
+                }
+                for p in &post {
+                    // SAFETY: the data movement completed; the buffers are still borrowed.
+                    unsafe { p.apply() };
+                }
+                Ok(())
+            }
+            Job::Future(f) => block_on(f),
+        }
+    }
+
+    /// Starts a job and hands it to the progress engine.
+    pub(crate) fn start<'s, T: Element>(&'s self, scope: &'s Scope<'s, '_>, job: Job<T>) -> Result<Request<'s>> {
+        let engine = self.engine()?;
+        let fut = match job {
+            Job::Native { dt, calls, post } => {
+                let mut reqs = Vec::with_capacity(calls.len());
+                let mut first_err = None;
+                for call in &calls {
+                    // SAFETY: as in `run`; in addition the buffers stay borrowed for the scope
+                    // `'s`, which outlives the request, and `calls` moves into the task below
+                    // so its count vectors live until the requests complete.
+                    match unsafe { call.start(dt, self.core.coll) } {
+                        Ok(r) => reqs.push(r),
+                        Err(e) => {
+                            first_err = Some(e);
+                            break;
+                        }
+                    }
+                }
+                let wait = WaitRequests { reqs };
+                Box::pin(async move {
+                    let _keep_alive = calls;
+                    wait.await?;
+                    if let Some(e) = first_err {
+                        return Err(e);
+                    }
+                    for p in &post {
+                        // SAFETY: the data movement completed; the scope still borrows the
+                        // buffers.
+                        unsafe { p.apply() };
+                    }
+                    Ok(())
+                }) as OpFuture
+            }
+            Job::Future(f) => f,
+        };
+        let task = Task::new(fut);
+        if !task.poll_once() {
+            engine.submit(Arc::clone(&task));
+        }
+        Ok(scope.register(task, Arc::clone(&self.core.errors)))
+    }
+}

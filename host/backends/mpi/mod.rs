@@ -1,0 +1,234 @@
+//! The Mpi backend: collectives over host memory.
+//!
+//! A [`Communicator`] wraps an MPI communicator. Every operation exists blocking
+//! (`allreduce`), non-blocking (`iallreduce`, returning a [`crate::Request`] inside a
+//! [`crate::scope`]) and, where it makes sense, in place (`allreduce_in_place`).
+//!
+//! Builtin (element, operator) pairs MPI supports go straight to the MPI library; other
+//! elements travel as bytes and other operators become MPI user operations
+//! ([`crate::datatype`]). Large allreduces and broadcasts run Duralumin's own algorithms
+//! ([`crate::algorithms`]) where they beat the library's; the choice is automatic by size and
+//! can be forced per call ([`AllreduceAlgorithm`], [`BcastAlgorithm`]).
+
+mod collectives;
+mod job;
+mod p2p;
+
+use std::cell::{Cell, OnceCell};
+use std::ffi::c_int;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::buffer::ScratchPool;
+use crate::error::{Error, Result};
+use crate::ffi::{self, RawComm, sys};
+use crate::progress::Engine;
+use crate::request::DeferredError;
+
+pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
+
+/// Size thresholds of the automatic algorithm choice, and pipelining granularity.
+///
+/// The defaults come from the benchmark in `benches/collectives.rs` on a 2-core shared-memory
+/// machine with Open MPI 4.1; clusters may prefer other values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Allreduces of at least this many bytes use the ring algorithm (commutative operators);
+    /// smaller ones go to the MPI library.
+    pub allreduce_ring_bytes: usize,
+    /// Segment size (bytes) of the ring's pipelined reduce-scatter.
+    pub ring_segment_bytes: usize,
+    /// Broadcasts of at least this many bytes use the pipelined chain (3 or more ranks).
+    pub bcast_chain_bytes: usize,
+    /// Chunk size (bytes) of the pipelined chain broadcast.
+    pub bcast_chunk_bytes: usize,
+    /// The most elements one MPI call or message carries; larger operations are split or run
+    /// over point-to-point. At most `i32::MAX` (MPI's `int` counts); tests lower it to
+    /// exercise the large-count paths with small buffers.
+    pub max_message_elements: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            allreduce_ring_bytes: 1 << 20,
+            ring_segment_bytes: 1 << 20,
+            bcast_chain_bytes: 1 << 20,
+            bcast_chunk_bytes: 1 << 20,
+            max_message_elements: c_int::MAX as usize,
+        }
+    }
+}
+
+/// What every operation of a communicator shares, including operations in flight on the
+/// progress thread.
+#[derive(Debug)]
+pub(crate) struct Core {
+    /// Native MPI collectives.
+    pub(crate) coll: RawComm,
+    /// Duralumin's algorithms (tags are per-operation sequence numbers).
+    pub(crate) algo: RawComm,
+    /// The user's point-to-point messages (tags are the user's).
+    pub(crate) p2p: RawComm,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) tag_ub: c_int,
+    pub(crate) scratch: ScratchPool,
+    pub(crate) errors: Arc<DeferredError>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        for c in [self.coll, self.algo, self.p2p] {
+            // SAFETY: the three communicators were created by `Communicator::from_raw` for
+            // this core alone, and every operation using them has completed (operations hold
+            // an Arc of the core).
+            unsafe { ffi::comm::free(c) };
+        }
+    }
+}
+
+/// A communicator of the Mpi backend.
+///
+/// `Send` but not `Sync`: it can move to another thread, and two communicators can be used
+/// from two threads at once, but one communicator cannot be used by two threads at once (MPI
+/// requires collectives on one communicator to be issued in one order).
+#[derive(Debug)]
+pub struct Communicator {
+    core: Arc<Core>,
+    local_rank: usize,
+    local_size: usize,
+    seq: Cell<u32>,
+    tuning: Tuning,
+    engine: OnceCell<Arc<Engine>>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Communicator {
+    /// A Duralumin communicator over the same ranks as `comm` (any rsmpi communicator: the
+    /// world, or one the program made). `comm` is duplicated, so traffic never mixes with the
+    /// program's own use of it.
+    ///
+    /// Fails with [`Error::ThreadLevel`] if MPI was initialized below
+    /// `MPI_THREAD_MULTIPLE` (use [`crate::init`]).
+    pub fn new<C: mpi::topology::Communicator>(comm: &C) -> Result<Self> {
+        Self::from_raw(RawComm(comm.as_raw()))
+    }
+
+    fn from_raw(comm: RawComm) -> Result<Self> {
+        crate::init::require_thread_multiple()?;
+        let coll = ffi::comm::dup(comm)?;
+        let algo = ffi::comm::dup(comm)?;
+        let p2p = ffi::comm::dup(comm)?;
+        let (rank, size) = ffi::comm::rank_size(coll)?;
+        let tag_ub = ffi::comm::tag_ub(coll)?;
+        let node = ffi::comm::split_shared(coll, rank as c_int)?;
+        let local = ffi::comm::rank_size(node);
+        // SAFETY: `node` was created just above and is used by nobody else.
+        unsafe { ffi::comm::free(node) };
+        let (local_rank, local_size) = local?;
+        Ok(Communicator {
+            core: Arc::new(Core {
+                coll,
+                algo,
+                p2p,
+                rank,
+                size,
+                tag_ub,
+                scratch: ScratchPool::default(),
+                errors: Arc::default(),
+            }),
+            local_rank,
+            local_size,
+            seq: Cell::new(0),
+            tuning: Tuning::default(),
+            engine: OnceCell::new(),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.core.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.core.size
+    }
+
+    /// This process's rank among the ranks on its node (`MPI_Comm_split_type` with
+    /// `MPI_COMM_TYPE_SHARED`).
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// The number of ranks on this process's node.
+    pub fn local_size(&self) -> usize {
+        self.local_size
+    }
+
+    /// The largest tag point-to-point calls accept (`MPI_TAG_UB`).
+    pub fn max_tag(&self) -> i32 {
+        self.core.tag_ub
+    }
+
+    /// A new communicator over the same ranks (`MPI_Comm_dup`); collective.
+    pub fn dup(&self) -> Result<Self> {
+        self.core.errors.check()?;
+        let mut c = Self::from_raw(self.core.coll)?;
+        c.tuning = self.tuning;
+        Ok(c)
+    }
+
+    /// Splits the communicator (`MPI_Comm_split`); collective. Ranks passing the same `color`
+    /// end up together, ordered by `key` (then by old rank); `None` as color leaves this rank
+    /// out and returns `None`.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Self>> {
+        self.core.errors.check()?;
+        let color = match color {
+            Some(c) => c_int::try_from(c).map_err(|_| Error::CountOverflow { what: "split color", value: c.into() })?,
+            None => sys::MPI_UNDEFINED,
+        };
+        let Some(part) = ffi::comm::split(self.core.coll, color, key)? else { return Ok(None) };
+        let made = Self::from_raw(part);
+        // SAFETY: `part` was created by the split above; `from_raw` duplicated it.
+        unsafe { ffi::comm::free(part) };
+        let mut c = made?;
+        c.tuning = self.tuning;
+        Ok(Some(c))
+    }
+
+    /// The thresholds in effect.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning
+    }
+
+    /// Changes the automatic algorithm thresholds. Every rank must use the same values (they
+    /// decide which algorithm runs, and all ranks must run the same one).
+    pub fn set_tuning(&mut self, tuning: Tuning) {
+        self.tuning =
+            Tuning { max_message_elements: tuning.max_message_elements.clamp(1, c_int::MAX as usize), ..tuning };
+    }
+
+    /// The tag of the next algorithm operation: all ranks issue operations in the same order,
+    /// so they agree on it, and concurrent operations never match each other's messages.
+    fn next_tag(&self) -> c_int {
+        let s = self.seq.get();
+        self.seq.set(s.wrapping_add(1));
+        (s % (self.core.tag_ub.max(1) as u32)) as c_int
+    }
+
+    fn engine(&self) -> Result<&Arc<Engine>> {
+        if self.engine.get().is_none() {
+            let _ = self.engine.set(Engine::get()?);
+        }
+        self.engine.get().ok_or(Error::Progress("no progress engine"))
+    }
+}
+
+/// Whether the process's progress thread is running (it stops when the last communicator that
+/// used non-blocking operations is dropped).
+pub fn progress_thread_running() -> bool {
+    crate::progress::engine_running()
+}

@@ -1,0 +1,124 @@
+//! Point-to-point operations of the Mpi backend: send, recv, sendrecv and multi-sendrecv.
+//!
+//! They run on a communicator of their own (a duplicate), so user tags never collide with
+//! Duralumin's algorithms. Messages larger than MPI's `int` count are split transparently;
+//! a receive checks that exactly the expected number of elements arrived
+//! ([`Error::CountMismatch`] if fewer did; MPI reports a truncation error if more did).
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use duralumin_kernels::Element;
+
+use super::Communicator;
+use super::collectives::blocking_and_nonblocking;
+use super::job::{Job, Mode};
+use crate::buffer::RawBuf;
+use crate::check;
+use crate::datatype::datatype;
+use crate::error::{Error, Result};
+use crate::request::{Request, Scope};
+use crate::transport::{MpiTransport, Transport};
+
+impl Communicator {
+    fn p2p_transport<T: Element>(&self, tag: i32, mode: Mode) -> Result<MpiTransport> {
+        check::tag(tag, self.core.tag_ub)?;
+        Ok(MpiTransport {
+            comm: self.core.p2p,
+            dt: datatype::<T>()?,
+            tag: tag as c_int,
+            rank: self.core.rank,
+            size: self.core.size,
+            max_count: self.tuning.max_message_elements,
+            blocking: mode == Mode::Blocking,
+        })
+    }
+
+    blocking_and_nonblocking! {
+        /// Sends `buf` to rank `dest` with `tag` (`MPI_Send`). A blocking send to this rank
+        /// itself is refused ([`Error::SelfMessage`]): nothing could receive it.
+        fn send / isend <T: Element> (buf: &'buf [T], dest: usize, tag: i32)
+            => plan_p2p(&[(RawBuf::from_ref(buf), dest)], &[], tag, "send");
+        /// Receives exactly `buf.len()` elements from rank `source` with `tag` (`MPI_Recv`).
+        fn recv / irecv <T: Element> (buf: &'buf mut [T], source: usize, tag: i32)
+            => plan_p2p(&[], &[(RawBuf::from_mut(buf), source)], tag, "recv");
+        /// Sends `send` to `dest` and receives `recv` from `source` at once (`MPI_Sendrecv`);
+        /// either peer may be this rank itself.
+        fn sendrecv / isendrecv <T: Element>
+            (send: &'buf [T], dest: usize, recv: &'buf mut [T], source: usize, tag: i32)
+            => plan_p2p(&[(RawBuf::from_ref(send), dest)], &[(RawBuf::from_mut(recv), source)], tag, "sendrecv");
+        /// Sends `buf` to `dest` and replaces it by the same number of elements from `source`
+        /// (`MPI_Sendrecv_replace`).
+        fn sendrecv_in_place / isendrecv_in_place <T: Element> (buf: &'buf mut [T], dest: usize, source: usize, tag: i32)
+            => plan_sendrecv_replace(buf, dest, source, tag);
+        /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
+        /// `recvs`, all at once (Aluminum's MultiSendRecv). Peers may repeat and may be this
+        /// rank itself; messages to the same peer are matched in order.
+        fn multi_sendrecv / imulti_sendrecv <T: Element>
+            (sends: &[(&'buf [T], usize)], recvs: &mut [(&'buf mut [T], usize)], tag: i32)
+            => plan_multi(sends, recvs, tag);
+    }
+
+    fn plan_multi<T: Element>(
+        &self,
+        sends: &[(&[T], usize)],
+        recvs: &mut [(&mut [T], usize)],
+        tag: i32,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let s: Vec<_> = sends.iter().map(|(b, p)| (RawBuf::from_ref(b), *p)).collect();
+        let r: Vec<_> = recvs.iter_mut().map(|(b, p)| (RawBuf::from_mut(b), *p)).collect();
+        self.plan_p2p(&s, &r, tag, "multi_sendrecv", mode)
+    }
+
+    fn plan_p2p<T: Element>(
+        &self,
+        sends: &[(RawBuf<T>, usize)],
+        recvs: &[(RawBuf<T>, usize)],
+        tag: i32,
+        name: &'static str,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let size = self.size();
+        for &(_, peer) in sends {
+            check::rank("destination rank", peer, size)?;
+        }
+        for &(_, peer) in recvs {
+            check::rank("source rank", peer, size)?;
+        }
+        let only_self = |v: &[(RawBuf<T>, usize)]| !v.is_empty() && v.iter().all(|&(_, p)| p == self.rank());
+        if mode == Mode::Blocking && (sends.is_empty() || recvs.is_empty()) && (only_self(sends) || only_self(recvs)) {
+            return Err(Error::SelfMessage { op: name });
+        }
+        let x = self.p2p_transport::<T>(tag, mode)?;
+        let (sends, recvs) = (sends.to_vec(), recvs.to_vec());
+        // SAFETY: the public method borrows every buffer for the whole operation; receive
+        // buffers are distinct `&mut` slices, so they cannot overlap each other or the sends.
+        Ok(Job::Future(Box::pin(async move { unsafe { x.post(&sends, &recvs) }?.await })))
+    }
+
+    fn plan_sendrecv_replace<T: Element>(
+        &self,
+        buf: &mut [T],
+        dest: usize,
+        source: usize,
+        tag: i32,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        check::rank("destination rank", dest, self.size())?;
+        check::rank("source rank", source, self.size())?;
+        let x = self.p2p_transport::<T>(tag, mode)?;
+        let core = Arc::clone(&self.core);
+        let out = RawBuf::from_mut(buf);
+        Ok(Job::Future(Box::pin(async move {
+            let mut copy = core.scratch.take::<T>(out.len())?;
+            let copy = copy.raw();
+            // SAFETY: the scratch copy and the caller's buffer are disjoint; the buffer is
+            // borrowed by the public method until completion.
+            unsafe {
+                copy.copy_from(out);
+                x.post(&[(copy, dest)], &[(out, source)])?.await
+            }
+        })))
+    }
+}

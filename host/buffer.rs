@@ -1,0 +1,184 @@
+//! Raw views of user buffers for operations in flight, and reusable scratch memory.
+
+use std::alloc::Layout;
+use std::marker::PhantomData;
+use std::sync::{Mutex, PoisonError};
+
+use crate::error::{Error, Result};
+
+/// A pointer and length erased from a borrowed slice, for an operation that is in flight.
+///
+/// Algorithms address disjoint blocks of one buffer while MPI writes other blocks, which
+/// borrowed slices cannot express. Whoever makes a `RawBuf` keeps the memory borrowed (the
+/// operation's [`crate::Scope`], or the blocking call's frame) until the operation completes.
+#[derive(Debug)]
+pub(crate) struct RawBuf<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> Clone for RawBuf<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for RawBuf<T> {}
+
+// SAFETY: a RawBuf is an address; the operation that owns it is the only user of the memory
+// while it is in flight (see the type's docs), so moving it to the progress thread is sound for
+// Send element types.
+unsafe impl<T: Send> Send for RawBuf<T> {}
+// SAFETY: shared references to a RawBuf only read the address.
+unsafe impl<T: Sync> Sync for RawBuf<T> {}
+
+impl<T> RawBuf<T> {
+    /// A view of a buffer the operation reads and writes.
+    pub(crate) fn from_mut(s: &mut [T]) -> Self {
+        RawBuf { ptr: s.as_mut_ptr(), len: s.len() }
+    }
+
+    /// A view of a buffer the operation only reads. Nothing in the crate writes through a
+    /// `RawBuf` made here: such buffers are only passed as send blocks or reduce sources.
+    pub(crate) fn from_ref(s: &[T]) -> Self {
+        RawBuf { ptr: s.as_ptr().cast_mut(), len: s.len() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// The sub-block `[start, start + len)`, clamped to the buffer.
+    pub(crate) fn block(&self, start: usize, len: usize) -> RawBuf<T> {
+        let start = start.min(self.len);
+        let len = len.min(self.len - start);
+        // SAFETY: `start <= self.len`, so the offset stays inside (or one past) the allocation.
+        RawBuf { ptr: unsafe { self.ptr.add(start) }, len }
+    }
+
+    /// The block as a slice.
+    ///
+    /// # Safety
+    /// The memory must be valid for reads for `'a` and not written by anyone meanwhile.
+    pub(crate) unsafe fn as_slice<'a>(&self) -> &'a [T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: guaranteed by the caller; the pointer came from a slice of at least `len`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The block as a mutable slice.
+    ///
+    /// # Safety
+    /// The memory must be valid for writes for `'a` and not accessed by anyone else meanwhile
+    /// (in particular not covered by a pending receive or another live slice).
+    pub(crate) unsafe fn as_mut_slice<'a>(&self) -> &'a mut [T] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: guaranteed by the caller; the pointer came from a slice of at least `len`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> RawBuf<T> {
+    /// Copies `src` into this block (equal lengths).
+    ///
+    /// # Safety
+    /// `src` must be readable, this block writable, neither otherwise accessed meanwhile; they
+    /// may not overlap unless they are the same block.
+    pub(crate) unsafe fn copy_from(&self, src: RawBuf<T>) {
+        let n = self.len.min(src.len);
+        if n == 0 || std::ptr::eq(self.ptr, src.ptr) {
+            return;
+        }
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr, self.ptr, n) };
+    }
+}
+
+const SCRATCH_ALIGN: usize = 64;
+
+/// A heap block aligned to 64 bytes, reused between operations.
+#[derive(Debug)]
+struct Block {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: a Block exclusively owns its allocation.
+unsafe impl Send for Block {}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was allocated with exactly this layout in `ScratchPool::take`.
+        unsafe { std::alloc::dealloc(self.ptr, Layout::from_size_align_unchecked(self.bytes, SCRATCH_ALIGN)) };
+    }
+}
+
+/// Scratch memory for algorithms, kept between operations so large collectives do not pay for
+/// fresh pages (page faults on a 32 MiB temporary cost milliseconds) on every call.
+#[derive(Debug, Default)]
+pub(crate) struct ScratchPool {
+    free: Mutex<Vec<Block>>,
+}
+
+/// Keeps at most this many idle blocks; larger pools only hold memory nobody uses.
+const MAX_IDLE_BLOCKS: usize = 4;
+
+impl ScratchPool {
+    /// A scratch buffer of `len` elements of `T` (contents unspecified but initialized bytes).
+    pub(crate) fn take<T: bytemuck::Pod>(&self, len: usize) -> Result<Scratch<'_, T>> {
+        let bytes = len.max(1).checked_mul(std::mem::size_of::<T>().max(1));
+        let layout = bytes
+            .filter(|_| std::mem::align_of::<T>() <= SCRATCH_ALIGN)
+            .and_then(|b| Layout::from_size_align(b, SCRATCH_ALIGN).ok())
+            .ok_or(Error::CountOverflow { what: "scratch buffer", value: len as u128 })?;
+        let bytes = layout.size();
+        let reuse = {
+            let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+            free.iter().position(|b| b.bytes >= bytes).map(|i| free.swap_remove(i))
+        };
+        let block = reuse.unwrap_or_else(|| {
+            // SAFETY: the layout has non-zero size. Zeroed memory makes every byte initialized,
+            // so any Pod view of it is a valid value.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            if ptr.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Block { ptr, bytes }
+        });
+        Ok(Scratch { pool: self, block: Some(block), len, _t: PhantomData })
+    }
+}
+
+/// A scratch buffer borrowed from a [`ScratchPool`]; returns to it on drop.
+#[derive(Debug)]
+pub(crate) struct Scratch<'p, T> {
+    pool: &'p ScratchPool,
+    block: Option<Block>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> Scratch<'_, T> {
+    pub(crate) fn raw(&mut self) -> RawBuf<T> {
+        let ptr = self.block.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr.cast());
+        RawBuf { ptr, len: self.len }
+    }
+}
+
+impl<T> Drop for Scratch<'_, T> {
+    fn drop(&mut self) {
+        if let Some(block) = self.block.take() {
+            let mut free = self.pool.free.lock().unwrap_or_else(PoisonError::into_inner);
+            if free.len() < MAX_IDLE_BLOCKS {
+                free.push(block);
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! The one error type of the library.
+
+/// Everything a Duralumin call can fail with.
+///
+/// Input errors (the first group) are detected on the calling rank before anything is sent, so
+/// the communicator stays usable: the next valid call works. MPI errors carry MPI's own message
+/// and error class. Errors inside an operation that runs on the progress thread are reported by
+/// that operation's [`crate::Request::wait`] / [`crate::Request::test`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A buffer does not hold the number of elements the call needs.
+    #[error("{what}: the buffer holds {actual} elements but the call needs {expected}")]
+    BufferLength { what: &'static str, expected: usize, actual: usize },
+
+    /// A per-rank vector (counts or displacements) is not one entry per rank.
+    #[error("{what} has {actual} entries but the communicator has {expected} ranks")]
+    VectorLength { what: &'static str, expected: usize, actual: usize },
+
+    /// A block `[start, start + count)` of a v-collective does not fit its buffer.
+    #[error("{what}: the block of rank {rank} ({start}..{end}) is outside the buffer of {len} elements")]
+    DisplacementOutOfRange { what: &'static str, rank: usize, start: usize, end: usize, len: usize },
+
+    /// Two receive blocks of a v-collective overlap, so the result would depend on timing.
+    #[error("{what}: the blocks of ranks {first} and {second} overlap")]
+    DisplacementOverlap { what: &'static str, first: usize, second: usize },
+
+    /// A root or peer rank is not in the communicator.
+    #[error("{what} {rank} is out of range for a communicator of {size} ranks")]
+    RankOutOfRange { what: &'static str, rank: usize, size: usize },
+
+    /// A blocking send or receive with this rank itself as the peer, which can never complete.
+    #[error("a blocking {op} to this rank itself would deadlock; use sendrecv or the non-blocking form")]
+    SelfMessage { op: &'static str },
+
+    /// A tag outside `0..=max` (`max` is the MPI library's `MPI_TAG_UB`).
+    #[error("tag {tag} is outside 0..={max}")]
+    InvalidTag { tag: i64, max: i64 },
+
+    /// A count, displacement or byte size does not fit the integer types involved.
+    #[error("{what}: {value} elements overflows what can be addressed")]
+    CountOverflow { what: &'static str, value: u128 },
+
+    /// An algorithm was requested that cannot run this operation.
+    #[error("algorithm {algorithm} cannot run this operation: {reason}")]
+    AlgorithmUnsupported { algorithm: &'static str, reason: &'static str },
+
+    /// Another rank sent a different amount of data than this rank expected (a count mismatch
+    /// between ranks, which cannot be detected before sending).
+    #[error("{what}: expected {expected} elements from rank {peer} but {received} arrived")]
+    CountMismatch { what: &'static str, peer: usize, expected: usize, received: usize },
+
+    /// The MPI library returned an error.
+    #[error("{call} failed: {message} (MPI error code {code}, class {class})")]
+    Mpi { call: &'static str, code: i32, class: i32, message: String },
+
+    /// MPI is initialized with a thread level below `MPI_THREAD_MULTIPLE`.
+    #[error("Duralumin needs MPI_THREAD_MULTIPLE but the MPI library provides {provided}")]
+    ThreadLevel { provided: &'static str },
+
+    /// MPI was already initialized by someone else, or initialization failed.
+    #[error("MPI initialization: {0}")]
+    Init(&'static str),
+
+    /// Device kernels were not built or cannot be loaded; the message says what to install.
+    #[error("device kernels are unavailable: {0}")]
+    KernelsUnavailable(String),
+
+    /// The operation's task was lost (its thread panicked), so its outcome is unknown.
+    #[error("the progress engine lost this operation: {0}")]
+    Progress(&'static str),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

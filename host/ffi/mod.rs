@@ -1,0 +1,300 @@
+//! The MPI foreign-function layer.
+//!
+//! Three layers, as in cudarc: [`sys`] is rsmpi's raw bindings; this module turns status codes
+//! into [`Error`]s and wraps MPI handles in `Copy` newtypes that may cross threads (the library
+//! always runs MPI at `MPI_THREAD_MULTIPLE`, see [`crate::init`]); the safe types
+//! ([`crate::Communicator`] and friends) are built on top. All `unsafe` that talks to MPI lives
+//! here and in [`native`].
+
+pub(crate) mod native;
+
+use std::ffi::{c_int, c_void};
+
+pub(crate) use mpi::ffi as sys;
+
+use crate::error::{Error, Result};
+
+unsafe extern "C" {
+    fn duralumin_mpi_in_place() -> *mut c_void;
+}
+
+/// `MPI_IN_PLACE`, whose value is implementation-defined (a C macro, read through the shim).
+pub(crate) fn in_place() -> *mut c_void {
+    // SAFETY: the shim function takes no arguments and returns a constant.
+    unsafe { duralumin_mpi_in_place() }
+}
+
+/// Turns an MPI return code into a `Result`, with MPI's own error string.
+pub(crate) fn check(code: c_int, call: &'static str) -> Result<()> {
+    if code == sys::MPI_SUCCESS as c_int {
+        return Ok(());
+    }
+    Err(mpi_error(code, call))
+}
+
+pub(crate) fn mpi_error(code: c_int, call: &'static str) -> Error {
+    let mut class: c_int = 0;
+    let mut buf = vec![0u8; sys::MPI_MAX_ERROR_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: both calls write at most MPI_MAX_ERROR_STRING bytes / one int into buffers we
+    // own; they are valid to call whenever MPI is initialized, and an error code only reaches
+    // us from an MPI call made while it was.
+    unsafe {
+        sys::MPI_Error_class(code, &mut class);
+        sys::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len);
+    }
+    buf.truncate(len.max(0) as usize);
+    Error::Mpi { call, code, class, message: String::from_utf8_lossy(&buf).into_owned() }
+}
+
+/// An MPI communicator handle that may be used from any thread.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawComm(pub(crate) sys::MPI_Comm);
+// SAFETY: MPI handles are opaque references into the MPI library, which Duralumin initializes
+// with MPI_THREAD_MULTIPLE, so any thread may use them; data races on the handle itself cannot
+// happen because it is never mutated after creation.
+unsafe impl Send for RawComm {}
+// SAFETY: see the `Send` impl.
+unsafe impl Sync for RawComm {}
+
+/// An MPI datatype handle.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawDatatype(pub(crate) sys::MPI_Datatype);
+// SAFETY: as for `RawComm`; committed datatypes are immutable.
+unsafe impl Send for RawDatatype {}
+// SAFETY: see the `Send` impl.
+unsafe impl Sync for RawDatatype {}
+
+/// An MPI reduction-operation handle.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawOp(pub(crate) sys::MPI_Op);
+// SAFETY: as for `RawComm`; operation handles are immutable.
+unsafe impl Send for RawOp {}
+// SAFETY: see the `Send` impl.
+unsafe impl Sync for RawOp {}
+
+/// An MPI request handle owned by exactly one in-flight operation.
+#[derive(Debug)]
+pub(crate) struct RawRequest(pub(crate) sys::MPI_Request);
+// SAFETY: a request is moved between threads but only ever used by its single owner (the
+// task that holds it), and MPI_THREAD_MULTIPLE allows completing it on any thread.
+unsafe impl Send for RawRequest {}
+
+impl RawRequest {
+    pub(crate) fn null() -> Self {
+        // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+        RawRequest(unsafe { sys::RSMPI_REQUEST_NULL })
+    }
+}
+
+pub(crate) fn is_finalized() -> bool {
+    let mut flag: c_int = 0;
+    // SAFETY: MPI_Finalized may be called at any time, even before MPI_Init or after
+    // MPI_Finalize; it writes one int.
+    unsafe { sys::MPI_Finalized(&mut flag) };
+    flag != 0
+}
+
+pub(crate) fn is_initialized() -> bool {
+    let mut flag: c_int = 0;
+    // SAFETY: MPI_Initialized may be called at any time; it writes one int.
+    unsafe { sys::MPI_Initialized(&mut flag) };
+    flag != 0
+}
+
+/// Thin wrappers over communicator management calls.
+pub(crate) mod comm {
+    use super::*;
+
+    /// `MPI_Comm_rank` and `MPI_Comm_size`.
+    pub(crate) fn rank_size(comm: RawComm) -> Result<(usize, usize)> {
+        let (mut rank, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: `comm` is a live communicator (RawComm values are only made from live ones
+        // and freed when their owner drops); each call writes one int.
+        unsafe {
+            check(sys::MPI_Comm_rank(comm.0, &mut rank), "MPI_Comm_rank")?;
+            check(sys::MPI_Comm_size(comm.0, &mut size), "MPI_Comm_size")?;
+        }
+        Ok((rank as usize, size as usize))
+    }
+
+    /// `MPI_Comm_dup`, with the new communicator set to return errors instead of aborting.
+    pub(crate) fn dup(comm: RawComm) -> Result<RawComm> {
+        let mut out = std::mem::MaybeUninit::<sys::MPI_Comm>::uninit();
+        // SAFETY: `comm` is live; MPI writes the new handle into `out` on success, and we read
+        // it only then.
+        let out = unsafe {
+            check(sys::MPI_Comm_dup(comm.0, out.as_mut_ptr()), "MPI_Comm_dup")?;
+            out.assume_init()
+        };
+        errors_return(RawComm(out))
+    }
+
+    /// `MPI_Comm_split`; `None` when this rank passed `MPI_UNDEFINED`.
+    pub(crate) fn split(comm: RawComm, color: c_int, key: c_int) -> Result<Option<RawComm>> {
+        let mut out = std::mem::MaybeUninit::<sys::MPI_Comm>::uninit();
+        // SAFETY: as for `dup`.
+        let out = unsafe {
+            check(sys::MPI_Comm_split(comm.0, color, key, out.as_mut_ptr()), "MPI_Comm_split")?;
+            out.assume_init()
+        };
+        if is_null(out) { Ok(None) } else { errors_return(RawComm(out)).map(Some) }
+    }
+
+    /// `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`: the ranks sharing this node's memory.
+    pub(crate) fn split_shared(comm: RawComm, key: c_int) -> Result<RawComm> {
+        let mut out = std::mem::MaybeUninit::<sys::MPI_Comm>::uninit();
+        // SAFETY: as for `dup`; the split type and info handle are constants of the shim.
+        let out = unsafe {
+            check(
+                sys::MPI_Comm_split_type(
+                    comm.0,
+                    sys::RSMPI_COMM_TYPE_SHARED,
+                    key,
+                    sys::RSMPI_INFO_NULL,
+                    out.as_mut_ptr(),
+                ),
+                "MPI_Comm_split_type",
+            )?;
+            out.assume_init()
+        };
+        errors_return(RawComm(out))
+    }
+
+    fn is_null(comm: sys::MPI_Comm) -> bool {
+        // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+        comm == unsafe { sys::RSMPI_COMM_NULL }
+    }
+
+    fn errors_return(comm: RawComm) -> Result<RawComm> {
+        // SAFETY: `comm` was just created and is live; the handler is a shim constant.
+        check(unsafe { sys::MPI_Comm_set_errhandler(comm.0, sys::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
+        Ok(comm)
+    }
+
+    /// The largest tag value the MPI library allows on `comm` (`MPI_TAG_UB`).
+    pub(crate) fn tag_ub(comm: RawComm) -> Result<c_int> {
+        let mut value: *mut c_int = std::ptr::null_mut();
+        let mut flag: c_int = 0;
+        // SAFETY: for MPI_TAG_UB, MPI stores a pointer to an int it owns into `value`, valid
+        // for the life of the communicator; we read it only when `flag` says it was set.
+        unsafe {
+            check(
+                sys::MPI_Comm_get_attr(
+                    comm.0,
+                    sys::MPI_TAG_UB as c_int,
+                    (&mut value as *mut *mut c_int).cast(),
+                    &mut flag,
+                ),
+                "MPI_Comm_get_attr",
+            )?;
+            Ok(if flag != 0 && !value.is_null() { *value } else { 32767 })
+        }
+    }
+
+    /// `MPI_Comm_free`, skipped once MPI has been finalized (nothing left to free).
+    ///
+    /// # Safety
+    /// `comm` must be a communicator this crate created, not used by anyone afterwards.
+    pub(crate) unsafe fn free(comm: RawComm) {
+        if is_finalized() {
+            return;
+        }
+        let mut handle = comm.0;
+        // SAFETY: the caller guarantees exclusive ownership; errors at teardown have no one
+        // to be reported to, so they are deliberately ignored.
+        unsafe { sys::MPI_Comm_free(&mut handle) };
+    }
+}
+
+/// Point-to-point and request calls.
+pub(crate) mod p2p {
+    use super::*;
+
+    /// `MPI_Isend`.
+    ///
+    /// # Safety
+    /// `buf` must point to `count` elements of `dt` that stay valid and unmodified until the
+    /// returned request completes.
+    pub(crate) unsafe fn isend(
+        buf: *const c_void,
+        count: c_int,
+        dt: RawDatatype,
+        peer: c_int,
+        tag: c_int,
+        comm: RawComm,
+    ) -> Result<RawRequest> {
+        let mut req = RawRequest::null();
+        // SAFETY: guaranteed by the caller; `req` is ours to write.
+        check(unsafe { sys::MPI_Isend(buf, count, dt.0, peer, tag, comm.0, &mut req.0) }, "MPI_Isend")?;
+        Ok(req)
+    }
+
+    /// `MPI_Irecv`.
+    ///
+    /// # Safety
+    /// `buf` must point to room for `count` elements of `dt`, valid and not otherwise accessed
+    /// until the returned request completes.
+    pub(crate) unsafe fn irecv(
+        buf: *mut c_void,
+        count: c_int,
+        dt: RawDatatype,
+        peer: c_int,
+        tag: c_int,
+        comm: RawComm,
+    ) -> Result<RawRequest> {
+        let mut req = RawRequest::null();
+        // SAFETY: guaranteed by the caller; `req` is ours to write.
+        check(unsafe { sys::MPI_Irecv(buf, count, dt.0, peer, tag, comm.0, &mut req.0) }, "MPI_Irecv")?;
+        Ok(req)
+    }
+
+    /// A zeroed status, for MPI to fill.
+    pub(crate) fn empty_status() -> sys::MPI_Status {
+        // SAFETY: MPI_Status is a plain C struct of integers; all-zero is a valid value.
+        unsafe { std::mem::zeroed() }
+    }
+
+    /// `MPI_Test` on one request. On completion the request becomes `MPI_REQUEST_NULL` and the
+    /// status is returned.
+    pub(crate) fn test(req: &mut RawRequest) -> Result<Option<sys::MPI_Status>> {
+        let mut flag: c_int = 0;
+        let mut status = empty_status();
+        // SAFETY: `req` is a live or null request owned by the caller; MPI writes the flag and
+        // status we own. Completing a request is always allowed.
+        check(unsafe { sys::MPI_Test(&mut req.0, &mut flag, &mut status) }, "MPI_Test")?;
+        Ok((flag != 0).then_some(status))
+    }
+
+    /// `MPI_Wait` on one request.
+    pub(crate) fn wait(req: &mut RawRequest) -> Result<sys::MPI_Status> {
+        let mut status = empty_status();
+        // SAFETY: as for `test`.
+        check(unsafe { sys::MPI_Wait(&mut req.0, &mut status) }, "MPI_Wait")?;
+        Ok(status)
+    }
+
+    /// Cancels and completes a request whose buffers are about to go away.
+    pub(crate) fn cancel_and_wait(req: &mut RawRequest) {
+        if req.0 == RawRequest::null().0 || is_finalized() {
+            return;
+        }
+        // SAFETY: `req` is live and owned by the caller. Cancellation may fail (the operation
+        // already matched), in which case the wait completes it normally; either way the
+        // buffers are no longer in use when this returns. Errors are ignored: this only runs
+        // on an error path whose first error is already being reported.
+        unsafe {
+            sys::MPI_Cancel(&mut req.0);
+            let mut status = empty_status();
+            sys::MPI_Wait(&mut req.0, &mut status);
+        }
+    }
+
+    /// `MPI_Get_count` of a completed receive.
+    pub(crate) fn received_count(status: &sys::MPI_Status, dt: RawDatatype) -> Result<usize> {
+        let mut count: c_int = 0;
+        // SAFETY: `status` was filled by MPI for a receive of `dt`; MPI writes one int.
+        check(unsafe { sys::MPI_Get_count(status, dt.0, &mut count) }, "MPI_Get_count")?;
+        Ok(count.max(0) as usize)
+    }
+}

@@ -1,0 +1,51 @@
+//! MPI initialization at the thread level Duralumin needs.
+
+use std::ffi::c_int;
+
+use mpi::Threading;
+use mpi::environment::Universe;
+
+use crate::error::{Error, Result};
+use crate::ffi::{self, check, sys};
+
+/// Initializes MPI with `MPI_THREAD_MULTIPLE` and returns rsmpi's [`Universe`] (MPI is
+/// finalized when it drops; drop every [`crate::Communicator`] first).
+///
+/// Duralumin needs `MPI_THREAD_MULTIPLE` because non-blocking operations progress on a proxy
+/// thread while the program keeps calling MPI. If the MPI library provides less, this returns
+/// [`Error::ThreadLevel`] naming what it provides.
+pub fn init() -> Result<Universe> {
+    let (universe, provided) = mpi::initialize_with_threading(Threading::Multiple)
+        .ok_or(Error::Init("MPI is already initialized (use Communicator::new on your communicator)"))?;
+    if provided != Threading::Multiple {
+        return Err(Error::ThreadLevel { provided: level_name(provided as c_int) });
+    }
+    Ok(universe)
+}
+
+fn level_name(level: c_int) -> &'static str {
+    // SAFETY: reading immutable constants exported by the rsmpi shim.
+    let (single, funneled, serialized) =
+        unsafe { (sys::RSMPI_THREAD_SINGLE, sys::RSMPI_THREAD_FUNNELED, sys::RSMPI_THREAD_SERIALIZED) };
+    match level {
+        l if l == single => "MPI_THREAD_SINGLE",
+        l if l == funneled => "MPI_THREAD_FUNNELED",
+        l if l == serialized => "MPI_THREAD_SERIALIZED",
+        _ => "MPI_THREAD_MULTIPLE",
+    }
+}
+
+/// Fails unless MPI is initialized at `MPI_THREAD_MULTIPLE`.
+pub(crate) fn require_thread_multiple() -> Result<()> {
+    if !ffi::is_initialized() || ffi::is_finalized() {
+        return Err(Error::Init("MPI is not initialized (call duralumin::init first)"));
+    }
+    let mut provided: c_int = 0;
+    // SAFETY: MPI is initialized (checked above); the call writes one int.
+    check(unsafe { sys::MPI_Query_thread(&mut provided) }, "MPI_Query_thread")?;
+    // SAFETY: reading an immutable constant exported by the rsmpi shim.
+    if provided != unsafe { sys::RSMPI_THREAD_MULTIPLE } {
+        return Err(Error::ThreadLevel { provided: level_name(provided) });
+    }
+    Ok(())
+}

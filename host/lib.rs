@@ -1,0 +1,43 @@
+//! Duralumin: accelerator-centric collective communication.
+//!
+//! Communicators wrap MPI communicators; every collective of MPI (and Aluminum's
+//! MultiSendRecv) is available blocking, non-blocking and in place, on any [`Element`] type
+//! with any [`ReduceOp`].
+//!
+//! ```no_run
+//! use duralumin::{Communicator, Sum};
+//!
+//! let universe = duralumin::init()?;
+//! let comm = Communicator::new(&universe.world())?;
+//! let send = vec![comm.rank() as f32; 4];
+//! let mut recv = vec![0.0f32; 4];
+//! comm.allreduce(&send, &mut recv, Sum)?;
+//! # Ok::<(), duralumin::Error>(())
+//! ```
+//!
+//! Backends:
+//! * [`backends::mpi`] (re-exported at the root as [`Communicator`]): host memory over MPI.
+
+pub mod backends;
+
+mod algorithms;
+mod buffer;
+mod check;
+mod datatype;
+mod error;
+mod ffi;
+mod init;
+mod progress;
+mod reducer;
+mod request;
+mod transport;
+
+pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Communicator, Tuning, progress_thread_running};
+pub use duralumin_kernels::{
+    Avg, BitAnd, BitOr, BitXor, Element, Integer, LogicalAnd, LogicalOr, LogicalXor, Max, Min, Number, Prod, ReduceOp,
+    Sum,
+};
+pub use error::{Error, Result};
+pub use init::init;
+pub use request::{Request, Scope, scope};
+pub use {bytemuck, half, mpi};

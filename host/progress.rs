@@ -1,0 +1,235 @@
+//! The progress engine: one proxy thread per process that drives non-blocking operations.
+//!
+//! Every operation is a future (an algorithm's state machine over [`crate::transport`], or a
+//! wait on an MPI request). A blocking call polls its future on the calling thread
+//! ([`block_on`]); a non-blocking call wraps it in a [`Task`] that the proxy thread polls until
+//! it completes, so non-blocking operations make progress while the caller computes.
+//!
+//! Polling is adaptive: while tasks are pending the thread spins briefly, then yields, then
+//! sleeps with exponential backoff (up to [`MAX_SLEEP`]); with no tasks it parks on a condition
+//! variable and costs nothing. A waiting caller does not depend on the proxy thread at all: it
+//! polls the task itself (the task's lock makes sure only one thread polls at a time), which is
+//! what keeps a non-blocking small-message operation close to its blocking latency even on an
+//! oversubscribed machine.
+
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// An operation's state machine.
+pub(crate) type OpFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// The longest the proxy thread sleeps between polls while operations are pending.
+const MAX_SLEEP: Duration = Duration::from_micros(200);
+
+/// Polls `fut` on the calling thread until it completes.
+pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut backoff = Backoff::default();
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        backoff.snooze();
+    }
+}
+
+/// Spin, then yield, then sleep with doubling durations.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    step: u32,
+}
+
+impl Backoff {
+    pub(crate) fn reset(&mut self) {
+        self.step = 0;
+    }
+
+    pub(crate) fn snooze(&mut self) {
+        self.step = self.step.saturating_add(1);
+        match self.step {
+            0..=32 => std::hint::spin_loop(),
+            33..=64 => std::thread::yield_now(),
+            s => {
+                let us = 1u64 << (s - 65).min(8);
+                std::thread::sleep(Duration::from_micros(us).min(MAX_SLEEP));
+            }
+        }
+    }
+}
+
+enum TaskState {
+    Running(OpFuture),
+    Finished(Option<Result<()>>),
+}
+
+/// One non-blocking operation in flight.
+pub(crate) struct Task {
+    state: Mutex<TaskState>,
+    done: AtomicBool,
+}
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Task").field("done", &self.done.load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl Task {
+    pub(crate) fn new(fut: OpFuture) -> Arc<Task> {
+        Arc::new(Task { state: Mutex::new(TaskState::Running(fut)), done: AtomicBool::new(false) })
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Polls the operation once unless another thread is polling it right now. Returns whether
+    /// it has completed.
+    pub(crate) fn poll_once(&self) -> bool {
+        if self.is_done() {
+            return true;
+        }
+        let Ok(mut state) = self.state.try_lock() else { return false };
+        let TaskState::Running(fut) = &mut *state else { return true };
+        let mut cx = Context::from_waker(Waker::noop());
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+            Ok(Poll::Pending) => false,
+            Ok(Poll::Ready(result)) => {
+                *state = TaskState::Finished(Some(result));
+                self.done.store(true, Ordering::Release);
+                true
+            }
+            Err(_) => {
+                // A panic in an operation (a user `combine` that panics, say) must not take the
+                // proxy thread down with it: the caller gets a typed error instead.
+                *state = TaskState::Finished(Some(Err(Error::Progress("the operation panicked"))));
+                self.done.store(true, Ordering::Release);
+                true
+            }
+        }
+    }
+
+    /// Polls until complete (on this thread), then takes the result. A second call returns
+    /// `Ok(())`: the outcome is reported once.
+    pub(crate) fn wait(&self) -> Result<()> {
+        let mut backoff = Backoff::default();
+        while !self.poll_once() {
+            backoff.snooze();
+        }
+        self.take_result()
+    }
+
+    /// The result of a completed task, reported once.
+    pub(crate) fn take_result(&self) -> Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *state {
+            TaskState::Finished(result) => result.take().unwrap_or(Ok(())),
+            TaskState::Running(_) => Err(Error::Progress("result taken before completion")),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    incoming: Vec<Arc<Task>>,
+    shutdown: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+/// Handle to the proxy thread. The thread exits (and is joined) when the last handle drops,
+/// which happens when the last communicator that used non-blocking operations drops.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}
+
+static ENGINE: Mutex<Weak<Engine>> = Mutex::new(Weak::new());
+
+impl Engine {
+    /// The process's engine, started if no communicator holds it.
+    pub(crate) fn get() -> Result<Arc<Engine>> {
+        let mut slot = ENGINE.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(engine) = slot.upgrade() {
+            return Ok(engine);
+        }
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        let for_thread = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("duralumin-progress".into())
+            .spawn(move || run(&for_thread))
+            .map_err(|_| Error::Progress("could not start the progress thread"))?;
+        let engine = Arc::new(Engine { shared, thread: Some(thread) });
+        *slot = Arc::downgrade(&engine);
+        Ok(engine)
+    }
+
+    /// Hands a task to the proxy thread.
+    pub(crate) fn submit(&self, task: Arc<Task>) {
+        let mut q = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.incoming.push(task);
+        drop(q);
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner).shutdown = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Whether the process's proxy thread is running (for leak tests).
+pub(crate) fn engine_running() -> bool {
+    ENGINE.lock().unwrap_or_else(PoisonError::into_inner).strong_count() > 0
+}
+
+fn run(shared: &Shared) {
+    let mut active: Vec<Arc<Task>> = Vec::new();
+    let mut backoff = Backoff::default();
+    loop {
+        {
+            let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                active.append(&mut q.incoming);
+                active.retain(|t| !t.is_done());
+                if !active.is_empty() {
+                    break;
+                }
+                if q.shutdown {
+                    return;
+                }
+                backoff.reset();
+                q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        let before = active.len();
+        active.retain(|t| !t.poll_once());
+        if active.len() < before {
+            backoff.reset();
+        } else {
+            backoff.snooze();
+        }
+    }
+}
