@@ -31,16 +31,27 @@ unsafe impl<T: Send> Send for RawBuf<T> {}
 // SAFETY: shared references to a RawBuf only read the address.
 unsafe impl<T: Sync> Sync for RawBuf<T> {}
 
+/// The address given to MPI for empty buffers. An empty slice's pointer is "dangling": for
+/// byte-aligned types it is `0x1`, which is exactly Open MPI's `MPI_IN_PLACE`, so passing it
+/// would turn an empty send into an in-place operation. MPI never dereferences it (the count is
+/// zero), but it must be a real, distinct address.
+static EMPTY: [u64; 8] = [0; 8];
+
+/// `s`'s address, or [`EMPTY`]'s for an empty slice.
+pub(crate) fn address<T>(s: &[T]) -> *mut T {
+    if s.is_empty() { EMPTY.as_ptr().cast_mut().cast() } else { s.as_ptr().cast_mut() }
+}
+
 impl<T> RawBuf<T> {
     /// A view of a buffer the operation reads and writes.
     pub(crate) fn from_mut(s: &mut [T]) -> Self {
-        RawBuf { ptr: s.as_mut_ptr(), len: s.len() }
+        RawBuf { ptr: address(s), len: s.len() }
     }
 
     /// A view of a buffer the operation only reads. Nothing in the crate writes through a
     /// `RawBuf` made here: such buffers are only passed as send blocks or reduce sources.
     pub(crate) fn from_ref(s: &[T]) -> Self {
-        RawBuf { ptr: s.as_ptr().cast_mut(), len: s.len() }
+        RawBuf { ptr: address(s), len: s.len() }
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -118,6 +118,12 @@ impl Request<'_> {
         Ok(true)
     }
 
+    /// Whether the operation has completed, without polling it (so only the progress thread
+    /// or another waiter can have completed it).
+    pub fn is_complete(&self) -> bool {
+        self.task.is_done()
+    }
+
     /// Waits for completion (driving the operation on this thread) and returns its outcome.
     pub fn wait(mut self) -> Result<()> {
         self.reported = true;

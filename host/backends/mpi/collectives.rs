@@ -72,7 +72,7 @@ impl AllreduceAlgorithm {
 }
 
 fn cptr<T>(s: &[T]) -> *const c_void {
-    s.as_ptr().cast()
+    crate::buffer::address(s).cast_const().cast()
 }
 
 /// `p + off` elements, as a void pointer for MPI.

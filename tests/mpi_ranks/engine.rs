@@ -1,0 +1,146 @@
+//! The progress engine, communicator management and threads.
+
+use std::time::Duration;
+
+use duralumin::*;
+
+use crate::elements::*;
+
+pub fn run(c: &Communicator) {
+    many_outstanding(c);
+    progresses_without_polling(c);
+    test_polls_to_completion(c);
+    assert!(progress_thread_running(), "the progress thread runs while a communicator used it");
+}
+
+/// Many operations of different kinds in flight at once, completed in reverse order.
+fn many_outstanding(c: &Communicator) {
+    let (me, n) = (c.rank(), c.size());
+    let k = 12;
+    let inputs: Vec<Vec<i64>> = (0..k).map(|j| (0..300).map(|i| (me * j + i) as i64).collect()).collect();
+    let mut outs: Vec<Vec<i64>> = (0..k).map(|_| vec![0; 300]).collect();
+    let mut bc: Vec<f32> = if me == 0 { (0..1000).map(|i| i as f32).collect() } else { vec![0.0; 1000] };
+    let mine = [me as u32; 3];
+    let mut gathered = vec![0u32; 3 * n];
+    scope(|s| {
+        let mut reqs = Vec::new();
+        for (j, (i, o)) in inputs.iter().zip(outs.iter_mut()).enumerate() {
+            let algorithm =
+                [AllreduceAlgorithm::Native, AllreduceAlgorithm::Ring, AllreduceAlgorithm::Rabenseifner][j % 3];
+            reqs.push(c.iallreduce_with(s, i, o, Sum, algorithm)?);
+        }
+        reqs.push(c.ibcast_with(s, &mut bc, 0, BcastAlgorithm::Chain)?);
+        reqs.push(c.iallgather(s, &mine, &mut gathered)?);
+        reqs.push(c.ibarrier(s)?);
+        while let Some(r) = reqs.pop() {
+            r.wait()?;
+        }
+        Ok::<(), Error>(())
+    })
+    .expect("many outstanding operations");
+    for (j, o) in outs.iter().enumerate() {
+        let expect: Vec<i64> = (0..300).map(|i| (0..n).map(|r| (r * j + i) as i64).sum()).collect();
+        assert_eq!(*o, expect, "outstanding allreduce {j}");
+    }
+    assert!(bc.iter().enumerate().all(|(i, &x)| x == i as f32), "outstanding bcast");
+    assert_eq!(gathered, (0..n).flat_map(|r| [r as u32; 3]).collect::<Vec<_>>(), "outstanding allgather");
+}
+
+/// A started operation completes while the caller sleeps: the proxy thread drives it.
+fn progresses_without_polling(c: &Communicator) {
+    let n = c.size();
+    let send = vec![1.0f64; 5000];
+    let mut recv = vec![0.0f64; 5000];
+    scope(|s| {
+        let r = c.iallreduce_with(s, &send, &mut recv, Sum, AllreduceAlgorithm::Ring)?;
+        let mut waited = Duration::ZERO;
+        while !r.is_complete() && waited < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(5));
+            waited += Duration::from_millis(5);
+        }
+        assert!(r.is_complete(), "the operation did not progress without the caller");
+        r.wait()
+    })
+    .expect("progress without polling");
+    assert!(recv.iter().all(|&x| x == n as f64));
+}
+
+fn test_polls_to_completion(c: &Communicator) {
+    let mut buf = vec![c.rank() as u16; 100];
+    scope(|s| {
+        let mut r = c.iallreduce_in_place(s, &mut buf, Max)?;
+        while !r.test()? {
+            std::hint::spin_loop();
+        }
+        assert!(r.test()?, "test stays true after completion");
+        Ok::<(), Error>(())
+    })
+    .expect("test loop");
+    assert!(buf.iter().all(|&x| x as usize == c.size() - 1));
+}
+
+/// After the last communicator is gone, so is the progress thread.
+pub fn after_drop() {
+    assert!(!progress_thread_running(), "the progress thread outlived every communicator");
+}
+
+pub fn topology(c: &Communicator) {
+    let (me, n) = (c.rank(), c.size());
+    // Everything runs on one node here.
+    assert_eq!((c.local_rank(), c.local_size()), (me, n));
+
+    let d = c.dup().expect("dup");
+    assert_eq!((d.rank(), d.size()), (me, n));
+    assert_eq!(d.tuning(), c.tuning());
+    let mut x = [1u32];
+    d.allreduce_in_place(&mut x, Sum).expect("allreduce on dup");
+    assert_eq!(x[0] as usize, n);
+
+    let half = c.split(Some((me % 2) as u32), -(me as i32)).expect("split").expect("member");
+    let size = (n + 1 - me % 2) / 2;
+    assert_eq!(half.size(), size);
+    assert_eq!(half.rank(), size - 1 - me / 2, "key orders ranks in reverse");
+    let mut y = [me as u64];
+    half.allreduce_in_place(&mut y, Sum).expect("allreduce on split");
+    assert_eq!(y[0], (0..n).filter(|r| r % 2 == me % 2).map(|r| r as u64).sum::<u64>());
+
+    let none = c.split(if me == 0 { None } else { Some(0) }, 0).expect("split with undefined");
+    assert_eq!(none.is_none(), me == 0);
+    if let Some(rest) = none {
+        assert_eq!(rest.size(), n - 1);
+    }
+}
+
+/// Two communicators used from two threads at once; a communicator moved to another thread.
+pub fn threads(c: &Communicator) {
+    let n = c.size();
+    let a = c.dup().expect("dup a");
+    let b = c.dup().expect("dup b");
+    let ta = std::thread::spawn(move || {
+        for i in 0..200u64 {
+            let mut x = vec![i; 64];
+            a.allreduce_in_place(&mut x, Sum).expect("thread a");
+            assert!(x.iter().all(|&v| v == i * n as u64));
+        }
+        a
+    });
+    let tb = std::thread::spawn(move || {
+        for i in 0..200u32 {
+            let mut x = vec![if b.rank() == 0 { i } else { 0 }; 300];
+            let z = vec![b.rank() as u32; 300];
+            let mut y = poison::<u32>(300);
+            scope(|s| {
+                let r = b.ibcast(s, &mut x, 0)?;
+                let q = b.iallreduce(s, &z, &mut y, Max)?;
+                Request::wait_all([r, q])
+            })
+            .expect("thread b");
+            assert!(x.iter().all(|&v| v == i));
+            assert!(y.iter().all(|&v| v as usize == n - 1));
+        }
+    });
+    let a = ta.join().expect("thread a panicked");
+    tb.join().expect("thread b panicked");
+    // `a` came back from the other thread and still works here.
+    a.barrier().expect("moved communicator");
+}

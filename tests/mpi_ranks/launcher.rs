@@ -1,0 +1,70 @@
+//! Starts the rank programs under mpirun.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// Upper bound for one mpirun launch (the whole sweep at one rank count).
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+pub fn main() {
+    let mut args = Arguments::from_args();
+    // Rank counts share the machine's cores: run one launch at a time.
+    args.test_threads = Some(1);
+    let trials = (1..=5).map(|np| Trial::test(format!("mpi_np{np}"), move || launch(np, "all"))).collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// Runs `program` of this binary on `np` ranks.
+pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut child = Command::new("mpirun")
+        .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
+        .arg(&exe)
+        .env("DURALUMIN_RANK_PROGRAM", program)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start mpirun (is openmpi-bin installed?): {e}"))?;
+    let mut out = child.stdout.take().ok_or("no stdout")?;
+    let mut err = child.stderr.take().ok_or("no stderr")?;
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| format!("wait: {e}"))? {
+            break Some(status);
+        }
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    match status {
+        Some(s) if s.success() => Ok(()),
+        Some(s) => {
+            Err(format!("mpirun -np {np} {program} failed ({s})\n--- stdout\n{stdout}\n--- stderr\n{stderr}").into())
+        }
+        None => Err(format!(
+            "mpirun -np {np} {program} timed out after {TIMEOUT:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        )
+        .into()),
+    }
+}

@@ -1,0 +1,71 @@
+//! Multi-rank tests of the Mpi backend.
+//!
+//! Run by `cargo test`, this binary is the launcher: one trial per rank count (1..=5), each
+//! starting `mpirun --oversubscribe -np N` on this same binary with `DURALUMIN_RANK_PROGRAM`
+//! set, bounded by a timeout, and failing with the ranks' output if any rank fails. Under
+//! mpirun, the binary is the rank program: one MPI initialization, then every test group.
+
+mod bad_input;
+mod elements;
+mod engine;
+mod launcher;
+mod p2p;
+mod sweep;
+
+use std::time::Instant;
+
+use duralumin::{Communicator, Tuning};
+
+/// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
+/// every algorithm, pipelines through several segments and chunks, and is split into several
+/// MPI messages (the large-count path), while counts 0, 1 and 7 take the native paths.
+pub fn small_thresholds() -> Tuning {
+    Tuning {
+        allreduce_ring_bytes: 256,
+        ring_segment_bytes: 64,
+        bcast_chain_bytes: 256,
+        bcast_chunk_bytes: 64,
+        max_message_elements: 50,
+    }
+}
+
+/// Counts every operation is tested with: empty, one, odd, and above every threshold.
+pub const COUNTS: [usize; 4] = [0, 1, 7, 300];
+
+fn main() {
+    if let Ok(program) = std::env::var("DURALUMIN_RANK_PROGRAM") {
+        rank_main(&program);
+        return;
+    }
+    launcher::main();
+}
+
+fn rank_main(program: &str) {
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    let mut comm = Communicator::new(&world).expect("communicator");
+    comm.set_tuning(small_thresholds());
+    let groups: [(&str, fn(&Communicator)); 6] = [
+        ("sweep", sweep::run),
+        ("p2p", p2p::run),
+        ("bad_input", bad_input::run),
+        ("engine", engine::run),
+        ("topology", engine::topology),
+        ("threads", engine::threads),
+    ];
+    for (name, group) in groups {
+        if program != "all" && program != name {
+            continue;
+        }
+        let t = Instant::now();
+        group(&comm);
+        comm.barrier().expect("barrier after group");
+        if comm.rank() == 0 {
+            println!("rank group {name}: ok on {} ranks in {:.2?}", comm.size(), t.elapsed());
+        }
+    }
+    drop(comm);
+    if program == "all" || program == "engine" {
+        engine::after_drop();
+    }
+}

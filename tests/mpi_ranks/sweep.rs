@@ -1,0 +1,414 @@
+//! The sweep: every operation × blocking/non-blocking × in-place/out-of-place × every root ×
+//! counts {0, 1, 7, above every threshold} × every element type × every valid operator, checked
+//! bit-exactly against a sequential reference. Written once, generic over element and operator.
+
+use duralumin::half::{bf16, f16};
+use duralumin::*;
+
+use crate::COUNTS;
+use crate::elements::*;
+
+/// Runs a collective blocking or, inside a scope, non-blocking.
+macro_rules! call {
+    ($nb:expr, $c:ident . $f:ident / $i:ident ( $($a:expr),* $(,)? )) => {
+        if $nb { duralumin::scope(|s| $c.$i(s, $($a),*)?.wait()) } else { $c.$f($($a),*) }
+    };
+}
+pub(crate) use call;
+
+const NB: [bool; 2] = [false, true];
+
+pub fn run(c: &Communicator) {
+    macro_rules! numeric {
+        ($($t:ty),*) => {$(
+            reductions::<$t, Sum>(c);
+            reductions::<$t, Prod>(c);
+            reductions::<$t, Min>(c);
+            reductions::<$t, Max>(c);
+            reductions::<$t, LogicalAnd>(c);
+            reductions::<$t, LogicalOr>(c);
+            reductions::<$t, LogicalXor>(c);
+            reductions::<$t, Avg>(c);
+            movement::<$t>(c);
+        )*};
+    }
+    macro_rules! integer {
+        ($($t:ty),*) => {$(
+            reductions::<$t, BitAnd>(c);
+            reductions::<$t, BitOr>(c);
+            reductions::<$t, BitXor>(c);
+        )*};
+    }
+    numeric!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, f16, bf16);
+    integer!(i8, i16, i32, i64, u8, u16, u32, u64);
+    reductions::<MinLoc, ArgMin>(c);
+    reductions::<Complex, ComplexSum>(c);
+    movement::<MinLoc>(c);
+    movement::<Complex>(c);
+    non_commutative(c);
+}
+
+const ALGORITHMS: [AllreduceAlgorithm; 5] = [
+    AllreduceAlgorithm::Auto,
+    AllreduceAlgorithm::Native,
+    AllreduceAlgorithm::Ring,
+    AllreduceAlgorithm::RecursiveDoubling,
+    AllreduceAlgorithm::Rabenseifner,
+];
+
+fn reductions<T: TestElem, O: ReduceOp<T>>(c: &Communicator) {
+    let algorithms: &[AllreduceAlgorithm] = if O::COMMUTATIVE { &ALGORITHMS } else { &ALGORITHMS[..2] };
+    for count in COUNTS {
+        for nb in NB {
+            for in_place in [false, true] {
+                for &algorithm in algorithms {
+                    allreduce::<T, O>(c, count, nb, in_place, algorithm);
+                }
+                for root in 0..c.size() {
+                    reduce::<T, O>(c, count, nb, in_place, root);
+                }
+                reduce_scatter::<T, O>(c, count, nb, in_place);
+                reduce_scatterv::<T, O>(c, count, nb, in_place);
+            }
+        }
+    }
+}
+
+fn tag<T: Element, O: ReduceOp<T>>(what: &str, count: usize, nb: bool, in_place: bool) -> String {
+    format!("{what}<{}, {}> count={count} nonblocking={nb} in_place={in_place}", T::NAME, O::NAME)
+}
+
+fn allreduce<T: TestElem, O: ReduceOp<T>>(
+    c: &Communicator,
+    count: usize,
+    nb: bool,
+    in_place: bool,
+    algorithm: AllreduceAlgorithm,
+) {
+    let (me, n) = (c.rank(), c.size());
+    let what = format!("{} {algorithm:?}", tag::<T, O>("allreduce", count, nb, in_place));
+    let send = input::<T, O>(me, count);
+    let expect: Vec<T> = (0..count).map(|i| reduced::<T, O>(0..n, n, i)).collect();
+    if in_place {
+        let mut buf = send.clone();
+        call!(nb, c.allreduce_in_place_with / iallreduce_in_place_with(&mut buf, O::default(), algorithm))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&buf, &expect), "{what}: got {buf:?}, expected {expect:?}");
+    } else {
+        let mut recv = poison::<T>(count);
+        call!(nb, c.allreduce_with / iallreduce_with(&send, &mut recv, O::default(), algorithm))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        assert!(same(&send, &input::<T, O>(me, count)), "{what}: input changed");
+    }
+}
+
+fn reduce<T: TestElem, O: ReduceOp<T>>(c: &Communicator, count: usize, nb: bool, in_place: bool, root: usize) {
+    let (me, n) = (c.rank(), c.size());
+    let what = format!("{} root={root}", tag::<T, O>("reduce", count, nb, in_place));
+    let send = input::<T, O>(me, count);
+    let expect: Vec<T> = (0..count).map(|i| reduced::<T, O>(0..n, n, i)).collect();
+    if in_place {
+        let mut buf = send.clone();
+        call!(nb, c.reduce_in_place / ireduce_in_place(&mut buf, root, O::default()))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = if me == root { &expect } else { &send };
+        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+    } else {
+        let mut recv = if me == root { poison::<T>(count) } else { Vec::new() };
+        call!(nb, c.reduce / ireduce(&send, &mut recv, root, O::default())).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if me == root {
+            assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        }
+        assert!(same(&send, &input::<T, O>(me, count)), "{what}: input changed");
+    }
+}
+
+fn reduce_scatter<T: TestElem, O: ReduceOp<T>>(c: &Communicator, count: usize, nb: bool, in_place: bool) {
+    let (me, n) = (c.rank(), c.size());
+    let what = tag::<T, O>("reduce_scatter", count, nb, in_place);
+    let send = input::<T, O>(me, n * count);
+    let expect: Vec<T> = (0..count).map(|j| reduced::<T, O>(0..n, n, me * count + j)).collect();
+    if in_place {
+        let mut buf = send.clone();
+        call!(nb, c.reduce_scatter_in_place / ireduce_scatter_in_place(&mut buf, O::default()))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&buf[..count], &expect), "{what}: got {:?}, expected {expect:?}", &buf[..count]);
+    } else {
+        let mut recv = poison::<T>(count);
+        call!(nb, c.reduce_scatter / ireduce_scatter(&send, &mut recv, O::default()))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    }
+}
+
+/// Uneven per-rank counts around `count`, with zeros among them when `count` is 0.
+pub fn vcounts(count: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|r| count + r % 3).collect()
+}
+
+/// Displacements that place blocks in reverse rank order with a one-element gap after each;
+/// returns them with the buffer length.
+pub fn gapped_displs(counts: &[usize]) -> (Vec<usize>, usize) {
+    let mut displs = vec![0; counts.len()];
+    let mut pos = 0;
+    for r in (0..counts.len()).rev() {
+        displs[r] = pos;
+        pos += counts[r] + 1;
+    }
+    (displs, pos)
+}
+
+fn packed(counts: &[usize]) -> Vec<usize> {
+    counts.iter().scan(0, |a, &c| Some(std::mem::replace(a, *a + c))).collect()
+}
+
+fn reduce_scatterv<T: TestElem, O: ReduceOp<T>>(c: &Communicator, count: usize, nb: bool, in_place: bool) {
+    let (me, n) = (c.rank(), c.size());
+    let what = tag::<T, O>("reduce_scatterv", count, nb, in_place);
+    let counts = vcounts(count, n);
+    let displs = packed(&counts);
+    let total: usize = counts.iter().sum();
+    let send = input::<T, O>(me, total);
+    let expect: Vec<T> = (0..counts[me]).map(|j| reduced::<T, O>(0..n, n, displs[me] + j)).collect();
+    if in_place {
+        let mut buf = send.clone();
+        call!(nb, c.reduce_scatterv_in_place / ireduce_scatterv_in_place(&mut buf, &counts, O::default()))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&buf[..counts[me]], &expect), "{what}: got {:?}, expected {expect:?}", &buf[..counts[me]]);
+    } else {
+        let mut recv = poison::<T>(counts[me]);
+        call!(nb, c.reduce_scatterv / ireduce_scatterv(&send, &mut recv, &counts, O::default()))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    }
+}
+
+/// Element `i` of rank `r`'s data in the data-movement collectives.
+fn v<T: TestElem>(r: usize, i: usize) -> T {
+    T::make(((r * 3 + i * 5 + r * i) % 7) as u8, r)
+}
+
+fn data<T: TestElem>(r: usize, start: usize, len: usize) -> Vec<T> {
+    (start..start + len).map(|i| v::<T>(r, i)).collect()
+}
+
+fn movement<T: TestElem>(c: &Communicator) {
+    let n = c.size();
+    for count in COUNTS {
+        for nb in NB {
+            for root in 0..n {
+                for algorithm in [BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain] {
+                    bcast::<T>(c, count, nb, root, algorithm);
+                }
+            }
+            for in_place in [false, true] {
+                allgather::<T>(c, count, nb, in_place);
+                allgatherv::<T>(c, count, nb, in_place);
+                alltoall::<T>(c, count, nb, in_place);
+                for root in 0..n {
+                    gather::<T>(c, count, nb, in_place, root);
+                    gatherv::<T>(c, count, nb, in_place, root);
+                    scatter::<T>(c, count, nb, in_place, root);
+                    scatterv::<T>(c, count, nb, in_place, root);
+                }
+            }
+            alltoallv::<T>(c, count, nb);
+        }
+    }
+}
+
+fn mtag<T: Element>(what: &str, count: usize, nb: bool, in_place: bool) -> String {
+    format!("{what}<{}> count={count} nonblocking={nb} in_place={in_place}", T::NAME)
+}
+
+fn bcast<T: TestElem>(c: &Communicator, count: usize, nb: bool, root: usize, algorithm: BcastAlgorithm) {
+    let what = format!("{} root={root} {algorithm:?}", mtag::<T>("bcast", count, nb, false));
+    let expect = data::<T>(root, 0, count);
+    let mut buf = if c.rank() == root { expect.clone() } else { poison::<T>(count) };
+    call!(nb, c.bcast_with / ibcast_with(&mut buf, root, algorithm)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(same(&buf, &expect), "{what}: got {buf:?}, expected {expect:?}");
+}
+
+fn allgather<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool) {
+    let (me, n) = (c.rank(), c.size());
+    let what = mtag::<T>("allgather", count, nb, in_place);
+    let expect: Vec<T> = (0..n).flat_map(|r| data::<T>(r, 0, count)).collect();
+    let mine = data::<T>(me, 0, count);
+    let mut recv = poison::<T>(n * count);
+    if in_place {
+        recv[me * count..(me + 1) * count].copy_from_slice(&mine);
+        call!(nb, c.allgather_in_place / iallgather_in_place(&mut recv)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    } else {
+        call!(nb, c.allgather / iallgather(&mine, &mut recv)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+}
+
+fn allgatherv<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool) {
+    let (me, n) = (c.rank(), c.size());
+    let what = mtag::<T>("allgatherv", count, nb, in_place);
+    let counts = vcounts(count, n);
+    let (displs, len) = gapped_displs(&counts);
+    let mut expect = poison::<T>(len);
+    for r in 0..n {
+        expect[displs[r]..displs[r] + counts[r]].copy_from_slice(&data::<T>(r, 0, counts[r]));
+    }
+    let mine = data::<T>(me, 0, counts[me]);
+    let mut recv = poison::<T>(len);
+    if in_place {
+        recv[displs[me]..displs[me] + counts[me]].copy_from_slice(&mine);
+        call!(nb, c.allgatherv_in_place / iallgatherv_in_place(&mut recv, &counts, &displs))
+    } else {
+        call!(nb, c.allgatherv / iallgatherv(&mine, &mut recv, &counts, &displs))
+    }
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+}
+
+fn alltoall<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool) {
+    let (me, n) = (c.rank(), c.size());
+    let what = mtag::<T>("alltoall", count, nb, in_place);
+    let send = data::<T>(me, 0, n * count);
+    let expect: Vec<T> = (0..n).flat_map(|r| data::<T>(r, me * count, count)).collect();
+    let mut recv = if in_place { send.clone() } else { poison::<T>(n * count) };
+    if in_place {
+        call!(nb, c.alltoall_in_place / ialltoall_in_place(&mut recv))
+    } else {
+        call!(nb, c.alltoall / ialltoall(&send, &mut recv))
+    }
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+}
+
+fn alltoallv<T: TestElem>(c: &Communicator, count: usize, nb: bool) {
+    let (me, n) = (c.rank(), c.size());
+    let what = mtag::<T>("alltoallv", count, nb, false);
+    let stride = 1000;
+    let send_counts: Vec<usize> = (0..n).map(|j| count + (me + j) % 2).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|i| count + (i + me) % 2).collect();
+    let send_displs = packed(&send_counts);
+    let (recv_displs, len) = gapped_displs(&recv_counts);
+    let send: Vec<T> = (0..n).flat_map(|j| data::<T>(me, j * stride, send_counts[j])).collect();
+    let mut expect = poison::<T>(len);
+    for i in 0..n {
+        expect[recv_displs[i]..recv_displs[i] + recv_counts[i]].copy_from_slice(&data::<T>(
+            i,
+            me * stride,
+            recv_counts[i],
+        ));
+    }
+    let mut recv = poison::<T>(len);
+    call!(nb, c.alltoallv / ialltoallv(&send, &send_counts, &send_displs, &mut recv, &recv_counts, &recv_displs))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+}
+
+fn gather<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool, root: usize) {
+    let (me, n) = (c.rank(), c.size());
+    let what = format!("{} root={root}", mtag::<T>("gather", count, nb, in_place));
+    let mine = data::<T>(me, 0, count);
+    let expect: Vec<T> = (0..n).flat_map(|r| data::<T>(r, 0, count)).collect();
+    let is_root = me == root;
+    if in_place {
+        let mut buf = if is_root { poison::<T>(n * count) } else { mine.clone() };
+        if is_root {
+            buf[me * count..(me + 1) * count].copy_from_slice(&mine);
+        }
+        call!(nb, c.gather_in_place / igather_in_place(&mut buf, root)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = if is_root { &expect } else { &mine };
+        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+    } else {
+        let mut recv = if is_root { poison::<T>(n * count) } else { Vec::new() };
+        call!(nb, c.gather / igather(&mine, &mut recv, root)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if is_root {
+            assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        }
+    }
+}
+
+fn gatherv<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool, root: usize) {
+    let (me, n) = (c.rank(), c.size());
+    let what = format!("{} root={root}", mtag::<T>("gatherv", count, nb, in_place));
+    let counts = vcounts(count, n);
+    let (displs, len) = gapped_displs(&counts);
+    let mine = data::<T>(me, 0, counts[me]);
+    let mut expect = poison::<T>(len);
+    for r in 0..n {
+        expect[displs[r]..displs[r] + counts[r]].copy_from_slice(&data::<T>(r, 0, counts[r]));
+    }
+    let is_root = me == root;
+    // Non-roots pass no counts: they are significant at the root only.
+    let (rc, rd): (&[usize], &[usize]) = if is_root { (&counts, &displs) } else { (&[], &[]) };
+    if in_place {
+        let mut buf = if is_root { poison::<T>(len) } else { mine.clone() };
+        if is_root {
+            buf[displs[me]..displs[me] + counts[me]].copy_from_slice(&mine);
+        }
+        call!(nb, c.gatherv_in_place / igatherv_in_place(&mut buf, rc, rd, root))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = if is_root { &expect } else { &mine };
+        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+    } else {
+        let mut recv = if is_root { poison::<T>(len) } else { Vec::new() };
+        call!(nb, c.gatherv / igatherv(&mine, &mut recv, rc, rd, root)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if is_root {
+            assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        }
+    }
+}
+
+fn scatter<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool, root: usize) {
+    let (me, n) = (c.rank(), c.size());
+    let what = format!("{} root={root}", mtag::<T>("scatter", count, nb, in_place));
+    let all = data::<T>(root, 0, n * count);
+    let expect = all[me * count..(me + 1) * count].to_vec();
+    let is_root = me == root;
+    if in_place {
+        let mut buf = if is_root { all.clone() } else { poison::<T>(count) };
+        call!(nb, c.scatter_in_place / iscatter_in_place(&mut buf, root)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = if is_root { &all } else { &expect };
+        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+    } else {
+        let send = if is_root { all.clone() } else { Vec::new() };
+        let mut recv = poison::<T>(count);
+        call!(nb, c.scatter / iscatter(&send, &mut recv, root)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    }
+}
+
+fn scatterv<T: TestElem>(c: &Communicator, count: usize, nb: bool, in_place: bool, root: usize) {
+    let (me, n) = (c.rank(), c.size());
+    let what = format!("{} root={root}", mtag::<T>("scatterv", count, nb, in_place));
+    let counts = vcounts(count, n);
+    let (displs, len) = gapped_displs(&counts);
+    let all = data::<T>(root, 0, len);
+    let expect = all[displs[me]..displs[me] + counts[me]].to_vec();
+    let is_root = me == root;
+    let (rc, rd): (&[usize], &[usize]) = if is_root { (&counts, &displs) } else { (&[], &[]) };
+    if in_place {
+        let mut buf = if is_root { all.clone() } else { poison::<T>(counts[me]) };
+        call!(nb, c.scatterv_in_place / iscatterv_in_place(&mut buf, rc, rd, root))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = if is_root { &all } else { &expect };
+        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+    } else {
+        let send = if is_root { all.clone() } else { Vec::new() };
+        let mut recv = poison::<T>(counts[me]);
+        call!(nb, c.scatterv / iscatterv(&send, rc, rd, &mut recv, root)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    }
+}
+
+/// A non-commutative user operator: MPI must combine in rank order; the algorithms that
+/// reorder refuse it with a typed error.
+fn non_commutative(c: &Communicator) {
+    reductions::<Affine, Compose>(c);
+    let mut buf = input::<Affine, Compose>(c.rank(), 7);
+    for algorithm in [AllreduceAlgorithm::Ring, AllreduceAlgorithm::RecursiveDoubling, AllreduceAlgorithm::Rabenseifner]
+    {
+        let e = c.allreduce_in_place_with(&mut buf, Compose, algorithm).unwrap_err();
+        assert!(matches!(e, Error::AlgorithmUnsupported { .. }), "{algorithm:?}: {e}");
+    }
+    assert!(same(&buf, &input::<Affine, Compose>(c.rank(), 7)), "refused call changed the buffer");
+}
