@@ -1,1 +1,556 @@
-fn main() {}
+//! Collective benchmark: Duralumin against the native rsmpi/MPI call, measured in the same run.
+//!
+//! `cargo bench --bench collectives [-- --np 2,4 --op allreduce --max-bytes N --csv FILE]`
+//! relaunches itself under `mpirun` for each rank count. For every operation and size it
+//! prints OSU-style average latency (µs, the slowest rank's), nccl-tests-style algorithm and
+//! bus bandwidth (GB/s), blocking and non-blocking, next to the native baseline and the
+//! ratio, then checks the project's performance targets. Sizes are the largest buffer of the
+//! operation (nccl-tests' convention), in f32 elements.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::Instant;
+
+use duralumin::mpi::collective::SystemOperation;
+use duralumin::mpi::datatype::{Partition, PartitionMut};
+use duralumin::mpi::topology::{Communicator as _, SimpleCommunicator};
+use duralumin::mpi::traits::*;
+use duralumin::{AllreduceAlgorithm, BcastAlgorithm, Communicator, ReduceOp, Sum, bytemuck};
+
+/// Timed rounds per measurement (the median is reported).
+const ROUNDS: usize = 5;
+
+const SIZES: [usize; 9] = [4, 64, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
+
+fn sizes(max: usize) -> impl Iterator<Item = usize> {
+    SIZES.into_iter().filter(move |&s| s <= max)
+}
+
+#[derive(Clone, Debug)]
+struct Row {
+    np: usize,
+    op: String,
+    bytes: usize,
+    mode: &'static str,
+    ours_us: f64,
+    native_us: Option<f64>,
+    busbw_factor: f64,
+}
+
+impl Row {
+    fn algbw(&self) -> f64 {
+        self.bytes as f64 / (self.ours_us * 1e3)
+    }
+    fn ratio(&self) -> Option<f64> {
+        self.native_us.map(|n| self.ours_us / n)
+    }
+}
+
+fn main() {
+    if std::env::var("DURALUMIN_BENCH_RANK").is_ok() {
+        rank_main();
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let nps: Vec<usize> =
+        get("--np").unwrap_or_else(|| "2,4".into()).split(',').filter_map(|s| s.parse().ok()).collect();
+    let csv = get("--csv").unwrap_or_else(|| "target/bench-collectives.csv".into());
+    let _ = std::fs::remove_file(&csv);
+    let exe = std::env::current_exe().expect("current_exe");
+    for np in nps {
+        let status = std::process::Command::new("mpirun")
+            .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
+            .arg(&exe)
+            .env("DURALUMIN_BENCH_RANK", "1")
+            .env("DURALUMIN_BENCH_OP", get("--op").unwrap_or_default())
+            .env("DURALUMIN_BENCH_MAX", get("--max-bytes").unwrap_or_else(|| (64usize << 20).to_string()))
+            .env("DURALUMIN_BENCH_CSV", &csv)
+            .env("DURALUMIN_TUNING", std::env::var("DURALUMIN_TUNING").unwrap_or_default())
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .status()
+            .expect("mpirun");
+        assert!(status.success(), "benchmark at np={np} failed");
+    }
+    println!("CSV written to {csv}");
+}
+
+struct Bench<'a> {
+    comm: &'a Communicator,
+    world: &'a SimpleCommunicator,
+    filter: String,
+    max_bytes: usize,
+    rows: Vec<Row>,
+}
+
+impl Bench<'_> {
+    fn wanted(&self, op: &str) -> bool {
+        self.filter.is_empty() || op.starts_with(&self.filter)
+    }
+
+    fn iters(bytes: usize) -> usize {
+        ((256usize << 20) / bytes.max(1)).clamp(ROUNDS, 5000)
+    }
+
+    /// Average time of `f` in µs on the slowest rank: the median of [`ROUNDS`] timed rounds,
+    /// each started together after a barrier, so a round disturbed by the scheduler (4 ranks
+    /// share 2 cores here) does not decide the result.
+    fn time(&self, bytes: usize, mut f: impl FnMut()) -> f64 {
+        let iters = Self::iters(bytes).div_ceil(ROUNDS);
+        for _ in 0..iters.clamp(2, 20) {
+            f();
+        }
+        let mut rounds = [0.0f64; ROUNDS];
+        for r in &mut rounds {
+            self.world.barrier();
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            let mine = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            self.world.all_reduce_into(&mine, r, SystemOperation::max());
+        }
+        rounds.sort_by(f64::total_cmp);
+        rounds[ROUNDS / 2]
+    }
+
+    fn push(&mut self, op: &str, bytes: usize, mode: &'static str, ours: f64, native: Option<f64>, factor: f64) {
+        let row = Row {
+            np: self.comm.size(),
+            op: op.to_string(),
+            bytes,
+            mode,
+            ours_us: ours,
+            native_us: native,
+            busbw_factor: factor,
+        };
+        if self.comm.rank() == 0 {
+            print_row(&row);
+        }
+        self.rows.push(row);
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:<28} {:>10} {:<11} {:>12} {:>12} {:>7} {:>9} {:>9}",
+        "op", "bytes", "mode", "duralumin_us", "native_us", "ratio", "algbw", "busbw"
+    );
+}
+
+fn print_row(r: &Row) {
+    let native = r.native_us.map_or("-".to_string(), |n| format!("{n:.2}"));
+    let ratio = r.ratio().map_or("-".to_string(), |x| format!("{x:.2}"));
+    println!(
+        "{:<28} {:>10} {:<11} {:>12.2} {:>12} {:>7} {:>9.3} {:>9.3}",
+        r.op,
+        r.bytes,
+        r.mode,
+        r.ours_us,
+        native,
+        ratio,
+        r.algbw(),
+        r.algbw() * r.busbw_factor
+    );
+}
+
+fn rank_main() {
+    let universe = duralumin::init().expect("init");
+    let world = universe.world();
+    let mut comm = Communicator::new(&world).expect("communicator");
+    comm.set_tuning(tuning_from_env(comm.tuning()));
+    let mut b = Bench {
+        comm: &comm,
+        world: &world,
+        filter: std::env::var("DURALUMIN_BENCH_OP").unwrap_or_default(),
+        max_bytes: std::env::var("DURALUMIN_BENCH_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(64 << 20),
+        rows: Vec::new(),
+    };
+    if comm.rank() == 0 {
+        println!("\n== np = {} ==", comm.size());
+        print_header();
+    }
+    let idle_before = small_allreduce(&b);
+    allreduce_rows(&mut b);
+    reduction_rows(&mut b);
+    movement_rows(&mut b);
+    p2p_rows(&mut b);
+    custom_op_rows(&mut b);
+    // The progress thread exists now (non-blocking rows started it) and must cost nothing
+    // while idle.
+    let idle_after = small_allreduce(&b);
+    if comm.rank() == 0 {
+        targets(&b.rows, idle_before, idle_after, comm.size());
+        write_csv(&b.rows);
+    }
+}
+
+/// `DURALUMIN_TUNING="allreduce_ring_bytes=N,ring_segment_bytes=N,bcast_chain_bytes=N,bcast_chunk_bytes=N"`
+/// overrides the defaults, to explore thresholds without rebuilding.
+fn tuning_from_env(mut t: duralumin::Tuning) -> duralumin::Tuning {
+    let spec = std::env::var("DURALUMIN_TUNING").unwrap_or_default();
+    for kv in spec.split(',').filter(|s| !s.is_empty()) {
+        let Some((k, v)) = kv.split_once('=') else { continue };
+        let Ok(v) = v.parse::<usize>() else { continue };
+        match k {
+            "allreduce_ring_bytes" => t.allreduce_ring_bytes = v,
+            "ring_segment_bytes" => t.ring_segment_bytes = v,
+            "bcast_chain_bytes" => t.bcast_chain_bytes = v,
+            "bcast_chunk_bytes" => t.bcast_chunk_bytes = v,
+            _ => eprintln!("unknown tuning key {k}"),
+        }
+    }
+    t
+}
+
+fn small_allreduce(b: &Bench) -> f64 {
+    let send = [1.0f32];
+    let mut recv = [0.0f32];
+    b.time(4, || b.comm.allreduce(&send, &mut recv, Sum).unwrap())
+}
+
+fn busbw_allreduce(n: usize) -> f64 {
+    2.0 * (n as f64 - 1.0) / n as f64
+}
+
+fn allreduce_rows(b: &mut Bench) {
+    if !b.wanted("allreduce") {
+        return;
+    }
+    let (c, w, n) = (b.comm, b.world, b.comm.size());
+    for bytes in sizes(b.max_bytes) {
+        let len = bytes / 4;
+        let send: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+        let mut recv = vec![0.0f32; len];
+        let native = b.time(bytes, || w.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum()));
+        let native_nb = b.time(bytes, || {
+            duralumin::mpi::request::scope(|s| {
+                w.immediate_all_reduce_into(s, &send[..], &mut recv[..], SystemOperation::sum()).wait();
+            })
+        });
+        for algorithm in [
+            AllreduceAlgorithm::Auto,
+            AllreduceAlgorithm::Native,
+            AllreduceAlgorithm::Ring,
+            AllreduceAlgorithm::RecursiveDoubling,
+            AllreduceAlgorithm::Rabenseifner,
+        ] {
+            let ours = b.time(bytes, || c.allreduce_with(&send, &mut recv, Sum, algorithm).unwrap());
+            b.push(&format!("allreduce/{algorithm:?}"), bytes, "blocking", ours, Some(native), busbw_allreduce(n));
+        }
+        let ours = b.time(bytes, || {
+            duralumin::scope(|s| c.iallreduce(s, &send, &mut recv, Sum)?.wait()).unwrap();
+        });
+        b.push("allreduce/Auto", bytes, "nonblocking", ours, Some(native_nb), busbw_allreduce(n));
+    }
+}
+
+/// Reduce, reduce-scatter(v): Duralumin's auto path vs rsmpi/MPI.
+fn reduction_rows(b: &mut Bench) {
+    let (c, w, n) = (b.comm, b.world, b.comm.size());
+    let nf = n as f64;
+    for bytes in sizes(b.max_bytes) {
+        let len = (bytes / 4 / n).max(1) * n;
+        let send: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+        let mut recv = vec![0.0f32; len];
+        if b.wanted("reduce") {
+            let root = w.process_at_rank(0);
+            let native = b.time(bytes, || {
+                if c.rank() == 0 {
+                    root.reduce_into_root(&send[..], &mut recv[..], SystemOperation::sum())
+                } else {
+                    root.reduce_into(&send[..], SystemOperation::sum())
+                }
+            });
+            let ours = b.time(bytes, || c.reduce(&send, &mut recv, 0, Sum).unwrap());
+            b.push("reduce", bytes, "blocking", ours, Some(native), 1.0);
+        }
+        if b.wanted("reduce_scatter") {
+            let block = len / n;
+            let native =
+                b.time(bytes, || w.reduce_scatter_block_into(&send[..], &mut recv[..block], SystemOperation::sum()));
+            let ours = b.time(bytes, || c.reduce_scatter(&send, &mut recv[..block], Sum).unwrap());
+            b.push("reduce_scatter", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+            let counts = vec![block; n];
+            let ours = b.time(bytes, || c.reduce_scatterv(&send, &mut recv[..block], &counts, Sum).unwrap());
+            b.push("reduce_scatterv", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+            let native_nb = b.time(bytes, || {
+                duralumin::mpi::request::scope(|s| {
+                    w.immediate_reduce_scatter_block_into(s, &send[..], &mut recv[..block], SystemOperation::sum())
+                        .wait();
+                })
+            });
+            let ours = b.time(bytes, || {
+                duralumin::scope(|s| c.ireduce_scatter(s, &send, &mut recv[..block], Sum)?.wait()).unwrap()
+            });
+            b.push("reduce_scatter", bytes, "nonblocking", ours, Some(native_nb), (nf - 1.0) / nf);
+        }
+    }
+}
+
+fn movement_rows(b: &mut Bench) {
+    let (c, w, n) = (b.comm, b.world, b.comm.size());
+    let nf = n as f64;
+    let me = c.rank();
+    for bytes in sizes(b.max_bytes) {
+        let len = (bytes / 4 / n).max(1) * n;
+        let block = len / n;
+        let all: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let mut out = vec![0.0f32; len];
+        let mine = vec![me as f32; block];
+        let mut part = vec![0.0f32; block];
+        let counts = vec![block; n];
+        let displs: Vec<usize> = (0..n).map(|i| i * block).collect();
+        let ccounts: Vec<i32> = counts.iter().map(|&x| x as i32).collect();
+        let cdispls: Vec<i32> = displs.iter().map(|&x| x as i32).collect();
+        let root = w.process_at_rank(0);
+
+        if b.wanted("bcast") {
+            let native = b.time(bytes, || root.broadcast_into(&mut out[..]));
+            for algorithm in [BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain] {
+                let ours = b.time(bytes, || c.bcast_with(&mut out, 0, algorithm).unwrap());
+                b.push(&format!("bcast/{algorithm:?}"), bytes, "blocking", ours, Some(native), 1.0);
+            }
+            let native_nb = b.time(bytes, || {
+                duralumin::mpi::request::scope(|s| {
+                    root.immediate_broadcast_into(s, &mut out[..]).wait();
+                })
+            });
+            let ours = b.time(bytes, || duralumin::scope(|s| c.ibcast(s, &mut out, 0)?.wait()).unwrap());
+            b.push("bcast/Auto", bytes, "nonblocking", ours, Some(native_nb), 1.0);
+        }
+        if b.wanted("allgather") {
+            let native = b.time(bytes, || w.all_gather_into(&mine[..], &mut out[..]));
+            let ours = b.time(bytes, || c.allgather(&mine, &mut out).unwrap());
+            b.push("allgather", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+            let native_nb = b.time(bytes, || {
+                duralumin::mpi::request::scope(|s| {
+                    w.immediate_all_gather_into(s, &mine[..], &mut out[..]).wait();
+                })
+            });
+            let ours = b.time(bytes, || duralumin::scope(|s| c.iallgather(s, &mine, &mut out)?.wait()).unwrap());
+            b.push("allgather", bytes, "nonblocking", ours, Some(native_nb), (nf - 1.0) / nf);
+            let native = b.time(bytes, || {
+                let mut p = PartitionMut::new(&mut out[..], &ccounts[..], &cdispls[..]);
+                w.all_gather_varcount_into(&mine[..], &mut p)
+            });
+            let ours = b.time(bytes, || c.allgatherv(&mine, &mut out, &counts, &displs).unwrap());
+            b.push("allgatherv", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+        }
+        if b.wanted("alltoall") {
+            let native = b.time(bytes, || w.all_to_all_into(&all[..], &mut out[..]));
+            let ours = b.time(bytes, || c.alltoall(&all, &mut out).unwrap());
+            b.push("alltoall", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+            let native_nb = b.time(bytes, || {
+                duralumin::mpi::request::scope(|s| {
+                    w.immediate_all_to_all_into(s, &all[..], &mut out[..]).wait();
+                })
+            });
+            let ours = b.time(bytes, || duralumin::scope(|s| c.ialltoall(s, &all, &mut out)?.wait()).unwrap());
+            b.push("alltoall", bytes, "nonblocking", ours, Some(native_nb), (nf - 1.0) / nf);
+            let native = b.time(bytes, || {
+                let sp = Partition::new(&all[..], &ccounts[..], &cdispls[..]);
+                let mut rp = PartitionMut::new(&mut out[..], &ccounts[..], &cdispls[..]);
+                w.all_to_all_varcount_into(&sp, &mut rp)
+            });
+            let ours = b.time(bytes, || c.alltoallv(&all, &counts, &displs, &mut out, &counts, &displs).unwrap());
+            b.push("alltoallv", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+        }
+        if b.wanted("gather") {
+            let native = b.time(bytes, || {
+                if me == 0 { root.gather_into_root(&mine[..], &mut out[..]) } else { root.gather_into(&mine[..]) }
+            });
+            let ours = b.time(bytes, || c.gather(&mine, &mut out, 0).unwrap());
+            b.push("gather", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+            let native = b.time(bytes, || {
+                if me == 0 {
+                    let mut p = PartitionMut::new(&mut out[..], &ccounts[..], &cdispls[..]);
+                    root.gather_varcount_into_root(&mine[..], &mut p)
+                } else {
+                    root.gather_varcount_into(&mine[..])
+                }
+            });
+            let ours = b.time(bytes, || c.gatherv(&mine, &mut out, &counts, &displs, 0).unwrap());
+            b.push("gatherv", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+        }
+        if b.wanted("scatter") {
+            let native = b.time(bytes, || {
+                if me == 0 { root.scatter_into_root(&all[..], &mut part[..]) } else { root.scatter_into(&mut part[..]) }
+            });
+            let ours = b.time(bytes, || c.scatter(&all, &mut part, 0).unwrap());
+            b.push("scatter", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+            let native = b.time(bytes, || {
+                if me == 0 {
+                    let p = Partition::new(&all[..], &ccounts[..], &cdispls[..]);
+                    root.scatter_varcount_into_root(&p, &mut part[..])
+                } else {
+                    root.scatter_varcount_into(&mut part[..])
+                }
+            });
+            let ours = b.time(bytes, || c.scatterv(&all, &counts, &displs, &mut part, 0).unwrap());
+            b.push("scatterv", bytes, "blocking", ours, Some(native), (nf - 1.0) / nf);
+        }
+    }
+    if b.wanted("barrier") {
+        let native = b.time(0, || w.barrier());
+        let ours = b.time(0, || c.barrier().unwrap());
+        b.push("barrier", 0, "blocking", ours, Some(native), 0.0);
+        let native_nb = b.time(0, || w.immediate_barrier().wait_without_status());
+        let ours = b.time(0, || duralumin::scope(|s| c.ibarrier(s)?.wait()).unwrap());
+        b.push("barrier", 0, "nonblocking", ours, Some(native_nb), 0.0);
+    }
+}
+
+fn p2p_rows(b: &mut Bench) {
+    let (c, w, n) = (b.comm, b.world, b.comm.size());
+    let me = c.rank();
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    for bytes in sizes(b.max_bytes) {
+        let len = bytes / 4;
+        let send = vec![me as f32; len];
+        let mut recv = vec![0.0f32; len];
+        if b.wanted("sendrecv") {
+            let (rp, lp) = (w.process_at_rank(right as i32), w.process_at_rank(left as i32));
+            let native = b.time(bytes, || {
+                duralumin::mpi::point_to_point::send_receive_into(&send[..], &rp, &mut recv[..], &lp);
+            });
+            let ours = b.time(bytes, || c.sendrecv(&send, right, &mut recv, left, 0).unwrap());
+            b.push("sendrecv", bytes, "blocking", ours, Some(native), 1.0);
+            let ours = b.time(bytes, || {
+                duralumin::scope(|s| {
+                    let r = c.irecv(s, &mut recv, left, 0)?;
+                    let q = c.isend(s, &send, right, 0)?;
+                    duralumin::Request::wait_all([r, q])
+                })
+                .unwrap()
+            });
+            b.push("isend+irecv", bytes, "nonblocking", ours, Some(native), 1.0);
+            let sends: Vec<(&[f32], usize)> = vec![(&send[..], right), (&send[..], left)];
+            let mut r2 = vec![0.0f32; len];
+            let ours = b.time(bytes, || {
+                let mut recvs: Vec<(&mut [f32], usize)> = vec![(&mut recv[..], left), (&mut r2[..], right)];
+                c.multi_sendrecv(&sends, &mut recvs, 0).unwrap()
+            });
+            b.push("multi_sendrecv(2 peers)", bytes, "blocking", ours, None, 2.0);
+        }
+    }
+}
+
+/// A user element and operator against the builtin of the same byte size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct Complex {
+    re: f32,
+    im: f32,
+}
+
+impl duralumin::Element for Complex {
+    const NAME: &'static str = "c32";
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ComplexSum;
+
+impl ReduceOp<Complex> for ComplexSum {
+    const NAME: &'static str = "csum";
+    fn combine(a: Complex, b: Complex) -> Complex {
+        Complex { re: a.re + b.re, im: a.im + b.im }
+    }
+}
+
+fn custom_op_rows(b: &mut Bench) {
+    if !b.wanted("custom") {
+        return;
+    }
+    let (c, n) = (b.comm, b.comm.size());
+    for bytes in sizes(b.max_bytes).filter(|&s| s >= 8) {
+        let len = bytes / 8;
+        let send: Vec<Complex> = (0..len).map(|i| Complex { re: i as f32, im: 1.0 }).collect();
+        let mut recv = send.clone();
+        let fsend: Vec<f64> = (0..len).map(|i| i as f64).collect();
+        let mut frecv = fsend.clone();
+        let builtin = b.time(bytes, || c.allreduce(&fsend, &mut frecv, Sum).unwrap());
+        let ours = b.time(bytes, || c.allreduce(&send, &mut recv, ComplexSum).unwrap());
+        b.push("allreduce/custom-vs-f64-sum", bytes, "blocking", ours, Some(builtin), busbw_allreduce(n));
+    }
+}
+
+fn find<'a>(rows: &'a [Row], op: &str, bytes: usize, mode: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.op == op && r.bytes == bytes && r.mode == mode)
+}
+
+fn targets(rows: &[Row], idle_before: f64, idle_after: f64, n: usize) {
+    let mut out = String::new();
+    let mut check = |what: &str, value: Option<f64>, limit: f64| {
+        if let Some(v) = value {
+            let verdict = if v <= limit { "met" } else { "MISSED" };
+            let _ = writeln!(out, "  {what:<64} {v:>8.3} (target <= {limit}) {verdict}");
+        }
+    };
+    let ratio = |op: &str, bytes: usize, mode: &str| find(rows, op, bytes, mode).and_then(Row::ratio);
+    let small: Vec<f64> = [4usize, 64, 1024]
+        .iter()
+        .filter_map(|&s| find(rows, "allreduce/Auto", s, "blocking").and_then(|r| r.native_us.map(|nv| r.ours_us - nv)))
+        .collect();
+    check(
+        "blocking allreduce, small messages (4 B..1 KiB): us over native (max)",
+        small.iter().cloned().reduce(f64::max),
+        0.2,
+    );
+    let large: Vec<f64> = [16usize << 10, 256 << 10, 1 << 20, 4 << 20]
+        .iter()
+        .filter_map(|&s| ratio("allreduce/Auto", s, "blocking"))
+        .collect();
+    check("blocking allreduce 16 KiB..4 MiB: ratio to native (max)", large.iter().cloned().reduce(f64::max), 1.05);
+    if n == 2 {
+        check("auto allreduce 64 MiB, np=2: ratio to native", ratio("allreduce/Auto", 64 << 20, "blocking"), 0.5);
+    }
+    if n == 4 {
+        check("chain bcast 64 MiB, np=4: ratio to native", ratio("bcast/Chain", 64 << 20, "blocking"), 0.67);
+    }
+    let nb = find(rows, "allreduce/Auto", 4, "nonblocking").map(|r| r.ours_us);
+    let bl = find(rows, "allreduce/Auto", 4, "blocking").map(|r| r.ours_us);
+    check("non-blocking 1-element allreduce: ratio to blocking", nb.zip(bl).map(|(a, b)| a / b), 3.0);
+    let custom: Vec<f64> =
+        rows.iter().filter(|r| r.op == "allreduce/custom-vs-f64-sum").filter_map(Row::ratio).collect();
+    check(
+        "custom-op allreduce: ratio to builtin of the same byte size (max)",
+        custom.iter().cloned().reduce(f64::max),
+        1.2,
+    );
+    if n == 2 {
+        check("1-element allreduce with an idle progress thread: ratio to none", Some(idle_after / idle_before), 1.1);
+    } else {
+        let _ = writeln!(
+            out,
+            "  (info) 1-element allreduce, idle progress thread vs none: {:.3}",
+            idle_after / idle_before
+        );
+    }
+    println!("\n-- targets, np = {n} --\n{out}");
+}
+
+fn write_csv(rows: &[Row]) {
+    let path = std::env::var("DURALUMIN_BENCH_CSV").unwrap_or_else(|_| "target/bench-collectives.csv".into());
+    let new = !std::path::Path::new(&path).exists();
+    let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&path) else { return };
+    if new {
+        let _ = writeln!(f, "np,op,bytes,mode,duralumin_us,native_us,ratio,algbw_gbs,busbw_gbs");
+    }
+    for r in rows {
+        let _ = writeln!(
+            f,
+            "{},{},{},{},{:.3},{},{},{:.4},{:.4}",
+            r.np,
+            r.op,
+            r.bytes,
+            r.mode,
+            r.ours_us,
+            r.native_us.map_or(String::new(), |v| format!("{v:.3}")),
+            r.ratio().map_or(String::new(), |v| format!("{v:.4}")),
+            r.algbw(),
+            r.algbw() * r.busbw_factor
+        );
+    }
+}

@@ -11,6 +11,8 @@ use duralumin_kernels::{Element, ReduceOp};
 pub(crate) trait Reducer<T>: Send + Sync {
     /// `acc[i] = combine(acc[i], incoming[i])` for every `i` (equal lengths).
     fn reduce(&self, acc: &mut [T], incoming: &[T]);
+    /// `dst[i] = combine(a[i], b[i])` for every `i` (equal lengths).
+    fn reduce_into(&self, dst: &mut [T], a: &[T], b: &[T]);
     /// Applies the operator's finishing step for `ranks` contributions (e.g. avg's division).
     fn finish(&self, buf: &mut [T], ranks: u32);
 }
@@ -30,6 +32,13 @@ impl<T: Element, O: ReduceOp<T>> Reducer<T> for HostReducer<O> {
     fn reduce(&self, acc: &mut [T], incoming: &[T]) {
         for (a, &b) in acc.iter_mut().zip(incoming) {
             *a = O::combine(*a, b);
+        }
+    }
+
+    #[inline]
+    fn reduce_into(&self, dst: &mut [T], a: &[T], b: &[T]) {
+        for ((d, &x), &y) in dst.iter_mut().zip(a).zip(b) {
+            *d = O::combine(x, y);
         }
     }
 

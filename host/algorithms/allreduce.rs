@@ -15,30 +15,42 @@ use crate::transport::Transport;
 /// rank sends and receives `2 (n-1)/n` of the buffer, the minimum. Reduce-scatter steps are cut
 /// into segments of `seg` elements so reducing segment `k` overlaps receiving segment `k+1`.
 ///
+/// Out of place (`input` is `Some`), the input is read directly: the first send comes from it
+/// and every reduction is `buf[b] = combine(input[b], incoming)`, so the input is never copied
+/// (a copy costs as much as a transfer at large sizes). In place, `input` is `None`.
+///
 /// `scratch` must hold at least `2 * seg` elements (or the whole buffer if smaller).
 ///
 /// # Safety
-/// See [`crate::algorithms`]: `buf` and `scratch` valid, exclusive and disjoint until the
-/// future completes.
+/// See [`crate::algorithms`]: `input` (same length as `buf`, only read), `buf` and `scratch`
+/// valid, exclusive and disjoint until the future completes.
 pub(crate) async unsafe fn ring<T: Copy, X: Transport<T>, R: Reducer<T>>(
     x: &X,
     r: &R,
+    input: Option<RawBuf<T>>,
     buf: RawBuf<T>,
     scratch: RawBuf<T>,
     seg: usize,
 ) -> Result<()> {
     let (n, me) = (x.size(), x.rank());
+    let src = input.unwrap_or(buf);
     if n == 1 {
+        // SAFETY: distinct buffers (or the same one, which `copy_from` skips).
+        unsafe { buf.copy_from(src) };
         return Ok(());
     }
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     let seg = seg.max(1).min(scratch.len() / 2).max(1);
-    let block = |i: usize| {
-        let (s, l) = block_range(buf.len(), n, i);
-        buf.block(s, l)
+    let block_of = |b: RawBuf<T>, i: usize| {
+        let (s, l) = block_range(b.len(), n, i);
+        b.block(s, l)
     };
+    let block = |i: usize| block_of(buf, i);
     for step in 0..n - 1 {
-        let send = block((me + n - step) % n);
+        // The first step sends this rank's own input block; later ones the block reduced in
+        // the step before.
+        let send = block_of(if step == 0 { src } else { buf }, (me + n - step) % n);
+        let local = block_of(src, (me + n - step - 1) % n);
         let recv = block((me + n - step - 1) % n);
         let sends: Vec<_> = segments(send.len(), seg).collect();
         let recvs: Vec<_> = segments(recv.len(), seg).collect();
@@ -53,13 +65,13 @@ pub(crate) async unsafe fn ring<T: Copy, X: Transport<T>, R: Reducer<T>>(
             let pending = unsafe { x.post(&s, &rv) }?;
             if let Some((p, kk)) = previous.take() {
                 p.await?;
-                reduce_segment(r, recv, &recvs, kk, scratch, seg);
+                reduce_segment(r, local, recv, &recvs, kk, scratch, seg);
             }
             previous = Some((pending, k));
         }
         if let Some((p, kk)) = previous.take() {
             p.await?;
-            reduce_segment(r, recv, &recvs, kk, scratch, seg);
+            reduce_segment(r, local, recv, &recvs, kk, scratch, seg);
         }
     }
     for step in 0..n - 1 {
@@ -72,8 +84,10 @@ pub(crate) async unsafe fn ring<T: Copy, X: Transport<T>, R: Reducer<T>>(
     Ok(())
 }
 
+/// `recv[seg k] = combine(local[seg k], incoming)`; `local` is `recv` itself in place.
 fn reduce_segment<T: Copy, R: Reducer<T>>(
     r: &R,
+    local: RawBuf<T>,
     recv: RawBuf<T>,
     recvs: &[(usize, usize)],
     k: usize,
@@ -81,9 +95,17 @@ fn reduce_segment<T: Copy, R: Reducer<T>>(
     seg: usize,
 ) {
     let Some(&(o, l)) = recvs.get(k) else { return };
+    let (dst, incoming) = (recv.block(o, l), scratch.block((k % 2) * seg, l));
     // SAFETY: segment k of the receive block is owned by this rank during the step (no message
-    // reads or writes it), and the scratch slot's receive has completed.
-    unsafe { r.reduce(recv.block(o, l).as_mut_slice(), scratch.block((k % 2) * seg, l).as_slice()) };
+    // reads or writes it), the scratch slot's receive has completed, and the input block is
+    // only read (or is the destination itself, handled by the two-operand form).
+    unsafe {
+        if std::ptr::eq(local.ptr(), recv.ptr()) {
+            r.reduce(dst.as_mut_slice(), incoming.as_slice());
+        } else {
+            r.reduce_into(dst.as_mut_slice(), local.block(o, l).as_slice(), incoming.as_slice());
+        }
+    }
 }
 
 /// Folds the extra ranks of a non-power-of-two communicator in: odd ranks below `2 rem`

@@ -9,8 +9,9 @@ use crate::buffer::RawBuf;
 use crate::error::Result;
 use crate::transport::Transport;
 
-/// Receives (and sends) kept in flight per rank.
-const WINDOW: usize = 4;
+/// Receives (and sends) kept in flight per rank. Two measured best on 2 cores at 4 ranks (64 MiB:
+/// 0.64x native with 2, 0.69x with 4, 0.78x with 8): more outstanding copies only contend.
+const WINDOW: usize = 2;
 
 /// Broadcasts `buf` from `root` down a chain, `chunk` elements at a time.
 ///

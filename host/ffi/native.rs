@@ -28,7 +28,6 @@ pub(crate) enum Native {
     Alltoall { send: SendPtr, recv: RecvPtr, count: c_int },
     Gather { send: SendPtr, recv: RecvPtr, count: c_int, root: c_int },
     Scatter { send: SendPtr, recv: RecvPtr, count: c_int, root: c_int },
-    ReduceScatterBlock { send: SendPtr, recv: RecvPtr, count: c_int, op: RawOp },
     ReduceScatter { send: SendPtr, recv: RecvPtr, counts: Vec<c_int>, op: RawOp },
 }
 
@@ -81,9 +80,6 @@ impl Native {
                 Native::Scatter { send, recv, count, root } => {
                     check(sys::MPI_Scatter(*send, *count, d, *recv, *count, d, *root, c), "MPI_Scatter")
                 }
-                Native::ReduceScatterBlock { send, recv, count, op } => {
-                    check(sys::MPI_Reduce_scatter_block(*send, *recv, *count, d, op.0, c), "MPI_Reduce_scatter_block")
-                }
                 Native::ReduceScatter { send, recv, counts, op } => {
                     check(sys::MPI_Reduce_scatter(*send, *recv, ptr(counts), d, op.0, c), "MPI_Reduce_scatter")
                 }
@@ -130,10 +126,6 @@ impl Native {
                 Native::Scatter { send, recv, count, root } => {
                     check(sys::MPI_Iscatter(*send, *count, d, *recv, *count, d, *root, c, r), "MPI_Iscatter")
                 }
-                Native::ReduceScatterBlock { send, recv, count, op } => check(
-                    sys::MPI_Ireduce_scatter_block(*send, *recv, *count, d, op.0, c, r),
-                    "MPI_Ireduce_scatter_block",
-                ),
                 Native::ReduceScatter { send, recv, counts, op } => {
                     check(sys::MPI_Ireduce_scatter(*send, *recv, ptr(counts), d, op.0, c, r), "MPI_Ireduce_scatter")
                 }

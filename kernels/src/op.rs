@@ -13,6 +13,25 @@ use crate::element::{Element, Integer, Number};
 /// Operators that need a final step after all contributions are combined (like [`Avg`], which
 /// sums and then divides by the number of ranks) set [`ReduceOp::HAS_FINISH`] and implement
 /// [`ReduceOp::finish`].
+///
+/// Builtin operators exist only where they mean something; a bitwise operator on a float does
+/// not compile:
+///
+/// ```compile_fail
+/// use duralumin_kernels::{BitAnd, ReduceOp};
+/// let _ = <BitAnd as ReduceOp<f32>>::combine(1.0, 2.0);
+/// ```
+///
+/// and neither does arithmetic on a user struct that has no operator:
+///
+/// ```compile_fail
+/// use duralumin_kernels::{Element, ReduceOp, Sum};
+/// #[repr(C)]
+/// #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+/// struct P { x: f32 }
+/// impl Element for P { const NAME: &'static str = "p"; }
+/// let _ = <Sum as ReduceOp<P>>::combine(P { x: 1.0 }, P { x: 2.0 });
+/// ```
 pub trait ReduceOp<T: Element>: Copy + Default + Send + Sync + 'static {
     /// Identifier fragment used in kernel names, e.g. `"sum"`.
     const NAME: &'static str;

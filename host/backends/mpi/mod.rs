@@ -51,7 +51,7 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            allreduce_ring_bytes: 1 << 20,
+            allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
             bcast_chain_bytes: 1 << 20,
             bcast_chunk_bytes: 1 << 20,
@@ -92,7 +92,17 @@ impl Drop for Core {
 ///
 /// `Send` but not `Sync`: it can move to another thread, and two communicators can be used
 /// from two threads at once, but one communicator cannot be used by two threads at once (MPI
-/// requires collectives on one communicator to be issued in one order).
+/// requires collectives on one communicator to be issued in one order):
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<duralumin::Communicator>();
+/// ```
+///
+/// ```
+/// fn movable_to_a_thread<T: Send>() {}
+/// movable_to_a_thread::<duralumin::Communicator>();
+/// ```
 #[derive(Debug)]
 pub struct Communicator {
     core: Arc<Core>,
