@@ -22,7 +22,7 @@ use crate::ffi::{RawDatatype, RawOp, check, sys};
 /// The MPI datatype of a builtin element, if MPI has one.
 fn builtin_datatype<T: Element>() -> Option<RawDatatype> {
     let id = TypeId::of::<T>();
-    // SAFETY (all arms): reading immutable handle constants exported by the rsmpi shim.
+    // SAFETY: every arm reads an immutable handle constant exported by the rsmpi shim.
     let dt = unsafe {
         match id {
             x if x == TypeId::of::<i8>() => sys::RSMPI_INT8_T,
@@ -89,7 +89,7 @@ fn builtin_op<T: Element, O: ReduceOp<T>>() -> Option<RawOp> {
     builtin_datatype::<T>()?;
     let o = TypeId::of::<O>();
     let int = is_integer::<T>();
-    // SAFETY (all arms): reading immutable handle constants exported by the rsmpi shim.
+    // SAFETY: every arm reads an immutable handle constant exported by the rsmpi shim.
     let op = unsafe {
         match o {
             x if x == TypeId::of::<Sum>() || x == TypeId::of::<Avg>() => sys::RSMPI_SUM,

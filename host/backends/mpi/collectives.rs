@@ -93,7 +93,7 @@ fn finish_slice<T: Element, O: ReduceOp<T>>(s: &mut [T], ranks: u32) {
 
 /// The finishing step of `O` on `buf`, if it has one.
 fn finish<T: Element, O: ReduceOp<T>>(buf: RawBuf<T>, ranks: usize) -> Option<Post<T>> {
-    O::HAS_FINISH.then(|| Post::Finish { buf, f: finish_slice::<T, O>, ranks: ranks as u32 })
+    O::HAS_FINISH.then_some(Post::Finish { buf, f: finish_slice::<T, O>, ranks: ranks as u32 })
 }
 
 /// `(offset, len)` pieces of at most `max` elements; at least one piece.
@@ -109,6 +109,7 @@ macro_rules! blocking_and_nonblocking {
             => $plan:ident ($($pa:expr),* $(,)?);
     )*) => {$(
         $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
         pub fn $name<'buf, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
             self.core.errors.check()?;
             let job = self.$plan($($pa,)* Mode::Blocking)?;
@@ -119,6 +120,7 @@ macro_rules! blocking_and_nonblocking {
             operation and returns a [`Request`]. The buffers stay borrowed until the request \
             completes (at the latest when the [`Scope`] ends); the operation progresses on the \
             progress thread meanwhile.")]
+        #[allow(clippy::too_many_arguments)]
         pub fn $iname<'s, 'buf: 's, $($g: $bound),*>(
             &'s self,
             scope: &'s Scope<'s, '_>,
