@@ -40,12 +40,15 @@ fn main() {
     launcher::main();
 }
 
+/// A named group of checks run on every rank.
+type Group = (&'static str, fn(&Communicator));
+
 fn rank_main(program: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     let mut comm = Communicator::new(&world).expect("communicator");
     comm.set_tuning(small_thresholds());
-    let groups: [(&str, fn(&Communicator)); 6] = [
+    let groups: [Group; 6] = [
         ("sweep", sweep::run),
         ("p2p", p2p::run),
         ("bad_input", bad_input::run),
