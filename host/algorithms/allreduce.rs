@@ -5,15 +5,16 @@
 //! operator's finishing step (avg's division) afterwards. Safety contract: see the module docs
 //! of [`crate::algorithms`].
 
-use super::{Fold, block_range, segments};
+use super::reduce_scatter::{self, Partials, RingLayout};
+use super::{Fold, block_range};
 use crate::buffer::RawBuf;
 use crate::error::Result;
 use crate::reducer::Reducer;
 use crate::transport::Transport;
 
-/// Ring allreduce: a reduce-scatter around the ring, then an allgather around the ring. Each
-/// rank sends and receives `2 (n-1)/n` of the buffer, the minimum. Reduce-scatter steps are cut
-/// into segments of `seg` elements so reducing segment `k` overlaps receiving segment `k+1`.
+/// Ring allreduce: a [reduce-scatter](super::reduce_scatter::ring) around the ring, then an
+/// allgather around the ring. Each rank sends and receives `2 (n-1)/n` of the buffer, the
+/// minimum.
 ///
 /// Out of place (`input` is `Some`), the input is read directly: the first send comes from it
 /// and every reduction is `buf[b] = combine(input[b], incoming)`, so the input is never copied
@@ -33,47 +34,21 @@ pub(crate) async unsafe fn ring<T: Copy, X: Transport<T>, R: Reducer<T>>(
     seg: usize,
 ) -> Result<()> {
     let (n, me) = (x.size(), x.rank());
-    let src = input.unwrap_or(buf);
+    let blocks: Vec<_> = (0..n).map(|i| block_range(buf.len(), n, i)).collect();
+    let block = |i: usize| buf.block(blocks[i].0, blocks[i].1);
+    let layout = RingLayout {
+        blocks: &blocks,
+        input: input.unwrap_or(buf),
+        shift: 1,
+        out: block((me + 1) % n),
+        partials: Partials::InBuffer(buf),
+    };
+    // SAFETY: forwarded from the caller; partial results live in `buf`'s own blocks.
+    unsafe { reduce_scatter::ring(x, r, layout, scratch, seg) }.await?;
     if n == 1 {
-        // SAFETY: distinct buffers (or the same one, which `copy_from` skips).
-        unsafe { buf.copy_from(src) };
         return Ok(());
     }
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
-    let seg = seg.max(1).min(scratch.len() / 2).max(1);
-    let block_of = |b: RawBuf<T>, i: usize| {
-        let (s, l) = block_range(b.len(), n, i);
-        b.block(s, l)
-    };
-    let block = |i: usize| block_of(buf, i);
-    for step in 0..n - 1 {
-        // The first step sends this rank's own input block; later ones the block reduced in
-        // the step before.
-        let send = block_of(if step == 0 { src } else { buf }, (me + n - step) % n);
-        let local = block_of(src, (me + n - step - 1) % n);
-        let recv = block((me + n - step - 1) % n);
-        let sends: Vec<_> = segments(send.len(), seg).collect();
-        let recvs: Vec<_> = segments(recv.len(), seg).collect();
-        let mut previous: Option<(X::Pending, usize)> = None;
-        for k in 0..sends.len().max(recvs.len()) {
-            let slot = scratch.block((k % 2) * seg, seg);
-            let s: Vec<_> = sends.get(k).map(|&(o, l)| (send.block(o, l), right)).into_iter().collect();
-            let rv: Vec<_> = recvs.get(k).map(|&(_, l)| (slot.block(0, l), left)).into_iter().collect();
-            // SAFETY: the send segment belongs to a block fully reduced in the previous step
-            // (or original data) and is not written during this step; the receive goes into a
-            // scratch slot whose previous contents were reduced at iteration k-1.
-            let pending = unsafe { x.post(&s, &rv) }?;
-            if let Some((p, kk)) = previous.take() {
-                p.await?;
-                reduce_segment(r, local, recv, &recvs, kk, scratch, seg);
-            }
-            previous = Some((pending, k));
-        }
-        if let Some((p, kk)) = previous.take() {
-            p.await?;
-            reduce_segment(r, local, recv, &recvs, kk, scratch, seg);
-        }
-    }
     for step in 0..n - 1 {
         let send = block((me + 1 + n - step) % n);
         let recv = block((me + n - step) % n);
@@ -82,30 +57,6 @@ pub(crate) async unsafe fn ring<T: Copy, X: Transport<T>, R: Reducer<T>>(
         unsafe { x.post(&[(send, right)], &[(recv, left)]) }?.await?;
     }
     Ok(())
-}
-
-/// `recv[seg k] = combine(local[seg k], incoming)`; `local` is `recv` itself in place.
-fn reduce_segment<T: Copy, R: Reducer<T>>(
-    r: &R,
-    local: RawBuf<T>,
-    recv: RawBuf<T>,
-    recvs: &[(usize, usize)],
-    k: usize,
-    scratch: RawBuf<T>,
-    seg: usize,
-) {
-    let Some(&(o, l)) = recvs.get(k) else { return };
-    let (dst, incoming) = (recv.block(o, l), scratch.block((k % 2) * seg, l));
-    // SAFETY: segment k of the receive block is owned by this rank during the step (no message
-    // reads or writes it), the scratch slot's receive has completed, and the input block is
-    // only read (or is the destination itself, handled by the two-operand form).
-    unsafe {
-        if std::ptr::eq(local.ptr(), recv.ptr()) {
-            r.reduce(dst.as_mut_slice(), incoming.as_slice());
-        } else {
-            r.reduce_into(dst.as_mut_slice(), local.block(o, l).as_slice(), incoming.as_slice());
-        }
-    }
 }
 
 /// Folds the extra ranks of a non-power-of-two communicator in: odd ranks below `2 rem`

@@ -17,6 +17,7 @@ use duralumin_kernels::{Element, ReduceOp};
 
 use super::Communicator;
 use super::job::{Job, Mode, Post};
+use crate::algorithms::reduce_scatter::{self, Partials, RingLayout};
 use crate::algorithms::{allreduce, bcast, exchange};
 use crate::buffer::RawBuf;
 use crate::check;
@@ -373,7 +374,7 @@ impl Communicator {
         recv: &mut [T],
         root: usize,
         _op: O,
-        _mode: Mode,
+        mode: Mode,
     ) -> Result<Job<T>> {
         check::rank("reduce root", root, self.size())?;
         let is_root = self.rank() == root;
@@ -386,10 +387,13 @@ impl Communicator {
             }
             None => recv.len(),
         };
-        let dt = datatype::<T>()?;
-        let op = mpi_op::<T, O>()?;
         let out = RawBuf::from_mut(recv);
         let input = send.map(RawBuf::from_ref);
+        if self.use_reduce_ring::<T, O>(n) {
+            return self.ring_reduce::<T, O>(input, out, n, root, mode);
+        }
+        let dt = datatype::<T>()?;
+        let op = mpi_op::<T, O>()?;
         let calls = pieces(n, self.tuning.max_message_elements)
             .map(|(off, len)| {
                 let (s, r) = match (input, is_root) {
@@ -767,7 +771,7 @@ impl Communicator {
         recv: &mut [T],
         counts: &[usize],
         _op: O,
-        _mode: Mode,
+        mode: Mode,
     ) -> Result<Job<T>> {
         let (n, me) = (self.size(), self.rank());
         check::per_rank("reduce_scatterv counts", counts, n)?;
@@ -779,9 +783,13 @@ impl Communicator {
             }
             None => check::len("reduce_scatterv buffer", recv.len(), total)?,
         }
+        let out = RawBuf::from_mut(recv);
+        let displs = check::packed_displs(counts);
+        if self.use_reduce_ring::<T, O>(total) {
+            return self.ring_reduce_scatter::<T, O>(send.map(RawBuf::from_ref), out, counts, &displs, mode);
+        }
         let dt = datatype::<T>()?;
         let op = mpi_op::<T, O>()?;
-        let out = RawBuf::from_mut(recv);
         let result = out.block(0, counts[me]);
         if self.fits(total) {
             let call = Native::ReduceScatter {
@@ -792,9 +800,9 @@ impl Communicator {
             };
             return Ok(Job::native(dt, call).then(finish::<T, O>(result, n)));
         }
-        // Too large for one call: one (split) reduce per block, to that block's owner. Every
-        // rank knows the counts, so all issue the same calls in the same order.
-        let displs = check::packed_displs(counts);
+        // Too large for one call and not commutative: one (split) reduce per block, to that
+        // block's owner, which keeps MPI's rank-order guarantee. Every rank knows the counts, so
+        // all issue the same calls in the same order.
         let input = send.map_or(out, RawBuf::from_ref);
         let mut calls = Vec::new();
         for r in 0..n {
@@ -814,5 +822,104 @@ impl Communicator {
         }
         post.extend(finish::<T, O>(result, n));
         Ok(Job::Native { dt, calls, post })
+    }
+
+    /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:
+    /// decided from values every rank shares, so all ranks agree.
+    fn use_reduce_ring<T: Element, O: ReduceOp<T>>(&self, total: usize) -> bool {
+        let bytes = total.saturating_mul(size_of::<T>());
+        O::COMMUTATIVE && self.size() > 1 && (bytes >= self.tuning.reduce_ring_bytes || !self.fits(total))
+    }
+
+    fn segment<T>(&self) -> usize {
+        (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1)
+    }
+
+    /// Reduce-scatter(v) over the ring. Out of place the partial sums live in two block-sized
+    /// slots of scratch; in place they live in the buffer and the result moves to its front.
+    fn ring_reduce_scatter<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<RawBuf<T>>,
+        out: RawBuf<T>,
+        counts: &[usize],
+        displs: &[usize],
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        let core = Arc::clone(&self.core);
+        let seg = self.segment::<T>();
+        let (me, n) = (self.rank(), self.size());
+        let blocks: Vec<(usize, usize)> = displs.iter().copied().zip(counts.iter().copied()).collect();
+        let max_block = counts.iter().copied().max().unwrap_or(0);
+        Ok(Job::Future(Box::pin(async move {
+            let r = HostReducer::<O>::new();
+            let slots = if send.is_some() { 2 * max_block } else { 0 };
+            let mut scratch = core.scratch.take::<T>(2 * seg.min(max_block.max(1)) + slots)?;
+            let scratch = scratch.raw();
+            let incoming = scratch.block(slots, scratch.len() - slots);
+            let (input, result, partials) = match send {
+                Some(input) => (input, out, Partials::Slots(scratch.block(0, slots))),
+                None => (out, out.block(blocks[me].0, blocks[me].1), Partials::InBuffer(out)),
+            };
+            let layout = RingLayout { blocks: &blocks, input, shift: 0, out: result, partials };
+            // SAFETY: the public method borrows the buffers for the whole operation; scratch is
+            // this operation's own, and its slots and receive area are disjoint.
+            unsafe {
+                reduce_scatter::ring(&x, &r, layout, incoming, seg).await?;
+                if send.is_none() {
+                    Post::MoveToFront { buf: out, from: blocks[me].0, len: blocks[me].1 }.apply();
+                }
+                r.finish(out.block(0, blocks[me].1).as_mut_slice(), n as u32);
+            }
+            Ok(())
+        })))
+    }
+
+    /// A large reduce: ring reduce-scatter, then the blocks are gathered at the root. Non-root
+    /// ranks never write their input (in place it must stay unchanged), so their partial sums
+    /// and final block live in scratch.
+    fn ring_reduce<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<RawBuf<T>>,
+        out: RawBuf<T>,
+        len: usize,
+        root: usize,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        // The gather has a tag of its own, so its messages can never meet the ring's.
+        let xg = self.transport::<T>(mode)?;
+        let core = Arc::clone(&self.core);
+        let seg = self.segment::<T>();
+        let (me, n) = (self.rank(), self.size());
+        let blocks: Vec<(usize, usize)> = (0..n).map(|i| crate::algorithms::block_range(len, n, i)).collect();
+        let max_block = blocks.iter().map(|b| b.1).max().unwrap_or(0);
+        let is_root = me == root;
+        Ok(Job::Future(Box::pin(async move {
+            let r = HostReducer::<O>::new();
+            let input = send.unwrap_or(out);
+            let own = if is_root { 0 } else { 3 * max_block };
+            let mut scratch = core.scratch.take::<T>(2 * seg.min(max_block.max(1)) + own)?;
+            let scratch = scratch.raw();
+            let incoming = scratch.block(own, scratch.len() - own);
+            let (result, partials) = if is_root {
+                (out.block(blocks[me].0, blocks[me].1), Partials::InBuffer(out))
+            } else {
+                (scratch.block(2 * max_block, blocks[me].1), Partials::Slots(scratch.block(0, 2 * max_block)))
+            };
+            let layout = RingLayout { blocks: &blocks, input, shift: 0, out: result, partials };
+            let dest: Vec<_> = blocks.iter().map(|&(s, l)| out.block(s, l)).collect();
+            // SAFETY: the public method borrows the buffers for the whole operation (the
+            // root's is the full-size result); scratch is this operation's own and its parts
+            // are disjoint.
+            unsafe {
+                reduce_scatter::ring(&x, &r, layout, incoming, seg).await?;
+                exchange::linear_gather(&xg, root, result, &dest).await?;
+                if is_root {
+                    r.finish(out.as_mut_slice(), n as u32);
+                }
+            }
+            Ok(())
+        })))
     }
 }

@@ -38,7 +38,7 @@ unsafe impl<T: Send> Send for Post<T> {}
 impl<T: Copy> Post<T> {
     /// # Safety
     /// The operation's data movement has completed and its buffers are still borrowed by it.
-    unsafe fn apply(&self) {
+    pub(crate) unsafe fn apply(&self) {
         match *self {
             // SAFETY: the caller guarantees exclusive access to the completed buffer.
             Post::Finish { buf, f, ranks } => f(unsafe { buf.as_mut_slice() }, ranks),

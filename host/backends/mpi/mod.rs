@@ -38,6 +38,10 @@ pub struct Tuning {
     pub allreduce_ring_bytes: usize,
     /// Segment size (bytes) of the ring's pipelined reduce-scatter.
     pub ring_segment_bytes: usize,
+    /// Reduce-scatters and reduces of at least this many bytes in total use the ring
+    /// reduce-scatter (commutative operators; reduces then gather to the root); smaller ones go
+    /// to the MPI library.
+    pub reduce_ring_bytes: usize,
     /// Broadcasts of at least this many bytes use the pipelined chain (3 or more ranks).
     pub bcast_chain_bytes: usize,
     /// Chunk size (bytes) of the pipelined chain broadcast.
@@ -53,6 +57,7 @@ impl Default for Tuning {
         Tuning {
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
+            reduce_ring_bytes: 256 << 10,
             bcast_chain_bytes: 1 << 20,
             bcast_chunk_bytes: 1 << 20,
             max_message_elements: c_int::MAX as usize,
