@@ -1,0 +1,183 @@
+//! The index abstraction kernel bodies are written against.
+//!
+//! A kernel body sees only two numbers: its own global index and the global number of threads.
+//! It covers its share of the work with a grid-stride loop (`i = index; i < n; i += size`), so the
+//! same body is correct for any launch shape: one GPU thread per element, a few blocks that each
+//! loop, or a single host thread that walks every index.
+//!
+//! * On NVPTX and AMDGPU, `DeviceGrid` reads the launch geometry from the hardware (x dimension
+//!   only: the host launches one-dimensional grids).
+//! * On the host, [`HostGrid`] runs a body once per emulated thread, one after another; the host
+//!   device and the tests use it, and emulating several threads checks that the bodies partition
+//!   the work correctly.
+
+/// Where a running kernel thread is in its launch: its global index and the global thread count.
+///
+/// Implementations must return `index() < size()` and the same values for every call within one
+/// body invocation.
+pub trait Grid: Copy {
+    /// Global index of this thread, `0..size()`.
+    fn index(self) -> usize;
+    /// Number of threads in the launch.
+    fn size(self) -> usize;
+}
+
+/// One emulated thread of a [`HostGrid`] launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostThread {
+    index: usize,
+    size: usize,
+}
+
+impl Grid for HostThread {
+    #[inline(always)]
+    fn index(self) -> usize {
+        self.index
+    }
+
+    #[inline(always)]
+    fn size(self) -> usize {
+        self.size
+    }
+}
+
+/// A launch of `threads` emulated threads on the calling host thread.
+///
+/// Threads run one after another in index order. Kernel bodies never depend on the order in which
+/// threads run (each element is written by exactly one thread), so the result equals a parallel
+/// GPU launch of the same size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostGrid {
+    threads: usize,
+}
+
+impl HostGrid {
+    /// One thread that walks every index: the cheapest way to run a body on the CPU.
+    pub const SINGLE: HostGrid = HostGrid { threads: 1 };
+
+    /// A launch of `threads` emulated threads (at least one).
+    pub const fn new(threads: usize) -> HostGrid {
+        HostGrid { threads: if threads == 0 { 1 } else { threads } }
+    }
+
+    /// Number of emulated threads.
+    pub const fn threads(self) -> usize {
+        self.threads
+    }
+
+    /// Calls `body` once per thread, with that thread's [`HostThread`].
+    pub fn run(self, mut body: impl FnMut(HostThread)) {
+        for index in 0..self.threads {
+            body(HostThread { index, size: self.threads });
+        }
+    }
+}
+
+/// The calling GPU thread's place in a one-dimensional launch.
+#[cfg(any(target_arch = "nvptx64", target_arch = "amdgpu"))]
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceGrid;
+
+#[cfg(target_arch = "nvptx64")]
+impl Grid for DeviceGrid {
+    #[inline(always)]
+    fn index(self) -> usize {
+        use core::arch::nvptx::{_block_dim_x, _block_idx_x, _thread_idx_x};
+        // SAFETY: reading the special registers %ctaid.x, %ntid.x and %tid.x has no preconditions
+        // inside a kernel, which is the only place DeviceGrid is used.
+        let (block, dim, thread) = unsafe { (_block_idx_x(), _block_dim_x(), _thread_idx_x()) };
+        block as usize * dim as usize + thread as usize
+    }
+
+    #[inline(always)]
+    fn size(self) -> usize {
+        use core::arch::nvptx::{_block_dim_x, _grid_dim_x};
+        // SAFETY: as in `index`, reading %nctaid.x and %ntid.x has no preconditions.
+        let (blocks, dim) = unsafe { (_grid_dim_x(), _block_dim_x()) };
+        blocks as usize * dim as usize
+    }
+}
+
+#[cfg(target_arch = "amdgpu")]
+impl DeviceGrid {
+    /// The HSA kernel dispatch packet of the running kernel.
+    #[inline(always)]
+    fn packet() -> *const u8 {
+        core::intrinsics::gpu::amdgpu_dispatch_ptr().cast::<u8>()
+    }
+}
+
+#[cfg(target_arch = "amdgpu")]
+impl Grid for DeviceGrid {
+    #[inline(always)]
+    fn index(self) -> usize {
+        use core::arch::amdgpu::{workgroup_id_x, workitem_id_x};
+        // SAFETY: every gpu-kernel is launched through an hsa_kernel_dispatch_packet_t, valid for
+        // the whole kernel; `workgroup_size_x` is its u16 at byte offset 4 (HSA system
+        // architecture spec 1.2, section 2.9.6), so the read is in bounds and 2-byte aligned.
+        let workgroup_size = unsafe { Self::packet().add(4).cast::<u16>().read() };
+        workgroup_id_x() as usize * workgroup_size as usize + workitem_id_x() as usize
+    }
+
+    #[inline(always)]
+    fn size(self) -> usize {
+        // SAFETY: as in `index`; `grid_size_x` (in work-items) is the packet's u32 at offset 12.
+        unsafe { Self::packet().add(12).cast::<u32>().read() as usize }
+    }
+}
+
+/// The thread indices `grid` covers in `0..n`, in a grid-stride loop: `index, index + size, ...`.
+#[inline(always)]
+pub(crate) fn stride<G: Grid>(grid: G, n: usize) -> Stride {
+    Stride { next: grid.index(), end: n, step: grid.size() }
+}
+
+/// Iterator behind [`stride`]. Written as a plain `while`-style iterator (no `step_by`), which
+/// compiles to a tight loop on every target and has no panicking paths.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stride {
+    next: usize,
+    end: usize,
+    step: usize,
+}
+
+impl Iterator for Stride {
+    type Item = usize;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        if self.next < self.end {
+            let i = self.next;
+            // Saturating: a launch can never have `end + step` overflow in practice, but a wrap
+            // would restart the loop at a small index.
+            self.next = i.saturating_add(self.step);
+            Some(i)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_grid_partitions_every_index_exactly_once() {
+        for threads in [1, 2, 7, 64] {
+            let mut seen = [0u8; 100];
+            HostGrid::new(threads).run(|t| {
+                assert_eq!(t.size(), threads);
+                for i in stride(t, seen.len()) {
+                    seen[i] += 1;
+                }
+            });
+            assert!(seen.iter().all(|&c| c == 1), "threads = {threads}");
+        }
+    }
+
+    #[test]
+    fn zero_threads_means_one() {
+        assert_eq!(HostGrid::new(0).threads(), 1);
+    }
+}

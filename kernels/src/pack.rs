@@ -1,0 +1,245 @@
+//! Pack and unpack bodies: gather scattered pieces of a buffer into one contiguous buffer and
+//! scatter them back, in one launch.
+//!
+//! * [`copy_2d`] copies `rows` rows of `row_bytes` bytes between two buffers with independent row
+//!   pitches: packing a strided matrix (`dst_pitch == row_bytes`), unpacking one
+//!   (`src_pitch == row_bytes`), or re-striding.
+//! * [`pack_segments`] / [`unpack_segments`] move a list of [`Segment`]s, `(offset, len)` byte
+//!   ranges of the scattered buffer, to and from consecutive places in the packed buffer: a
+//!   v-collective moves all its per-rank blocks with one launch instead of one copy per rank.
+//!
+//! Everything is in bytes, so one kernel serves every element type. Each copy picks the widest
+//! access (16, 8, 4, 2 or 1 bytes) that both sides can use at the same time: with source and
+//! destination at the same offset modulo that width, a byte-wise head reaches the boundary, the
+//! body moves whole units, and a byte-wise tail finishes.
+
+use crate::grid::Grid;
+
+/// A byte range `offset..offset + len` of a scattered buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Segment {
+    /// Start of the range in bytes.
+    pub offset: u64,
+    /// Length of the range in bytes.
+    pub len: u64,
+}
+
+impl Segment {
+    /// The range `offset..offset + len`.
+    pub const fn new(offset: u64, len: u64) -> Segment {
+        Segment { offset, len }
+    }
+}
+
+/// How one contiguous copy of `len` bytes splits into a byte head, units of `width` bytes and a
+/// byte tail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Plan {
+    width: usize,
+    head: usize,
+    units: usize,
+    tail: usize,
+}
+
+impl Plan {
+    /// The widest access usable for copying `len` bytes from `src` to `dst`, given that
+    /// `extra` must also be a multiple of the width (row pitches, which keep every row of a 2-D
+    /// copy at the same alignment).
+    #[inline(always)]
+    fn new(dst: usize, src: usize, len: usize, extra: usize) -> Plan {
+        let mut width = 16;
+        while width > 1 && (!(dst ^ src).is_multiple_of(width) || !extra.is_multiple_of(width)) {
+            width /= 2;
+        }
+        let head = ((width - dst % width) % width).min(len);
+        let units = (len - head) / width;
+        Plan { width, head, units, tail: len - head - units * width }
+    }
+
+    /// Work items: head bytes, units, tail bytes.
+    #[inline(always)]
+    fn items(self) -> usize {
+        self.head + self.units + self.tail
+    }
+
+    /// Copies work item `item` (`< items()`) of the range starting at `dst` / `src`.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes and `src` for reads of the `head + units * width + tail` bytes
+    /// this plan was made for, with the addresses the plan was made for.
+    #[inline(always)]
+    unsafe fn copy_item(self, dst: *mut u8, src: *const u8, item: usize) {
+        // SAFETY: every branch stays inside the planned range; unit copies start at
+        // `head + k * width`, which the plan aligned to `width` on both sides.
+        unsafe {
+            if item < self.head {
+                dst.add(item).write(src.add(item).read());
+            } else if item < self.head + self.units {
+                let at = self.head + (item - self.head) * self.width;
+                match self.width {
+                    // One 16-byte access (`ld.global.v2.b64`); a 16-byte struct would be
+                    // copied as two 8-byte halves.
+                    16 => copy_unit::<u128>(dst.add(at), src.add(at)),
+                    8 => copy_unit::<u64>(dst.add(at), src.add(at)),
+                    4 => copy_unit::<u32>(dst.add(at), src.add(at)),
+                    2 => copy_unit::<u16>(dst.add(at), src.add(at)),
+                    _ => copy_unit::<u8>(dst.add(at), src.add(at)),
+                }
+            } else {
+                let at = self.head + self.units * self.width + (item - self.head - self.units);
+                dst.add(at).write(src.add(at).read());
+            }
+        }
+    }
+}
+
+/// Copies one `U` from `src` to `dst`.
+///
+/// # Safety
+/// Both pointers are valid for `size_of::<U>()` bytes and aligned for `U`.
+#[inline(always)]
+unsafe fn copy_unit<U: Copy>(dst: *mut u8, src: *const u8) {
+    // SAFETY: forwarded from the caller.
+    unsafe { dst.cast::<U>().write(src.cast::<U>().read()) }
+}
+
+/// Copies `rows` rows of `row_bytes` bytes: row `r` goes from `src + r * src_pitch` to
+/// `dst + r * dst_pitch`.
+///
+/// # Safety
+/// For every row `r < rows`, `dst + r * dst_pitch` is valid for writes and `src + r * src_pitch`
+/// for reads of `row_bytes` bytes; destination rows do not overlap each other or any source row,
+/// and nothing else writes them during the launch.
+#[inline(always)]
+pub unsafe fn copy_2d<G: Grid>(
+    grid: G,
+    dst: *mut u8,
+    dst_pitch: usize,
+    src: *const u8,
+    src_pitch: usize,
+    row_bytes: usize,
+    rows: usize,
+) {
+    // Pitches that are multiples of the width keep every row at the first row's alignment, so
+    // one plan serves all rows.
+    let plan = Plan::new(dst as usize, src as usize, row_bytes, dst_pitch | src_pitch);
+    let per_row = plan.items();
+    if per_row == 0 || rows == 0 {
+        return;
+    }
+    let total = match per_row.checked_mul(rows) {
+        Some(t) => t,
+        None => return,
+    };
+    // Walk `(row, item)` in grid-stride order without a division per step: one division up front,
+    // then the stride is added as a (rows, items) pair with a carry.
+    let (step_rows, step_items) = (grid.size() / per_row, grid.size() % per_row);
+    let start = grid.index();
+    if start >= total {
+        return;
+    }
+    let (mut row, mut item) = (start / per_row, start % per_row);
+    while row < rows {
+        // SAFETY: `row < rows` and `item < per_row`, inside the ranges the caller guarantees;
+        // the plan's alignment holds for every row because both pitches are multiples of its width.
+        unsafe { plan.copy_item(dst.add(row * dst_pitch), src.add(row * src_pitch), item) };
+        row += step_rows;
+        item += step_items;
+        if item >= per_row {
+            item -= per_row;
+            row += 1;
+        }
+    }
+}
+
+/// Direction of a segment copy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Pack,
+    Unpack,
+}
+
+/// Shared body of [`pack_segments`] and [`unpack_segments`].
+///
+/// # Safety
+/// As [`pack_segments`] (for `Pack`) or [`unpack_segments`] (for `Unpack`).
+#[inline(always)]
+unsafe fn segments<G: Grid>(
+    grid: G,
+    scattered: *mut u8,
+    packed: *mut u8,
+    segments: *const Segment,
+    count: usize,
+    direction: Direction,
+) {
+    let (me, threads) = (grid.index(), grid.size());
+    if threads == 0 {
+        // Never true for a real launch; checked so the modulo below has no division-by-zero path.
+        return;
+    }
+    // Work items of all segments are numbered consecutively; this thread takes those congruent
+    // to its index modulo the thread count. `phase` is the first item's number modulo `threads`.
+    let mut phase = 0usize;
+    let mut packed_at = 0usize;
+    for s in 0..count {
+        // SAFETY: the caller guarantees `count` readable segments.
+        let segment = unsafe { segments.add(s).read() };
+        let (offset, len) = (segment.offset as usize, segment.len as usize);
+        // SAFETY: the caller guarantees both ranges are inside their buffers.
+        let (outside, inside) = unsafe { (scattered.add(offset), packed.add(packed_at)) };
+        let (dst, src) = match direction {
+            Direction::Pack => (inside, outside.cast_const()),
+            Direction::Unpack => (outside, inside.cast_const()),
+        };
+        let plan = Plan::new(dst as usize, src as usize, len, 0);
+        let items = plan.items();
+        let mut item = (me + threads - phase) % threads;
+        while item < items {
+            // SAFETY: `item < items`; the plan was made for exactly this range.
+            unsafe { plan.copy_item(dst, src, item) };
+            item += threads;
+        }
+        phase = (phase + items % threads) % threads;
+        packed_at += len;
+    }
+}
+
+/// Concatenates the segments of `src` into `dst`: segment `k` lands right after segment `k - 1`.
+///
+/// # Safety
+/// `segments` is valid for reads of `count` segments; each `src[offset..offset + len]` is readable;
+/// `dst` is valid for writes of the sum of the lengths and overlaps no segment of `src`; nothing
+/// else writes these buffers during the launch.
+#[inline(always)]
+pub unsafe fn pack_segments<G: Grid>(grid: G, dst: *mut u8, src: *const u8, segments: *const Segment, count: usize) {
+    // SAFETY: forwarded from the caller; the scattered side is only read when packing.
+    unsafe { self::segments(grid, src.cast_mut(), dst, segments, count, Direction::Pack) }
+}
+
+/// Spreads the packed `src` over the segments of `dst`: the inverse of [`pack_segments`].
+///
+/// # Safety
+/// `segments` is valid for reads of `count` segments, which do not overlap each other; each
+/// `dst[offset..offset + len]` is writable; `src` is readable for the sum of the lengths and
+/// overlaps no segment of `dst`; nothing else writes these buffers during the launch.
+#[inline(always)]
+pub unsafe fn unpack_segments<G: Grid>(grid: G, dst: *mut u8, src: *const u8, segments: *const Segment, count: usize) {
+    // SAFETY: forwarded from the caller; the packed side is only read when unpacking.
+    unsafe { self::segments(grid, dst, src.cast_mut(), segments, count, Direction::Unpack) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_pick_the_widest_common_alignment() {
+        assert_eq!(Plan::new(0, 32, 40, 0), Plan { width: 16, head: 0, units: 2, tail: 8 });
+        assert_eq!(Plan::new(3, 19, 40, 0), Plan { width: 16, head: 13, units: 1, tail: 11 });
+        assert_eq!(Plan::new(0, 4, 40, 0), Plan { width: 4, head: 0, units: 10, tail: 0 });
+        assert_eq!(Plan::new(0, 0, 40, 8), Plan { width: 8, head: 0, units: 5, tail: 0 });
+        assert_eq!(Plan::new(1, 2, 5, 0), Plan { width: 1, head: 0, units: 5, tail: 0 });
+        assert_eq!(Plan::new(5, 5, 3, 0).items(), 3);
+    }
+}
