@@ -6,7 +6,8 @@
 //! * every AMD code object is an ELF file for its architecture with every expected kernel.
 //!
 //! Without built kernels (no nightly toolchain) or without `ptxas` these tests print
-//! `SKIPPED: ...` and check nothing else.
+//! `SKIPPED: ...` and check nothing else, unless `DURALUMIN_REQUIRE_KERNELS=1` (set by
+//! `scripts/test.sh`, so CI cannot pass by skipping), where a skip is a failure.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -17,6 +18,13 @@ use duralumin_kernels::BUILTIN_REDUCE_PAIRS;
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader};
 use object::{Endianness, Object, ObjectSymbol};
+
+/// Reports a check that could not run: printed as skipped, or a failure where the kernels are
+/// required.
+fn skip(why: std::fmt::Arguments<'_>) {
+    assert!(std::env::var_os("DURALUMIN_REQUIRE_KERNELS").is_none_or(|v| v != "1"), "required but skipped: {why}");
+    println!("SKIPPED: {why}");
+}
 
 /// Every entry point the builtin module must have.
 fn expected_entries() -> BTreeSet<String> {
@@ -35,7 +43,7 @@ fn expected_entries() -> BTreeSet<String> {
 fn built_module(what: &str) -> Option<&'static KernelModule> {
     let module = device_code::builtin();
     if module.ptx.is_none() && module.amdgpu.is_empty() {
-        println!("SKIPPED: {what}: the device kernels were not built: {}", module.unavailable.unwrap_or("unknown"));
+        skip(format_args!("{what}: the device kernels were not built: {}", module.unavailable.unwrap_or("unknown")));
         return None;
     }
     Some(module)
@@ -46,7 +54,7 @@ fn ptx_text(what: &str) -> Option<&'static str> {
     match module.ptx {
         Some(ptx) => Some(ptx.text),
         None => {
-            println!("SKIPPED: {what}: no PTX was built: {}", module.unavailable.unwrap_or("unknown"));
+            skip(format_args!("{what}: no PTX was built: {}", module.unavailable.unwrap_or("unknown")));
             None
         }
     }
@@ -91,7 +99,7 @@ fn lookups_find_builtin_kernels_by_the_computed_name() {
         let err = device_code::find_reduce_ptx::<f32, duralumin::Sum>(ReduceKernel::Reduce).unwrap_err();
         let duralumin::Error::KernelsUnavailable(message) = err else { panic!("wrong error: {err}") };
         assert!(message.contains("rustup") && message.contains("rust-src"), "{message}");
-        println!("SKIPPED: lookups of built kernels: the device kernels were not built: {message}");
+        skip(format_args!("lookups of built kernels: the device kernels were not built: {message}"));
         return;
     }
     let kernel = device_code::find_reduce_ptx::<f32, duralumin::Sum>(ReduceKernel::Reduce).unwrap();
@@ -188,7 +196,7 @@ fn parse_ptxas_report(report: &str) -> std::collections::BTreeMap<String, (u32, 
 fn ptxas_assembles_the_ptx_for_sm80_and_sm90_without_spills() {
     let Some(ptx) = ptx_text("ptxas") else { return };
     let Some(ptxas) = find_ptxas() else {
-        println!("SKIPPED: ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS); the PTX was not assembled");
+        skip(format_args!("ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS); the PTX was not assembled"));
         return;
     };
     let dir = std::env::temp_dir().join(format!("duralumin-ptxas-{}", std::process::id()));

@@ -2,7 +2,7 @@
 //! pack/unpack kernels against the host bodies' results, then bandwidth (reduce f32 sum and pack
 //! over 256 MiB, as fractions of device-to-device copy bandwidth) and stream-wait release latency.
 //!
-//! Ignored by default, since CI machines have no GPU: `scripts/gpu-kernels.sh` runs it with
+//! Ignored by default, since CI machines have no GPU: `scripts/gpu.sh` runs it with
 //! `--ignored`. Without a CUDA driver it prints `SKIPPED: ...` and checks nothing.
 
 use std::sync::Arc;
@@ -359,7 +359,7 @@ fn measure_stream_wait(gpu: &Gpu) {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and driver; run scripts/gpu-kernels.sh"]
+#[ignore = "needs an NVIDIA GPU and driver; run scripts/gpu.sh"]
 fn builtin_kernels_on_the_gpu() {
     // SAFETY: only tries to dlopen libcuda; no other cudarc call happens before it says yes.
     if !unsafe { sys::is_culib_present() } {

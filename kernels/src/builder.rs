@@ -825,6 +825,13 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_toolchain_is_a_typed_error_naming_the_fix() {
+        let err = find_toolchain("duralumin-no-such-toolchain").err().expect("no such toolchain");
+        assert_eq!(err.kind(), &BuildErrorKind::Toolchain);
+        assert!(err.message().contains("rustup toolchain install duralumin-no-such-toolchain --component rust-src"), "{err}");
+    }
+
+    #[test]
     fn non_elf_input_is_an_error() {
         assert!(elf_kernels(b"not elf").is_err());
         assert!(elf_kernels(&[]).is_err());

@@ -1,5 +1,5 @@
 //! The user kernels on a real NVIDIA GPU against the host bodies. Ignored by default (CI has no
-//! GPU); `scripts/gpu-kernels.sh` runs it. Without a CUDA driver it prints `SKIPPED: ...`.
+//! GPU); `scripts/gpu.sh` runs it. Without a CUDA driver it prints `SKIPPED: ...`.
 
 use cudarc::driver::{CudaContext, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
@@ -58,7 +58,7 @@ fn check<T: Element + PartialEq, O: ReduceOp<T>>(ctx: &std::sync::Arc<CudaContex
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU and driver; run scripts/gpu-kernels.sh"]
+#[ignore = "needs an NVIDIA GPU and driver; run scripts/gpu.sh"]
 fn user_kernels_on_the_gpu() {
     // SAFETY: only tries to dlopen libcuda; no other cudarc call happens before it says yes.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {

