@@ -54,6 +54,12 @@ impl<T> RawBuf<T> {
         RawBuf { ptr: address(s), len: s.len() }
     }
 
+    /// A view of `len` elements at `ptr`, memory the caller owns for the operation (staging
+    /// slots). Empty views get the same distinct address as empty slices.
+    pub(crate) fn from_raw(ptr: *mut T, len: usize) -> Self {
+        if len == 0 { RawBuf { ptr: EMPTY.as_ptr().cast_mut().cast(), len } } else { RawBuf { ptr, len } }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }

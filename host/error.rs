@@ -66,6 +66,32 @@ pub enum Error {
     #[error("device kernels are unavailable: {0}")]
     KernelsUnavailable(String),
 
+    /// A buffer or stream belongs to another device (or context) than the communicator's.
+    #[error("{what} belongs to {found}, but the communicator uses {expected}")]
+    WrongDevice { what: &'static str, expected: String, found: String },
+
+    /// An in-place call was given two different buffers, or out-of-place buffers that overlap.
+    #[error("{what}: the send and receive buffers overlap")]
+    BufferOverlap { what: &'static str },
+
+    /// A device or host allocation failed.
+    #[error("{what}: could not allocate {bytes} bytes")]
+    OutOfMemory { what: &'static str, bytes: usize },
+
+    /// The pinned staging pool reached its configured cap.
+    #[error(
+        "the pinned staging pool is full: {requested} more bytes would exceed its cap of {cap} bytes ({in_use} in use)"
+    )]
+    PoolExhausted { requested: usize, in_use: usize, cap: usize },
+
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(&'static str),
+
+    /// A device call failed.
+    #[error("{call} failed: {message}")]
+    Device { call: &'static str, message: String },
+
     /// The operation's task was lost (its thread panicked), so its outcome is unknown.
     #[error("the progress engine lost this operation: {0}")]
     Progress(&'static str),

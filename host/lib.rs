@@ -19,6 +19,7 @@
 //! * [`backends::mpi`] (re-exported at the root as [`Communicator`]): host memory over MPI.
 
 pub mod backends;
+pub mod device;
 pub mod device_code;
 
 mod algorithms;

@@ -1,5 +1,7 @@
 //! Backends: where a collective's data lives and how it moves.
 //!
 //! * [`mpi`]: host memory, MPI plus Duralumin's own algorithms.
+//! * [`host_transfer`]: device memory staged through pinned host memory, stream-ordered.
 
+pub mod host_transfer;
 pub mod mpi;

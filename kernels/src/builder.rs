@@ -826,9 +826,14 @@ mod tests {
 
     #[test]
     fn a_missing_toolchain_is_a_typed_error_naming_the_fix() {
-        let err = find_toolchain("duralumin-no-such-toolchain").err().expect("no such toolchain");
+        let Err(err) = find_toolchain("duralumin-no-such-toolchain") else {
+            panic!("found a toolchain that does not exist")
+        };
         assert_eq!(err.kind(), &BuildErrorKind::Toolchain);
-        assert!(err.message().contains("rustup toolchain install duralumin-no-such-toolchain --component rust-src"), "{err}");
+        assert!(
+            err.message().contains("rustup toolchain install duralumin-no-such-toolchain --component rust-src"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,15 +5,18 @@
 //! set, bounded by a timeout, and failing with the ranks' output if any rank fails. Under
 //! mpirun, the binary is the rank program: one MPI initialization, then every test group.
 
+mod backend;
 mod bad_input;
 mod elements;
 mod engine;
+mod host_transfer;
 mod launcher;
 mod p2p;
 mod sweep;
 
 use std::time::Instant;
 
+use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::{Communicator, Tuning};
 
 /// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
@@ -42,27 +45,28 @@ fn main() {
 }
 
 /// A named group of checks run on every rank.
-type Group = (&'static str, fn(&Communicator));
+type Group = (&'static str, fn(&Communicator, &SimpleCommunicator));
 
 fn rank_main(program: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     let mut comm = Communicator::new(&world).expect("communicator");
     comm.set_tuning(small_thresholds());
-    let groups: [Group; 6] = [
-        ("sweep", sweep::run),
-        ("p2p", p2p::run),
-        ("bad_input", bad_input::run),
-        ("engine", engine::run),
-        ("topology", engine::topology),
-        ("threads", engine::threads),
+    let groups: [Group; 7] = [
+        ("sweep", |c, _| sweep::run(c)),
+        ("p2p", |c, _| p2p::run(c)),
+        ("bad_input", |c, _| bad_input::run(c)),
+        ("engine", |c, _| engine::run(c)),
+        ("topology", |c, _| engine::topology(c)),
+        ("threads", |c, _| engine::threads(c)),
+        ("host_transfer", host_transfer::run),
     ];
     for (name, group) in groups {
         if program != "all" && program != name {
             continue;
         }
         let t = Instant::now();
-        group(&comm);
+        group(&comm, &world);
         comm.barrier().expect("barrier after group");
         if comm.rank() == 0 {
             println!("rank group {name}: ok on {} ranks in {:.2?}", comm.size(), t.elapsed());

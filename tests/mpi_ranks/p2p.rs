@@ -3,8 +3,8 @@
 use duralumin::*;
 
 use crate::COUNTS;
+use crate::backend::mpi_call;
 use crate::elements::*;
-use crate::sweep::call;
 
 pub fn run(c: &Communicator) {
     let (me, n) = (c.rank(), c.size());
@@ -14,13 +14,13 @@ pub fn run(c: &Communicator) {
             let what = format!("sendrecv count={count} nonblocking={nb}");
             let send: Vec<u32> = (0..count).map(|i| (me * 1000 + i) as u32).collect();
             let mut recv = poison::<u32>(count);
-            call!(nb, c.sendrecv / isendrecv(&send, right, &mut recv, left, 7))
+            mpi_call!(nb, c.sendrecv / isendrecv(&send, right, &mut recv, left, 7))
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             let expect: Vec<u32> = (0..count).map(|i| (left * 1000 + i) as u32).collect();
             assert_eq!(recv, expect, "{what}");
 
             let mut buf: Vec<f64> = (0..count).map(|i| (me + i) as f64).collect();
-            call!(nb, c.sendrecv_in_place / isendrecv_in_place(&mut buf, right, left, 3))
+            mpi_call!(nb, c.sendrecv_in_place / isendrecv_in_place(&mut buf, right, left, 3))
                 .unwrap_or_else(|e| panic!("sendrecv_in_place {what}: {e}"));
             assert_eq!(buf, (0..count).map(|i| (left + i) as f64).collect::<Vec<_>>(), "in place {what}");
 
@@ -30,11 +30,13 @@ pub fn run(c: &Communicator) {
                 let mine: Vec<i16> = (0..count).map(|i| (me * 10 + i) as i16).collect();
                 let mut theirs = poison::<i16>(count);
                 if me % 2 == 0 {
-                    call!(nb, c.send / isend(&mine, partner, 11)).unwrap_or_else(|e| panic!("send {what}: {e}"));
-                    call!(nb, c.recv / irecv(&mut theirs, partner, 12)).unwrap_or_else(|e| panic!("recv {what}: {e}"));
+                    mpi_call!(nb, c.send / isend(&mine, partner, 11)).unwrap_or_else(|e| panic!("send {what}: {e}"));
+                    mpi_call!(nb, c.recv / irecv(&mut theirs, partner, 12))
+                        .unwrap_or_else(|e| panic!("recv {what}: {e}"));
                 } else {
-                    call!(nb, c.recv / irecv(&mut theirs, partner, 11)).unwrap_or_else(|e| panic!("recv {what}: {e}"));
-                    call!(nb, c.send / isend(&mine, partner, 12)).unwrap_or_else(|e| panic!("send {what}: {e}"));
+                    mpi_call!(nb, c.recv / irecv(&mut theirs, partner, 11))
+                        .unwrap_or_else(|e| panic!("recv {what}: {e}"));
+                    mpi_call!(nb, c.send / isend(&mine, partner, 12)).unwrap_or_else(|e| panic!("send {what}: {e}"));
                 }
                 assert_eq!(theirs, (0..count).map(|i| (partner * 10 + i) as i16).collect::<Vec<_>>(), "pair {what}");
             }
@@ -55,7 +57,7 @@ fn multi(c: &Communicator, count: usize, nb: bool) {
     let mut incoming: Vec<Vec<Complex>> = (0..n).map(|_| poison::<Complex>(count + me)).collect();
     let mut recvs: Vec<(&mut [Complex], usize)> =
         incoming.iter_mut().enumerate().map(|(from, b)| (b.as_mut_slice(), from)).collect();
-    call!(nb, c.multi_sendrecv / imulti_sendrecv(&sends, &mut recvs, 5))
+    mpi_call!(nb, c.multi_sendrecv / imulti_sendrecv(&sends, &mut recvs, 5))
         .unwrap_or_else(|e| panic!("multi_sendrecv count={count} nb={nb}: {e}"));
     for (from, got) in incoming.iter().enumerate() {
         let expect: Vec<Complex> =

@@ -295,10 +295,14 @@ impl Communicator {
     /// Non-blocking barrier (`MPI_Ibarrier`).
     pub fn ibarrier<'s>(&'s self, scope: &'s Scope<'s, '_>) -> Result<Request<'s>> {
         self.core.errors.check()?;
-        self.start::<u8>(scope, Job::native(datatype::<u8>()?, Native::Barrier))
+        self.start::<u8>(scope, self.plan_barrier()?)
     }
 
-    fn plan_allreduce<T: Element, O: ReduceOp<T>>(
+    pub(crate) fn plan_barrier<T>(&self) -> Result<Job<T>> {
+        Ok(Job::native(datatype::<u8>()?, Native::Barrier))
+    }
+
+    pub(crate) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         &self,
         send: Option<&[T]>,
         recv: &mut [T],
@@ -368,7 +372,7 @@ impl Communicator {
         })))
     }
 
-    fn plan_reduce<T: Element, O: ReduceOp<T>>(
+    pub(crate) fn plan_reduce<T: Element, O: ReduceOp<T>>(
         &self,
         send: Option<&[T]>,
         recv: &mut [T],
@@ -409,7 +413,7 @@ impl Communicator {
         Ok(Job::Native { dt, calls, post: post.into_iter().collect() })
     }
 
-    fn plan_bcast<T: Element>(
+    pub(crate) fn plan_bcast<T: Element>(
         &self,
         buf: &mut [T],
         root: usize,
@@ -436,7 +440,7 @@ impl Communicator {
         Ok(Job::Future(Box::pin(async move { unsafe { bcast::chain(&x, out, root, chunk).await } })))
     }
 
-    fn plan_allgather<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], mode: Mode) -> Result<Job<T>> {
+    pub(crate) fn plan_allgather<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], mode: Mode) -> Result<Job<T>> {
         let n = self.size();
         let count = match send {
             Some(s) => {
@@ -478,7 +482,7 @@ impl Communicator {
         })))
     }
 
-    fn plan_allgatherv<T: Element>(
+    pub(crate) fn plan_allgatherv<T: Element>(
         &self,
         send: Option<&[T]>,
         recv: &mut [T],
@@ -514,7 +518,7 @@ impl Communicator {
         self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)
     }
 
-    fn plan_alltoall<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], mode: Mode) -> Result<Job<T>> {
+    pub(crate) fn plan_alltoall<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], mode: Mode) -> Result<Job<T>> {
         let n = self.size();
         if let Some(s) = send {
             check::len("alltoall receive buffer", recv.len(), s.len())?;
@@ -577,7 +581,7 @@ impl Communicator {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn plan_alltoallv<T: Element>(
+    pub(crate) fn plan_alltoallv<T: Element>(
         &self,
         send: &[T],
         send_counts: &[usize],
@@ -605,7 +609,13 @@ impl Communicator {
         )
     }
 
-    fn plan_gather<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], root: usize, mode: Mode) -> Result<Job<T>> {
+    pub(crate) fn plan_gather<T: Element>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        root: usize,
+        mode: Mode,
+    ) -> Result<Job<T>> {
         let n = self.size();
         check::rank("gather root", root, n)?;
         let is_root = self.rank() == root;
@@ -663,7 +673,7 @@ impl Communicator {
         })))
     }
 
-    fn plan_gatherv<T: Element>(
+    pub(crate) fn plan_gatherv<T: Element>(
         &self,
         send: Option<&[T]>,
         recv: &mut [T],
@@ -689,7 +699,13 @@ impl Communicator {
         self.linear(send.map(RawBuf::from_ref), mine, blocks, root, true, mode)
     }
 
-    fn plan_scatter<T: Element>(&self, send: Option<&[T]>, recv: &mut [T], root: usize, mode: Mode) -> Result<Job<T>> {
+    pub(crate) fn plan_scatter<T: Element>(
+        &self,
+        send: Option<&[T]>,
+        recv: &mut [T],
+        root: usize,
+        mode: Mode,
+    ) -> Result<Job<T>> {
         let n = self.size();
         check::rank("scatter root", root, n)?;
         let is_root = self.rank() == root;
@@ -718,7 +734,7 @@ impl Communicator {
         self.linear(separate, out, blocks, root, false, mode)
     }
 
-    fn plan_scatterv<T: Element>(
+    pub(crate) fn plan_scatterv<T: Element>(
         &self,
         send: Option<&[T]>,
         counts: &[usize],
@@ -745,7 +761,7 @@ impl Communicator {
         self.linear(separate, out, blocks, root, false, mode)
     }
 
-    fn plan_reduce_scatter<T: Element, O: ReduceOp<T>>(
+    pub(crate) fn plan_reduce_scatter<T: Element, O: ReduceOp<T>>(
         &self,
         send: Option<&[T]>,
         recv: &mut [T],
@@ -765,7 +781,7 @@ impl Communicator {
         self.plan_reduce_scatterv(send, recv, &vec![count; n], op, mode)
     }
 
-    fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>>(
+    pub(crate) fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>>(
         &self,
         send: Option<&[T]>,
         recv: &mut [T],

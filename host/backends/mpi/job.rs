@@ -125,17 +125,18 @@ impl Communicator {
         }
     }
 
-    /// Starts a job and hands it to the progress engine.
-    pub(crate) fn start<'s, T: Element>(&'s self, scope: &'s Scope<'s, '_>, job: Job<T>) -> Result<Request<'s>> {
-        let engine = self.engine()?;
-        let fut = match job {
+    /// Starts a job's MPI calls and returns the future that completes it (polled by a
+    /// blocking waiter, the progress engine, or an enclosing operation's future).
+    pub(crate) fn job_future<T: Element>(&self, job: Job<T>) -> OpFuture {
+        match job {
             Job::Native { dt, calls, post } => {
                 let mut reqs = Vec::with_capacity(calls.len());
                 let mut first_err = None;
                 for call in &calls {
-                    // SAFETY: as in `run`; in addition the buffers stay borrowed for the scope
-                    // `'s`, which outlives the request, and `calls` moves into the task below
-                    // so its count vectors live until the requests complete.
+                    // SAFETY: the call was planned from buffers that its caller keeps borrowed
+                    // until the returned future completes (a scope, or an operation's own
+                    // staging memory), and `calls` moves into the future below so its count
+                    // vectors live until the requests complete.
                     match unsafe { call.start(dt, self.core.coll) } {
                         Ok(r) => reqs.push(r),
                         Err(e) => {
@@ -152,16 +153,20 @@ impl Communicator {
                         return Err(e);
                     }
                     for p in &post {
-                        // SAFETY: the data movement completed; the scope still borrows the
-                        // buffers.
+                        // SAFETY: the data movement completed; the buffers are still borrowed.
                         unsafe { p.apply() };
                     }
                     Ok(())
                 }) as OpFuture
             }
             Job::Future(f) => f,
-        };
-        let task = Task::new(fut);
+        }
+    }
+
+    /// Starts a job and hands it to the progress engine.
+    pub(crate) fn start<'s, T: Element>(&'s self, scope: &'s Scope<'s, '_>, job: Job<T>) -> Result<Request<'s>> {
+        let engine = self.engine()?;
+        let task = Task::new(self.job_future(job));
         if !task.poll_once() {
             engine.submit(Arc::clone(&task));
         }

@@ -26,6 +26,7 @@ use crate::progress::Engine;
 use crate::request::DeferredError;
 
 pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
+pub(crate) use job::{Job, Mode};
 
 /// Size thresholds of the automatic algorithm choice, and pipelining granularity.
 ///

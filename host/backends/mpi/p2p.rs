@@ -59,7 +59,7 @@ impl Communicator {
             => plan_multi(sends, recvs, tag);
     }
 
-    fn plan_multi<T: Element>(
+    pub(crate) fn plan_multi<T: Element>(
         &self,
         sends: &[(&[T], usize)],
         recvs: &mut [(&mut [T], usize)],
@@ -71,7 +71,7 @@ impl Communicator {
         self.plan_p2p(&s, &r, tag, "multi_sendrecv", mode)
     }
 
-    fn plan_p2p<T: Element>(
+    pub(crate) fn plan_p2p<T: Element>(
         &self,
         sends: &[(RawBuf<T>, usize)],
         recvs: &[(RawBuf<T>, usize)],
@@ -97,7 +97,7 @@ impl Communicator {
         Ok(Job::Future(Box::pin(async move { unsafe { x.post(&sends, &recvs) }?.await })))
     }
 
-    fn plan_sendrecv_replace<T: Element>(
+    pub(crate) fn plan_sendrecv_replace<T: Element>(
         &self,
         buf: &mut [T],
         dest: usize,

@@ -1,0 +1,519 @@
+//! The HostTransfer operations: each validates its arguments on the calling thread, describes
+//! its data as rows for the staging engine, and names the Mpi backend plan that runs one chunk.
+
+use std::sync::Arc;
+
+use duralumin_kernels::{Element, ReduceOp};
+
+use super::Communicator;
+use super::request::DeviceRequest;
+use super::staging::{ChunkBufs, Into, Plan, Region};
+use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Mode};
+use crate::check;
+use crate::device::{Device, DeviceSlice};
+use crate::error::{Error, Result};
+
+/// `parts` rows of `pitch` elements of `buf` from element `offset`, back to back.
+fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitch: usize) -> Region {
+    Region {
+        ptr: buf.device_ptr().offset(offset * size_of::<B::Elem>()),
+        parts,
+        len: pitch,
+        pitch,
+        keep: buf.keep_alive(),
+    }
+}
+
+impl<T> ChunkBufs<T> {
+    /// The chunk's send and receive staging as slices.
+    ///
+    /// # Safety
+    /// Only the chunk's MPI part may use the staging slot until it completes (the staging
+    /// engine guarantees this: the stream touches the slot only before the input flag and after
+    /// the output flag).
+    unsafe fn slices<'a>(&self) -> (Option<&'a [T]>, &'a mut [T]) {
+        // SAFETY: guaranteed by the caller; the send and receive areas are disjoint.
+        unsafe { (self.send.map(|s| s.as_slice()), self.recv.as_mut_slice()) }
+    }
+}
+
+/// Emits the stream-ordered and the non-blocking method of an operation from its plan.
+macro_rules! stream_ordered_and_nonblocking {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident / $iname:ident <$($g:ident : $bound:path),*> ($($arg:ident : $ty:ty),* $(,)?)
+            => $plan:ident ($($pa:expr),* $(,)?);
+    )*) => {$(
+        $(#[$doc])*
+        ///
+        /// Stream-ordered: queued on the communicator's stream after the work already there;
+        /// returns at once. Argument errors are returned before anything is queued; errors of
+        /// the MPI part are returned by the communicator's next call or [`Communicator::synchronize`].
+        #[allow(clippy::too_many_arguments)]
+        pub fn $name<'a, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
+            self.shared.errors.check()?;
+            let plan = self.$plan($($pa),*)?;
+            self.enqueue(&self.stream, plan).map(drop)
+        }
+
+        #[doc = concat!("Non-blocking [`", stringify!($name), "`](Self::", stringify!($name), "): runs on the \
+            communicator's internal stream after the work queued on its stream so far, and \
+            returns a [`DeviceRequest`] that borrows the buffers until the operation completes.")]
+        #[allow(clippy::too_many_arguments)]
+        pub fn $iname<'a, $($g: $bound),*>(&'a self, $($arg: $ty),*) -> Result<DeviceRequest<'a, D>> {
+            self.shared.errors.check()?;
+            let plan = self.$plan($($pa),*)?;
+            let side = self.side_stream()?;
+            let done = self.enqueue(side, plan)?;
+            Ok(DeviceRequest::new(done, Arc::clone(&self.shared)))
+        }
+    )*};
+}
+
+impl<D: Device> Communicator<D> {
+    stream_ordered_and_nonblocking! {
+        /// Allreduce: `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every rank (equal
+        /// lengths everywhere).
+        fn allreduce / iallreduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, op: O) => plan_allreduce(Some(send), recv, op);
+        /// In-place allreduce: `buf` is the input and receives the result.
+        fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, op: O) => plan_allreduce(None::<&B>, buf, op);
+
+        /// Reduce to `root`: at the root `recv` (the length of `send`) receives the reduction;
+        /// elsewhere `recv` is not used.
+        fn reduce / ireduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, root: usize, op: O) => plan_reduce(Some(send), recv, root, op);
+        /// In-place reduce: `buf` is every rank's input; the root's receives the result.
+        fn reduce_in_place / ireduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, root: usize, op: O) => plan_reduce(None::<&B>, buf, root, op);
+
+        /// Broadcast of the root's `buf` into every rank's `buf` (equal lengths). The root's
+        /// stream does not wait for the other ranks' copies back.
+        fn bcast / ibcast <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, root: usize)
+            => plan_bcast(buf, root);
+
+        /// Allgather: rank `i`'s `send` (`c` elements) lands at `recv[i*c..]` on every rank.
+        fn allgather / iallgather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R) => plan_allgather(Some(send), recv);
+        /// In-place allgather: this rank's block is already at `buf[rank*c..]`.
+        fn allgather_in_place / iallgather_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B)
+            => plan_allgather(None::<&B>, buf);
+
+        /// All-to-all: block `j` of `send` goes to rank `j`, block `i` of `recv` comes from
+        /// rank `i` (`size * c` elements each).
+        fn alltoall / ialltoall <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R) => plan_alltoall(Some(send), recv);
+        /// In-place all-to-all on `buf`.
+        fn alltoall_in_place / ialltoall_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B)
+            => plan_alltoall(None::<&B>, buf);
+
+        /// Gather to `root`: rank `i`'s `send` lands at `recv[i*c..]` on the root; `recv` is
+        /// not used elsewhere.
+        fn gather / igather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, root: usize) => plan_gather(Some(send), recv, root);
+        /// In-place gather: at the root `buf` has `size * c` elements with its own block in
+        /// place; elsewhere `buf` is the `c`-element contribution.
+        fn gather_in_place / igather_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, root: usize)
+            => plan_gather(None::<&B>, buf, root);
+
+        /// Scatter from `root`: block `i` of the root's `send` lands in rank `i`'s `recv`;
+        /// `send` is not used elsewhere.
+        fn scatter / iscatter <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, root: usize) => plan_scatter(Some(send), recv, root);
+        /// In-place scatter: at the root `buf` holds all blocks and keeps its own; elsewhere
+        /// `buf` receives the block.
+        fn scatter_in_place / iscatter_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, root: usize)
+            => plan_scatter(None::<&B>, buf, root);
+
+        /// Reduce-scatter with equal blocks: `send` has `size * c` elements, rank `i` receives
+        /// the reduction of block `i` in `recv` (`c` elements).
+        fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, op: O) => plan_reduce_scatter(Some(send), recv, op);
+        /// In-place reduce-scatter: `buf` (`size * c`) is the input; the result goes to
+        /// `buf[..c]`.
+        fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, op: O) => plan_reduce_scatter(None::<&B>, buf, op);
+
+        /// Sends `buf` to `dest` with `tag`. Sending to this rank itself is refused
+        /// ([`Error::SelfMessage`]): the stream would wait forever.
+        fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32)
+            => plan_p2p(Some((buf, dest)), None::<(&mut B, usize)>, tag, "send");
+        /// Receives exactly `buf.len()` elements from `source` with `tag`.
+        fn recv / irecv <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, source: usize, tag: i32)
+            => plan_p2p(None::<(&B, usize)>, Some((buf, source)), tag, "recv");
+        /// Sends `send` to `dest` and receives `recv` from `source` at once; either peer may be
+        /// this rank.
+        fn sendrecv / isendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, dest: usize, recv: &'a mut R, source: usize, tag: i32)
+            => plan_p2p(Some((send, dest)), Some((recv, source)), tag, "sendrecv");
+    }
+
+    /// Barrier, ordered on the stream: work queued after it starts once every rank's stream
+    /// has reached the barrier. Returns at once.
+    pub fn barrier(&self) -> Result<()> {
+        self.shared.errors.check()?;
+        self.enqueue::<u8>(&self.stream, self.plan_barrier()).map(drop)
+    }
+
+    /// Non-blocking [`barrier`](Self::barrier) on the internal stream.
+    pub fn ibarrier(&self) -> Result<DeviceRequest<'_, D>> {
+        self.shared.errors.check()?;
+        let side = self.side_stream()?;
+        let done = self.enqueue::<u8>(side, self.plan_barrier())?;
+        Ok(DeviceRequest::new(done, Arc::clone(&self.shared)))
+    }
+
+    fn plan_barrier(&self) -> Plan<u8> {
+        Plan {
+            count: 0,
+            width: 1,
+            whole: false,
+            send_parts: 0,
+            recv_parts: 0,
+            input: None,
+            output: None,
+            chunk: Box::new(|c, _| c.plan_barrier()),
+        }
+    }
+
+    fn check_root(&self, what: &'static str, root: usize) -> Result<()> {
+        check::rank(what, root, self.size())
+    }
+
+    fn plan_allreduce<T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        op: O,
+    ) -> Result<Plan<T>> {
+        self.check_buffer("allreduce receive buffer", recv)?;
+        let n = recv.len();
+        let input = match send {
+            Some(s) => {
+                self.check_buffer("allreduce send buffer", s)?;
+                check::len("allreduce receive buffer", n, s.len())?;
+                (rows(s, 0, 1, n), Into::Send)
+            }
+            None => (rows(recv, 0, 1, n), Into::Recv { part: 0 }),
+        };
+        Ok(Plan {
+            count: n,
+            width: 1,
+            whole: false,
+            send_parts: usize::from(send.is_some()),
+            recv_parts: 1,
+            input: Some(input),
+            output: Some(rows(recv, 0, 1, n)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: the staging engine hands each chunk's slot to its MPI part alone.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_allreduce(s, r, op, AllreduceAlgorithm::Auto, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_reduce<T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: usize,
+        op: O,
+    ) -> Result<Plan<T>> {
+        self.check_root("reduce root", root)?;
+        let is_root = self.rank() == root;
+        let n = match send {
+            Some(s) => {
+                self.check_buffer("reduce send buffer", s)?;
+                if is_root {
+                    self.check_buffer("reduce receive buffer", recv)?;
+                    check::len("reduce receive buffer", recv.len(), s.len())?;
+                }
+                s.len()
+            }
+            None => {
+                self.check_buffer("reduce buffer", recv)?;
+                recv.len()
+            }
+        };
+        let input = match send {
+            Some(s) => (rows(s, 0, 1, n), Into::Send),
+            None => (rows(recv, 0, 1, n), Into::Recv { part: 0 }),
+        };
+        let staged_recv = is_root || send.is_none();
+        Ok(Plan {
+            count: n,
+            width: 1,
+            whole: false,
+            send_parts: usize::from(send.is_some()),
+            recv_parts: usize::from(staged_recv),
+            input: Some(input),
+            output: is_root.then(|| rows(recv, 0, 1, n)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_reduce(s, r, root, op, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_bcast<T: Element, B: DeviceSlice<D, Elem = T>>(&self, buf: &mut B, root: usize) -> Result<Plan<T>> {
+        self.check_root("bcast root", root)?;
+        self.check_buffer("bcast buffer", buf)?;
+        let n = buf.len();
+        let is_root = self.rank() == root;
+        Ok(Plan {
+            count: n,
+            width: 1,
+            whole: false,
+            send_parts: 0,
+            recv_parts: 1,
+            input: is_root.then(|| (rows(buf, 0, 1, n), Into::Recv { part: 0 })),
+            // The root's buffer does not change: nothing to copy back.
+            output: (!is_root).then(|| rows(buf, 0, 1, n)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (_, r) = unsafe { b.slices() };
+                c.plan_bcast(r, root, BcastAlgorithm::Auto, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_allgather<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+    ) -> Result<Plan<T>> {
+        let (n, me) = (self.size(), self.rank());
+        self.check_buffer("allgather receive buffer", recv)?;
+        let (count, input) = match send {
+            Some(s) => {
+                self.check_buffer("allgather send buffer", s)?;
+                check::len("allgather receive buffer", recv.len(), check::product("allgather", s.len(), n)?)?;
+                (s.len(), (rows(s, 0, 1, s.len()), Into::Send))
+            }
+            None => {
+                let c = check::divisible("allgather buffer (size * count)", recv.len(), n)?;
+                (c, (rows(recv, me * c, 1, c), Into::Recv { part: me }))
+            }
+        };
+        Ok(Plan {
+            count,
+            width: n,
+            whole: false,
+            send_parts: usize::from(send.is_some()),
+            recv_parts: n,
+            input: Some(input),
+            output: Some(rows(recv, 0, n, count)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_allgather(s, r, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_alltoall<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+    ) -> Result<Plan<T>> {
+        let n = self.size();
+        self.check_buffer("alltoall receive buffer", recv)?;
+        let count = check::divisible("alltoall receive buffer (size * count)", recv.len(), n)?;
+        let input = match send {
+            Some(s) => {
+                self.check_buffer("alltoall send buffer", s)?;
+                check::len("alltoall receive buffer", recv.len(), s.len())?;
+                (rows(s, 0, n, count), Into::Send)
+            }
+            None => (rows(recv, 0, n, count), Into::Recv { part: 0 }),
+        };
+        Ok(Plan {
+            count,
+            width: n,
+            whole: false,
+            send_parts: if send.is_some() { n } else { 0 },
+            recv_parts: n,
+            input: Some(input),
+            output: Some(rows(recv, 0, n, count)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_alltoall(s, r, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_gather<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: usize,
+    ) -> Result<Plan<T>> {
+        let (n, me) = (self.size(), self.rank());
+        self.check_root("gather root", root)?;
+        let is_root = me == root;
+        let (count, input) = match (send, is_root) {
+            (Some(s), _) => {
+                self.check_buffer("gather send buffer", s)?;
+                if is_root {
+                    self.check_buffer("gather receive buffer", recv)?;
+                    check::len("gather receive buffer", recv.len(), check::product("gather", s.len(), n)?)?;
+                }
+                (s.len(), (rows(s, 0, 1, s.len()), Into::Send))
+            }
+            (None, true) => {
+                self.check_buffer("gather buffer", recv)?;
+                let c = check::divisible("gather buffer (size * count)", recv.len(), n)?;
+                (c, (rows(recv, me * c, 1, c), Into::Recv { part: me }))
+            }
+            (None, false) => {
+                self.check_buffer("gather buffer", recv)?;
+                (recv.len(), (rows(recv, 0, 1, recv.len()), Into::Recv { part: 0 }))
+            }
+        };
+        let recv_parts = match (is_root, send.is_some()) {
+            (true, _) => n,
+            (false, true) => 0,
+            (false, false) => 1,
+        };
+        Ok(Plan {
+            count,
+            width: n,
+            whole: false,
+            send_parts: usize::from(send.is_some()),
+            recv_parts,
+            input: Some(input),
+            output: is_root.then(|| rows(recv, 0, n, count)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_gather(s, r, root, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_scatter<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: usize,
+    ) -> Result<Plan<T>> {
+        let n = self.size();
+        self.check_root("scatter root", root)?;
+        let is_root = self.rank() == root;
+        self.check_buffer("scatter receive buffer", recv)?;
+        let count = match (send, is_root) {
+            (Some(s), true) => {
+                self.check_buffer("scatter send buffer", s)?;
+                check::len("scatter send buffer", s.len(), check::product("scatter", recv.len(), n)?)?;
+                recv.len()
+            }
+            (None, true) => check::divisible("scatter buffer (size * count)", recv.len(), n)?,
+            (_, false) => recv.len(),
+        };
+        let (input, send_parts, recv_parts) = match (send, is_root) {
+            (Some(s), true) => (Some((rows(s, 0, n, count), Into::Send)), n, 1),
+            (None, true) => (Some((rows(recv, 0, n, count), Into::Recv { part: 0 })), 0, n),
+            (_, false) => (None, 0, 1),
+        };
+        // In place, the root's own block stays where it is.
+        let output = if is_root && send.is_none() { None } else { Some(rows(recv, 0, 1, count)) };
+        Ok(Plan {
+            count,
+            width: n,
+            whole: false,
+            send_parts,
+            recv_parts,
+            input,
+            output,
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_scatter(s, r, root, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    fn plan_reduce_scatter<T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        op: O,
+    ) -> Result<Plan<T>> {
+        let n = self.size();
+        self.check_buffer("reduce_scatter receive buffer", recv)?;
+        let (count, input) = match send {
+            Some(s) => {
+                self.check_buffer("reduce_scatter send buffer", s)?;
+                check::len("reduce_scatter send buffer", s.len(), check::product("reduce_scatter", recv.len(), n)?)?;
+                (recv.len(), (rows(s, 0, n, recv.len()), Into::Send))
+            }
+            None => {
+                let c = check::divisible("reduce_scatter buffer (size * count)", recv.len(), n)?;
+                (c, (rows(recv, 0, n, c), Into::Recv { part: 0 }))
+            }
+        };
+        Ok(Plan {
+            count,
+            width: n,
+            whole: false,
+            send_parts: if send.is_some() { n } else { 0 },
+            recv_parts: if send.is_some() { 1 } else { n },
+            input: Some(input),
+            output: Some(rows(recv, 0, 1, count)),
+            chunk: Box::new(move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.slices() };
+                c.plan_reduce_scatter(s, r, op, Mode::NonBlocking)
+            }),
+        })
+    }
+
+    /// Point-to-point: one message each way at most, staged whole (the two sides' lengths
+    /// need not agree, so the message is not cut into chunks).
+    fn plan_p2p<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<(&S, usize)>,
+        recv: Option<(&mut R, usize)>,
+        tag: i32,
+        name: &'static str,
+    ) -> Result<Plan<T>> {
+        let me = self.rank();
+        let max_tag = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).max_tag();
+        check::tag(tag, max_tag)?;
+        if let Some((s, dest)) = &send {
+            check::rank("destination rank", *dest, self.size())?;
+            self.check_buffer("send buffer", *s)?;
+        }
+        if let Some((r, source)) = &recv {
+            check::rank("source rank", *source, self.size())?;
+            self.check_buffer("receive buffer", *r)?;
+        }
+        let to_self = send.as_ref().is_some_and(|s| s.1 == me) || recv.as_ref().is_some_and(|r| r.1 == me);
+        if to_self && (send.is_none() || recv.is_none()) {
+            return Err(Error::SelfMessage { op: name });
+        }
+        let send_len = send.as_ref().map_or(0, |s| s.0.len());
+        let recv_len = recv.as_ref().map_or(0, |r| r.0.len());
+        // One chunk holding both messages: rows of the longer length.
+        let count = send_len.max(recv_len);
+        let dest = send.as_ref().map(|s| s.1);
+        let source = recv.as_ref().map(|r| r.1);
+        Ok(Plan {
+            count,
+            width: 1,
+            whole: true,
+            send_parts: usize::from(send.is_some()),
+            recv_parts: usize::from(recv.is_some()),
+            input: send.map(|(s, _)| (rows(s, 0, 1, send_len), Into::Send)),
+            output: recv.map(|(r, _)| rows(r, 0, 1, recv_len)),
+            chunk: Box::new(move |c, b| {
+                let sends: Vec<_> = b.send.map(|s| (s.block(0, send_len), dest.unwrap_or(0))).into_iter().collect();
+                let recvs: Vec<_> = source.map(|src| (b.recv.block(0, recv_len), src)).into_iter().collect();
+                c.plan_p2p(&sends, &recvs, tag, name, Mode::NonBlocking)
+            }),
+        })
+    }
+}

@@ -1,0 +1,244 @@
+//! The HostTransfer backend: collectives on device buffers, staged through pinned host memory,
+//! ordered on a stream like kernels.
+//!
+//! A [`Communicator`] is an MPI communicator bound to a stream of a [`Device`]. Every operation
+//! is queued on that stream and the calling thread returns at once:
+//!
+//! 1. the stream copies chunk `k` of the input from the device into a pinned staging slot and
+//!    raises the operation's *input* flag to `k + 1`;
+//! 2. the proxy thread (the progress engine), which polls that flag, runs the MPI part of chunk
+//!    `k` on the staging slot (the Mpi backend's own plans: native MPI or Duralumin's
+//!    algorithms), then raises the *output* flag to `k + 1`;
+//! 3. the stream, waiting on the device for the output flag, copies the chunk's result back
+//!    into the device buffer, then stages chunk `k + depth` into the freed slot.
+//!
+//! Chunks are pipelined: while MPI works on chunk `k`, the stream copies the results of earlier
+//! chunks back and stages later ones. Pinned memory held by an operation is `depth` slots of one
+//! chunk each, whatever the message size ([`HostTransferConfig`]). The proxy thread starts the
+//! MPI parts of one communicator's operations in the order they were queued (a ticket per
+//! operation), which is the same order on every rank, as MPI requires.
+//!
+//! Errors in the MPI part are recorded and returned by the communicator's next call or by the
+//! operation's request; the stream is released either way (the output then holds unspecified
+//! values), so a failure never hangs the device.
+
+mod collectives;
+mod request;
+mod staging;
+
+use std::cell::{Cell, OnceCell};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use request::DeviceRequest;
+
+use crate::device::pool::{PoolStats, Pools};
+use crate::device::{Device, DeviceSlice};
+use crate::error::{Error, Result};
+use crate::progress::Engine;
+use crate::request::DeferredError;
+
+/// Pipelining and memory settings of a HostTransfer communicator. Every rank must use the same
+/// values (they decide how operations are cut into chunks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostTransferConfig {
+    /// Bytes per chunk (per staging slot, send and receive parts together, rounded to whole
+    /// elements). Operations larger than one chunk are pipelined.
+    pub chunk_bytes: usize,
+    /// Staging slots per operation: how many chunks can be between "copied to the host" and
+    /// "copied back" at once. At least 1.
+    pub depth: usize,
+    /// Cap on the pinned staging memory the communicator's pool holds.
+    pub pool_cap_bytes: usize,
+}
+
+impl Default for HostTransferConfig {
+    fn default() -> Self {
+        HostTransferConfig { chunk_bytes: 1 << 20, depth: 3, pool_cap_bytes: 1 << 30 }
+    }
+}
+
+/// What the operations of a communicator (and its in-flight work on the proxy thread) share.
+pub(crate) struct Shared<D: Device> {
+    /// The Mpi backend communicator the proxy thread runs the MPI parts on.
+    pub(crate) mpi: Mutex<crate::Communicator>,
+    pub(crate) device: Arc<D>,
+    pub(crate) pools: Arc<Pools<D>>,
+    /// The ticket whose MPI part may run now.
+    pub(crate) turn: AtomicU64,
+    pub(crate) errors: Arc<DeferredError>,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+}
+
+/// A HostTransfer communicator: an MPI communicator bound to a device stream.
+///
+/// `Send` but not `Sync`, like the Mpi backend's communicator: one thread queues its operations
+/// at a time (so their order is the program's order on every rank).
+pub struct Communicator<D: Device> {
+    shared: Arc<Shared<D>>,
+    stream: D::Stream,
+    /// The internal stream non-blocking operations run on (made on first use).
+    side: OnceCell<D::Stream>,
+    tickets: Cell<u64>,
+    config: HostTransferConfig,
+    engine: Arc<Engine>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl<D: Device> std::fmt::Debug for Communicator<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("host_transfer::Communicator")
+            .field("rank", &self.shared.rank)
+            .field("size", &self.shared.size)
+            .field("device", &self.shared.device.name())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Communicator<D> {
+    /// A communicator over the ranks of `comm` (duplicated, like
+    /// [`crate::Communicator::new`]) whose operations are ordered on `stream` of `device`.
+    pub fn new<C: mpi::topology::Communicator>(comm: &C, device: D, stream: D::Stream) -> Result<Self> {
+        Self::with_config(comm, device, stream, HostTransferConfig::default())
+    }
+
+    /// As [`Communicator::new`], with explicit pipelining settings.
+    pub fn with_config<C: mpi::topology::Communicator>(
+        comm: &C,
+        device: D,
+        stream: D::Stream,
+        config: HostTransferConfig,
+    ) -> Result<Self> {
+        let mpi = crate::Communicator::new(comm)?;
+        Self::from_mpi(mpi, Arc::new(device), stream, config)
+    }
+
+    fn from_mpi(
+        mpi: crate::Communicator,
+        device: Arc<D>,
+        stream: D::Stream,
+        config: HostTransferConfig,
+    ) -> Result<Self> {
+        if !device.owns(&stream) {
+            return Err(Error::WrongDevice {
+                what: "stream",
+                expected: device.name(),
+                found: "a stream of another device or context".into(),
+            });
+        }
+        if config.depth == 0 || config.chunk_bytes == 0 {
+            return Err(Error::InvalidConfig("chunk_bytes and depth must be at least 1"));
+        }
+        let (rank, size) = (mpi.rank(), mpi.size());
+        let pools = Pools::new(Arc::clone(&device), config.pool_cap_bytes);
+        Ok(Communicator {
+            shared: Arc::new(Shared {
+                mpi: Mutex::new(mpi),
+                device,
+                pools,
+                turn: AtomicU64::new(0),
+                errors: Arc::default(),
+                rank,
+                size,
+            }),
+            stream,
+            side: OnceCell::new(),
+            tickets: Cell::new(0),
+            config,
+            engine: Engine::get()?,
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// The stream operations are ordered on.
+    pub fn stream(&self) -> &D::Stream {
+        &self.stream
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.shared.device
+    }
+
+    /// The pipelining settings.
+    pub fn config(&self) -> HostTransferConfig {
+        self.config
+    }
+
+    /// The staging pool's counters (pinned bytes and flags in use, high-water mark).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.shared.pools.stats()
+    }
+
+    /// A communicator over the same ranks, with the same device, stream and settings, and a
+    /// pool of its own; its traffic never mixes with this one's.
+    pub fn dup(&self) -> Result<Self> {
+        let mpi = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dup()?;
+        Self::from_mpi(mpi, Arc::clone(&self.shared.device), self.stream.clone(), self.config)
+    }
+
+    /// Blocks until every operation queued so far has completed on the stream (and the
+    /// non-blocking ones on the internal stream), then reports any error they had.
+    pub fn synchronize(&self) -> Result<()> {
+        self.shared.device.synchronize(&self.stream)?;
+        if let Some(side) = self.side.get() {
+            self.shared.device.synchronize(side)?;
+        }
+        self.shared.errors.check()
+    }
+
+    /// The internal stream of non-blocking operations, made to wait for the work queued on the
+    /// communicator's stream so far.
+    fn side_stream(&self) -> Result<&D::Stream> {
+        if self.side.get().is_none() {
+            let s = self.shared.device.new_stream()?;
+            let _ = self.side.set(s);
+        }
+        let side = self.side.get().ok_or(Error::Progress("no internal stream"))?;
+        self.shared.device.join(side, &self.stream)?;
+        Ok(side)
+    }
+
+    fn next_ticket(&self) -> u64 {
+        let t = self.tickets.get();
+        self.tickets.set(t + 1);
+        t
+    }
+
+    /// Checks that a buffer lives on this communicator's device.
+    fn check_buffer<B: DeviceSlice<D>>(&self, what: &'static str, buf: &B) -> Result<()> {
+        if buf.ordinal() != self.shared.device.ordinal() {
+            return Err(Error::WrongDevice {
+                what,
+                expected: self.shared.device.name(),
+                found: format!("device {}", buf.ordinal()),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> Shared<D> {
+    /// Whether `ticket` may start its MPI part.
+    fn has_turn(&self, ticket: u64) -> bool {
+        self.turn.load(Ordering::Acquire) == ticket
+    }
+
+    /// Lets the next ticket start.
+    fn pass_turn(&self, ticket: u64) {
+        self.turn.store(ticket + 1, Ordering::Release);
+    }
+}

@@ -1,0 +1,87 @@
+//! Requests of non-blocking HostTransfer operations.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use duralumin_kernels::flag::reached;
+
+use super::Shared;
+use crate::device::pool::FlagSlot;
+use crate::device::{Device, KeepAlive};
+use crate::error::Result;
+use crate::progress::Backoff;
+
+/// A non-blocking HostTransfer operation in flight on the communicator's internal stream.
+///
+/// It borrows the operation's device buffers (lifetime `'a`), so safe code cannot queue other
+/// work on them until it is done. [`DeviceRequest::wait`] blocks the host until the operation
+/// has completed; [`DeviceRequest::stream_wait`] makes another stream wait for it on the device
+/// without blocking the host. Dropping an unfinished request waits for it (its error is then
+/// reported by the communicator's next call).
+#[must_use = "a request must be waited on (dropping it waits and defers its error)"]
+pub struct DeviceRequest<'a, D: Device> {
+    done: Arc<FlagSlot<D>>,
+    shared: Arc<Shared<D>>,
+    reported: bool,
+    _buffers: PhantomData<&'a mut ()>,
+}
+
+impl<D: Device> std::fmt::Debug for DeviceRequest<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceRequest").field("complete", &self.is_complete()).finish()
+    }
+}
+
+impl<'a, D: Device> DeviceRequest<'a, D> {
+    pub(crate) fn new(done: Arc<FlagSlot<D>>, shared: Arc<Shared<D>>) -> Self {
+        DeviceRequest { done, shared, reported: false, _buffers: PhantomData }
+    }
+
+    /// Whether the operation has completed on the device.
+    pub fn is_complete(&self) -> bool {
+        reached(self.done.load(), 1)
+    }
+
+    /// Whether the operation has completed; the first time it has, returns any error recorded
+    /// on the communicator.
+    pub fn test(&mut self) -> Result<bool> {
+        if !self.is_complete() {
+            return Ok(false);
+        }
+        if !self.reported {
+            self.reported = true;
+            self.shared.errors.check()?;
+        }
+        Ok(true)
+    }
+
+    /// Blocks until the operation has completed, then returns any error recorded on the
+    /// communicator.
+    pub fn wait(mut self) -> Result<()> {
+        self.reported = true;
+        self.block();
+        self.shared.errors.check()
+    }
+
+    /// Makes `stream` wait, on the device, until the operation has completed: work queued on
+    /// `stream` afterwards sees its results. The host does not block.
+    pub fn stream_wait(&self, stream: &D::Stream) -> Result<()> {
+        let keep: KeepAlive = Arc::clone(&self.done) as KeepAlive;
+        // SAFETY: `keep` holds the flag's slot until the wait has finished; the proxy thread and
+        // the internal stream raise the flag independently of `stream`.
+        unsafe { self.shared.device.wait_flag(stream, self.done.flag(), 1, Some(keep)) }
+    }
+
+    fn block(&self) {
+        let mut backoff = Backoff::default();
+        while !self.is_complete() {
+            backoff.snooze();
+        }
+    }
+}
+
+impl<D: Device> Drop for DeviceRequest<'_, D> {
+    fn drop(&mut self) {
+        self.block();
+    }
+}

@@ -1,0 +1,449 @@
+//! The host device: streams are in-order executor threads over host memory.
+//!
+//! Each [`HostStream`] owns one thread that runs the stream's work items in order. Copies run
+//! the shared 2-D copy kernel body ([`duralumin_kernels::pack`]) on that thread; flags are
+//! atomics, written with release stores and polled with acquire loads and a backoff that sleeps,
+//! so a waiting stream costs no core. "Device memory" is host memory owned by [`HostBuffer`]s,
+//! which queued work keeps alive, and which the host reads and writes only through
+//! [`HostDevice::download`] and [`HostDevice::write`]: those first wait for every stream of the
+//! device, so no safe code can race with queued work.
+
+use std::alloc::Layout;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::thread::JoinHandle;
+
+use duralumin_kernels::Element;
+use duralumin_kernels::flag::reached;
+use duralumin_kernels::grid::HostGrid;
+
+use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, sealed};
+use crate::error::{Error, Result};
+use crate::progress::Backoff;
+
+/// Alignment of host-device allocations: enough for the copy bodies' 16-byte accesses and for
+/// any element type.
+const ALIGN: usize = 64;
+
+static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A device whose memory is host memory and whose streams are executor threads.
+///
+/// Cloning gives another handle to the same device.
+#[derive(Clone)]
+pub struct HostDevice {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    id: u64,
+    ordinal: usize,
+    streams: Mutex<Vec<Weak<StreamInner>>>,
+    pinned_bytes: AtomicUsize,
+}
+
+impl fmt::Debug for HostDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostDevice").field("ordinal", &self.inner.ordinal).finish_non_exhaustive()
+    }
+}
+
+impl HostDevice {
+    /// A host device with ordinal `ordinal` (only used to tell devices apart, like a GPU's
+    /// index: a buffer of one cannot be used with a communicator of another).
+    pub fn new(ordinal: usize) -> HostDevice {
+        HostDevice {
+            inner: Arc::new(DeviceInner {
+                id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
+                ordinal,
+                streams: Mutex::new(Vec::new()),
+                pinned_bytes: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// A stream of this device (its own executor thread).
+    pub fn stream(&self) -> Result<HostStream> {
+        self.new_stream()
+    }
+
+    /// A zero-filled buffer of `len` elements.
+    pub fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<HostBuffer<T>> {
+        let bytes =
+            len.checked_mul(size_of::<T>()).ok_or(Error::CountOverflow { what: "buffer", value: len as u128 })?;
+        Ok(HostBuffer { mem: Arc::new(Memory::zeroed(bytes, self.inner.ordinal)?), len, _t: PhantomData })
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn upload<T: Element>(&self, data: &[T]) -> Result<HostBuffer<T>> {
+        let buf = self.alloc_zeroed::<T>(data.len())?;
+        // SAFETY: the buffer is new: no stream has work queued on it, and it holds `data.len()`
+        // elements.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.mem.ptr.cast::<T>(), data.len()) };
+        Ok(buf)
+    }
+
+    /// The buffer's contents, after every stream of the device has finished its queued work.
+    pub fn download<T: Element>(&self, buf: &HostBuffer<T>) -> Result<Vec<T>> {
+        self.synchronize_all()?;
+        // SAFETY: no queued work remains on any stream of this device, so nothing writes the
+        // buffer while it is read; it holds `len` initialized elements.
+        Ok(unsafe { std::slice::from_raw_parts(buf.mem.ptr.cast::<T>(), buf.len) }.to_vec())
+    }
+
+    /// Overwrites the buffer with `data` (equal lengths) after every stream of the device has
+    /// finished its queued work.
+    pub fn write<T: Element>(&self, buf: &mut HostBuffer<T>, data: &[T]) -> Result<()> {
+        crate::check::len("HostDevice::write data", data.len(), buf.len)?;
+        self.synchronize_all()?;
+        // SAFETY: as in `download`; `&mut` keeps other safe code away meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.mem.ptr.cast::<T>(), data.len()) };
+        Ok(())
+    }
+
+    /// Queues `f` on `stream` to run on the buffer's elements in stream order: the host
+    /// device's kernel launch.
+    pub fn launch<T: Element>(
+        &self,
+        stream: &HostStream,
+        buf: &mut HostBuffer<T>,
+        f: impl FnOnce(&mut [T]) + Send + 'static,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let mem = Arc::clone(&buf.mem);
+        let len = buf.len;
+        stream.submit(Box::new(move || {
+            // SAFETY: work on the device's memory is serialized by stream order (the caller
+            // queued it here, so every other access is ordered before or after it), and the
+            // memory is kept alive by `mem`.
+            f(unsafe { std::slice::from_raw_parts_mut(mem.ptr.cast::<T>(), len) })
+        }))
+    }
+
+    /// Pinned bytes currently allocated from this device (for leak checks).
+    pub fn pinned_bytes(&self) -> usize {
+        self.inner.pinned_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Waits for every live stream of the device.
+    fn synchronize_all(&self) -> Result<()> {
+        let streams: Vec<_> = {
+            let mut list = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            list.retain(|w| w.strong_count() > 0);
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        for s in streams {
+            HostStream { inner: s }.sync()?;
+        }
+        Ok(())
+    }
+
+    fn check_stream(&self, stream: &HostStream) -> Result<()> {
+        if self.owns(stream) {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice {
+                what: "stream",
+                expected: self.name(),
+                found: format!("host:{}", stream.inner.ordinal),
+            })
+        }
+    }
+}
+
+/// Memory of the host device, 64-byte aligned and zero-filled.
+struct Memory {
+    ptr: *mut u8,
+    bytes: usize,
+    ordinal: usize,
+}
+
+// SAFETY: the memory is only accessed in stream order or after synchronizing (see the module
+// docs); the struct itself is an owned allocation.
+unsafe impl Send for Memory {}
+// SAFETY: as above.
+unsafe impl Sync for Memory {}
+
+impl Memory {
+    fn layout(bytes: usize) -> Result<Layout> {
+        Layout::from_size_align(bytes.max(1), ALIGN)
+            .map_err(|_| Error::CountOverflow { what: "allocation", value: bytes as u128 })
+    }
+
+    fn zeroed(bytes: usize, ordinal: usize) -> Result<Memory> {
+        let layout = Self::layout(bytes)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory { what: "host device memory", bytes });
+        }
+        Ok(Memory { ptr, bytes, ordinal })
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        if let Ok(layout) = Self::layout(self.bytes) {
+            // SAFETY: allocated in `zeroed` with this layout.
+            unsafe { std::alloc::dealloc(self.ptr, layout) };
+        }
+    }
+}
+
+/// A buffer of `T` in the host device's memory: the host device's counterpart of a
+/// `CudaSlice<T>`. Read it with [`HostDevice::download`].
+pub struct HostBuffer<T> {
+    mem: Arc<Memory>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> fmt::Debug for HostBuffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBuffer").field("len", &self.len).field("ordinal", &self.mem.ordinal).finish()
+    }
+}
+
+impl<T> HostBuffer<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<T> sealed::Sealed for HostBuffer<T> {}
+
+impl<T: Element> DeviceSlice<HostDevice> for HostBuffer<T> {
+    type Elem = T;
+    fn device_ptr(&self) -> DevicePtr {
+        DevicePtr(self.mem.ptr as u64)
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn ordinal(&self) -> usize {
+        self.mem.ordinal
+    }
+    fn keep_alive(&self) -> Option<KeepAlive> {
+        Some(Arc::clone(&self.mem) as KeepAlive)
+    }
+}
+
+type Work = Box<dyn FnOnce() + Send>;
+
+struct StreamInner {
+    device_id: u64,
+    ordinal: usize,
+    tx: Mutex<Option<Sender<Work>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        // Closing the channel lets the thread finish the queued work and exit.
+        self.tx.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A stream of the [`HostDevice`]: an executor thread running work in order. Cloning gives
+/// another handle to the same stream; the thread exits when the last handle drops, after
+/// running what was queued.
+#[derive(Clone)]
+pub struct HostStream {
+    inner: Arc<StreamInner>,
+}
+
+impl fmt::Debug for HostStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostStream").field("ordinal", &self.inner.ordinal).finish_non_exhaustive()
+    }
+}
+
+impl HostStream {
+    fn submit(&self, work: Work) -> Result<()> {
+        let tx = self.inner.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        match tx.as_ref().map(|tx| tx.send(work)) {
+            Some(Ok(())) => Ok(()),
+            _ => Err(Error::Device { call: "host stream", message: "the stream's executor thread has stopped".into() }),
+        }
+    }
+
+    /// Blocks until the work queued so far has run.
+    pub fn sync(&self) -> Result<()> {
+        let (tx, rx) = channel::<()>();
+        self.submit(Box::new(move || {
+            let _ = tx.send(());
+        }))?;
+        rx.recv()
+            .map_err(|_| Error::Device { call: "host stream", message: "the stream's executor thread stopped".into() })
+    }
+}
+
+impl sealed::Sealed for HostDevice {}
+
+impl Device for HostDevice {
+    type Stream = HostStream;
+
+    fn name(&self) -> String {
+        format!("host:{}", self.inner.ordinal)
+    }
+
+    fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    fn owns(&self, stream: &HostStream) -> bool {
+        stream.inner.device_id == self.inner.id
+    }
+
+    fn new_stream(&self) -> Result<HostStream> {
+        let (tx, rx) = channel::<Work>();
+        let thread = std::thread::Builder::new()
+            .name(format!("duralumin-host-stream-{}", self.inner.ordinal))
+            .spawn(move || {
+                for work in rx {
+                    work();
+                }
+            })
+            .map_err(|e| Error::Device { call: "spawn host stream", message: e.to_string() })?;
+        let inner = Arc::new(StreamInner {
+            device_id: self.inner.id,
+            ordinal: self.inner.ordinal,
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        });
+        let mut list = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&inner));
+        Ok(HostStream { inner })
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        let mem = Memory::zeroed(bytes, self.inner.ordinal)?;
+        let ptr = mem.ptr;
+        std::mem::forget(mem);
+        self.inner.pinned_bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) {
+        self.inner.pinned_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        drop(Memory { ptr, bytes, ordinal: self.inner.ordinal });
+    }
+
+    fn mapped(&self, host: *mut u8) -> Result<DevicePtr> {
+        Ok(DevicePtr(host as u64))
+    }
+
+    unsafe fn copy_d2h(
+        &self,
+        stream: &HostStream,
+        dst: *mut u8,
+        src: DevicePtr,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        // SAFETY: forwarded: on the host device, device addresses are host addresses.
+        unsafe { self.copy(stream, dst, src.0 as *const u8, shape, keep) }
+    }
+
+    unsafe fn copy_h2d(
+        &self,
+        stream: &HostStream,
+        dst: DevicePtr,
+        src: *const u8,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        // SAFETY: forwarded, as in `copy_d2h`.
+        unsafe { self.copy(stream, dst.0 as *mut u8, src, shape, keep) }
+    }
+
+    unsafe fn write_flag(&self, stream: &HostStream, flag: Flag, value: u32) -> Result<()> {
+        self.check_stream(stream)?;
+        stream.submit(Box::new(move || {
+            // SAFETY: the caller keeps the flag's slot held until this has run.
+            HostGrid::SINGLE.signal(unsafe { flag.atomic() }, value)
+        }))
+    }
+
+    unsafe fn wait_flag(&self, stream: &HostStream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()> {
+        self.check_stream(stream)?;
+        stream.submit(Box::new(move || {
+            let _keep = keep;
+            // SAFETY: the caller keeps the flag's slot held until the wait has finished.
+            let atomic = unsafe { flag.atomic() };
+            let mut backoff = Backoff::default();
+            while !reached(atomic.load(Ordering::Acquire), value) {
+                backoff.snooze();
+            }
+        }))
+    }
+
+    fn join(&self, waiter: &HostStream, stream: &HostStream) -> Result<()> {
+        self.check_stream(waiter)?;
+        self.check_stream(stream)?;
+        if Arc::ptr_eq(&waiter.inner, &stream.inner) {
+            return Ok(());
+        }
+        let event = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let set = Arc::clone(&event);
+        stream.submit(Box::new(move || set.store(true, Ordering::Release)))?;
+        waiter.submit(Box::new(move || {
+            let mut backoff = Backoff::default();
+            while !event.load(Ordering::Acquire) {
+                backoff.snooze();
+            }
+        }))
+    }
+
+    fn synchronize(&self, stream: &HostStream) -> Result<()> {
+        self.check_stream(stream)?;
+        stream.sync()
+    }
+}
+
+impl HostDevice {
+    /// Queues a 2-D copy between host addresses, run by the shared copy body.
+    ///
+    /// # Safety
+    /// As [`Device::copy_d2h`].
+    unsafe fn copy(
+        &self,
+        stream: &HostStream,
+        dst: *mut u8,
+        src: *const u8,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        if shape.bytes() == 0 {
+            return Ok(());
+        }
+        let (dst, src) = (dst as usize, src as usize);
+        stream.submit(Box::new(move || {
+            let _keep = keep;
+            let (dst_len, src_len) = (shape.extent(shape.dst_pitch), shape.extent(shape.src_pitch));
+            // SAFETY: the caller guarantees both row sets are valid and untouched by anyone else
+            // until this copy has run (stream order), and `keep` holds the device memory.
+            let (d, s) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(dst as *mut u8, dst_len),
+                    std::slice::from_raw_parts(src as *const u8, src_len),
+                )
+            };
+            HostGrid::SINGLE.copy_2d(d, shape.dst_pitch, s, shape.src_pitch, shape.row_bytes, shape.rows);
+        }))
+    }
+}

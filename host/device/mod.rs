@@ -1,0 +1,207 @@
+//! The device layer: what the HostTransfer backend needs from an accelerator.
+//!
+//! A [`Device`] has streams (in-order queues of work), page-locked host memory it can copy to
+//! and from asynchronously, 32-bit flags in host-mapped memory that a stream can write and wait
+//! for, and 2-D copies between its memory and host memory. Everything a backend queues on a
+//! stream runs after the work queued before it and before the work queued after it; the host
+//! thread that queues it returns at once.
+//!
+//! Implementations:
+//! * [`host::HostDevice`]: an in-order executor thread per stream over host memory; flags are
+//!   atomics and copies run the shared kernel bodies on the CPU. A real device for CPU users,
+//!   and what lets the whole HostTransfer path run in CI without a GPU.
+//!
+//! The layer is split like cudarc's: the [`Device`] trait's methods are thin and `unsafe` where
+//! they take raw addresses (the callers in the backend guarantee sizes and lifetimes); the
+//! safe types users touch are the buffers ([`DeviceSlice`]) and the backends' communicators.
+
+pub mod host;
+pub mod pool;
+
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+
+use duralumin_kernels::Element;
+
+use crate::error::Result;
+
+/// An address in a device's memory (a `CUdeviceptr`, a HIP device pointer, or a host address on
+/// the host device).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The address `bytes` further on.
+    pub fn offset(self, bytes: usize) -> DevicePtr {
+        DevicePtr(self.0.wrapping_add(bytes as u64))
+    }
+}
+
+/// The shape of a 2-D copy: `rows` rows of `row_bytes` bytes, consecutive rows `src_pitch`
+/// bytes apart in the source and `dst_pitch` bytes apart in the destination. A contiguous copy
+/// is one row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copy2d {
+    pub row_bytes: usize,
+    pub rows: usize,
+    pub src_pitch: usize,
+    pub dst_pitch: usize,
+}
+
+impl Copy2d {
+    /// One contiguous run of `bytes` bytes.
+    pub fn contiguous(bytes: usize) -> Copy2d {
+        Copy2d { row_bytes: bytes, rows: 1, src_pitch: bytes, dst_pitch: bytes }
+    }
+
+    /// Total bytes moved.
+    pub fn bytes(&self) -> usize {
+        self.row_bytes * self.rows
+    }
+
+    /// Bytes spanned from the first row's start to the last row's end with `pitch`.
+    pub fn extent(&self, pitch: usize) -> usize {
+        if self.rows == 0 || self.row_bytes == 0 { 0 } else { (self.rows - 1) * pitch + self.row_bytes }
+    }
+}
+
+/// A 32-bit flag in host-mapped memory: the host reads and writes it through `host`, the
+/// device through `device`. Values only grow (modulo 2³²), so waiting is "until at least".
+#[derive(Clone, Copy, Debug)]
+pub struct Flag {
+    pub(crate) host: *const AtomicU32,
+    pub(crate) device: DevicePtr,
+}
+
+// SAFETY: a Flag is the address of an atomic in memory that the flag pool keeps alive while any
+// operation holds the flag; every access through it is atomic.
+unsafe impl Send for Flag {}
+// SAFETY: as above.
+unsafe impl Sync for Flag {}
+
+impl Flag {
+    /// The device's address of the flag (what a stream memory operation or the stream-wait
+    /// kernel polls).
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device
+    }
+
+    /// The host view of the flag.
+    ///
+    /// # Safety
+    /// The flag's slot must still be held (not returned to its pool).
+    pub(crate) unsafe fn atomic(&self) -> &AtomicU32 {
+        // SAFETY: guaranteed by the caller: the slot is live and aligned.
+        unsafe { &*self.host }
+    }
+}
+
+/// Something a stream keeps alive until the work queued with it has run (the host device's
+/// buffers are reference-counted; GPU allocations are freed in stream order and need nothing).
+pub type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A device the HostTransfer backend can stage through. Sealed: the crate implements it for
+/// its devices.
+pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
+    /// An in-order queue of work.
+    type Stream: Clone + Debug + Send + Sync + 'static;
+
+    /// The device's name in messages (`"host"`, `"cuda:0"`).
+    fn name(&self) -> String;
+
+    /// The stream's device ordinal (to reject buffers of another device).
+    fn ordinal(&self) -> usize;
+
+    /// Whether `stream` belongs to this device (and context).
+    fn owns(&self, stream: &Self::Stream) -> bool;
+
+    /// A new stream on this device.
+    fn new_stream(&self) -> Result<Self::Stream>;
+
+    /// `bytes` of page-locked host memory the device can copy to and from asynchronously, and
+    /// read as host-mapped memory (flags live there too). Zero-filled.
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8>;
+
+    /// Frees memory from [`Device::alloc_pinned`].
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc_pinned(bytes)` on this device, and no queued work uses it.
+    unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize);
+
+    /// The device's address of pinned host memory from [`Device::alloc_pinned`].
+    fn mapped(&self, host: *mut u8) -> Result<DevicePtr>;
+
+    /// Queues a copy from device memory to host memory.
+    ///
+    /// # Safety
+    /// The source rows are device memory that stays allocated until the copy has run (or is
+    /// kept alive by `keep`); the destination rows are pinned memory no one else touches until
+    /// the copy has run.
+    unsafe fn copy_d2h(
+        &self,
+        stream: &Self::Stream,
+        dst: *mut u8,
+        src: DevicePtr,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()>;
+
+    /// Queues a copy from host memory to device memory.
+    ///
+    /// # Safety
+    /// As [`Device::copy_d2h`], the other way round.
+    unsafe fn copy_h2d(
+        &self,
+        stream: &Self::Stream,
+        dst: DevicePtr,
+        src: *const u8,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()>;
+
+    /// Queues a release store of `value` to `flag`.
+    ///
+    /// # Safety
+    /// The flag's slot stays held until the store has run.
+    unsafe fn write_flag(&self, stream: &Self::Stream, flag: Flag, value: u32) -> Result<()>;
+
+    /// Queues a wait, on the device, until `flag` reaches `value` (modulo 2³²: `flag - value`
+    /// as `i32` is not negative). Work queued after it does not start before.
+    ///
+    /// # Safety
+    /// The flag's slot stays held until the wait has finished (or is kept alive by `keep`), and
+    /// something not queued behind this wait on the same stream will write the value.
+    unsafe fn wait_flag(&self, stream: &Self::Stream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()>;
+
+    /// Makes `waiter` wait for the work queued on `stream` so far, without blocking the host.
+    fn join(&self, waiter: &Self::Stream, stream: &Self::Stream) -> Result<()>;
+
+    /// Blocks the calling thread until the work queued on `stream` so far has run.
+    fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+}
+
+/// A buffer in a device's memory that collectives can read (and, through `&mut`, write): the
+/// device-side counterpart of rsmpi's `Buffer`/`BufferMut`. Implemented by the devices' buffer
+/// types.
+pub trait DeviceSlice<D: Device>: sealed::Sealed {
+    /// The element type.
+    type Elem: Element;
+    /// The first element's device address.
+    fn device_ptr(&self) -> DevicePtr;
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// Whether there are no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The ordinal of the device that holds the memory.
+    fn ordinal(&self) -> usize;
+    /// What queued work must hold to keep the memory alive.
+    fn keep_alive(&self) -> Option<KeepAlive>;
+}

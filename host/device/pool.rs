@@ -1,0 +1,244 @@
+//! Pools of pinned staging memory and of host-mapped flags.
+//!
+//! Pinned allocations are slow (they lock pages and map them for the device), so staging buffers
+//! are kept and reused: sizes are rounded up to a power of two (at least [`MIN_BLOCK`]) and
+//! freed blocks wait in per-size free lists. The pool has a cap on what it holds in total; a
+//! request that would pass it first releases idle blocks of other sizes, then fails with
+//! [`Error::PoolExhausted`] instead of blocking. Flags come from pinned pages of
+//! [`FLAGS_PER_PAGE`] slots; a slot is zeroed when taken. Both pools count what is in use, so
+//! tests can check that every operation gave everything back.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::{Device, DevicePtr, Flag};
+use crate::error::{Error, Result};
+
+/// The smallest staging block.
+pub const MIN_BLOCK: usize = 4096;
+
+/// Flags per pinned page of the flag pool.
+pub const FLAGS_PER_PAGE: usize = 1024;
+
+/// A snapshot of a pool's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Pinned bytes handed out and not yet returned.
+    pub in_use_bytes: usize,
+    /// Pinned bytes the pool holds (in use plus idle).
+    pub held_bytes: usize,
+    /// The most `in_use_bytes` has ever been.
+    pub high_water_bytes: usize,
+    /// The cap on `held_bytes`.
+    pub cap_bytes: usize,
+    /// Staging blocks handed out and not yet returned.
+    pub blocks_in_use: usize,
+    /// Flags handed out and not yet returned.
+    pub flags_in_use: usize,
+}
+
+struct Counters {
+    free: BTreeMap<usize, Vec<usize>>,
+    stats: PoolStats,
+    flag_pages: Vec<(usize, DevicePtr)>,
+    free_flags: Vec<(usize, usize)>,
+}
+
+/// Staging memory and flags of one device.
+pub struct Pools<D: Device> {
+    device: Arc<D>,
+    state: Mutex<Counters>,
+}
+
+impl<D: Device> std::fmt::Debug for Pools<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pools").field("stats", &self.stats()).finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Pools<D> {
+    /// Empty pools for `device` holding at most `cap_bytes` of staging memory.
+    pub fn new(device: Arc<D>, cap_bytes: usize) -> Arc<Pools<D>> {
+        let stats = PoolStats { cap_bytes, ..PoolStats::default() };
+        Arc::new(Pools {
+            device,
+            state: Mutex::new(Counters {
+                free: BTreeMap::new(),
+                stats,
+                flag_pages: Vec::new(),
+                free_flags: Vec::new(),
+            }),
+        })
+    }
+
+    /// The device the memory belongs to.
+    pub fn device(&self) -> &Arc<D> {
+        &self.device
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> PoolStats {
+        self.lock().stats
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A staging block of at least `bytes` bytes (contents unspecified).
+    pub fn take(self: &Arc<Self>, bytes: usize) -> Result<PinnedBlock<D>> {
+        let size = bytes
+            .max(MIN_BLOCK)
+            .checked_next_power_of_two()
+            .ok_or(Error::CountOverflow { what: "staging block", value: bytes as u128 })?;
+        let mut st = self.lock();
+        let reused = st.free.get_mut(&size).and_then(Vec::pop);
+        let ptr = match reused {
+            Some(p) => p,
+            None => {
+                // Make room by releasing idle blocks of other sizes, largest first.
+                while st.stats.held_bytes + size > st.stats.cap_bytes {
+                    let Some((&s, list)) = st.free.iter_mut().rev().find(|(_, l)| !l.is_empty()) else { break };
+                    let p = list.pop().unwrap_or_default();
+                    // SAFETY: idle blocks are used by no queued work and came from this device.
+                    unsafe { self.device.free_pinned(p as *mut u8, s) };
+                    st.stats.held_bytes -= s;
+                }
+                if st.stats.held_bytes + size > st.stats.cap_bytes {
+                    return Err(Error::PoolExhausted {
+                        requested: size,
+                        in_use: st.stats.in_use_bytes,
+                        cap: st.stats.cap_bytes,
+                    });
+                }
+                let p = self.device.alloc_pinned(size)? as usize;
+                st.stats.held_bytes += size;
+                p
+            }
+        };
+        st.stats.in_use_bytes += size;
+        st.stats.blocks_in_use += 1;
+        st.stats.high_water_bytes = st.stats.high_water_bytes.max(st.stats.in_use_bytes);
+        Ok(PinnedBlock { pools: Arc::clone(self), ptr, size })
+    }
+
+    /// A flag slot, set to zero.
+    pub fn flag(self: &Arc<Self>) -> Result<FlagSlot<D>> {
+        let mut st = self.lock();
+        if st.free_flags.is_empty() {
+            let bytes = FLAGS_PER_PAGE * size_of::<u32>();
+            let host = self.device.alloc_pinned(bytes)?;
+            let device = match self.device.mapped(host) {
+                Ok(d) => d,
+                Err(e) => {
+                    // SAFETY: just allocated, used by nothing.
+                    unsafe { self.device.free_pinned(host, bytes) };
+                    return Err(e);
+                }
+            };
+            let page = st.flag_pages.len();
+            st.flag_pages.push((host as usize, device));
+            st.free_flags.extend((0..FLAGS_PER_PAGE).rev().map(|i| (page, i)));
+        }
+        let (page, index) = st.free_flags.pop().unwrap_or_default();
+        st.stats.flags_in_use += 1;
+        let (host, device) = st.flag_pages[page];
+        let host = (host + index * size_of::<u32>()) as *const AtomicU32;
+        let flag = Flag { host, device: device.offset(index * size_of::<u32>()) };
+        // SAFETY: the slot belongs to the page just looked up, which lives as long as the pools.
+        unsafe { flag.atomic() }.store(0, Ordering::Release);
+        Ok(FlagSlot { pools: Arc::clone(self), flag, page, index })
+    }
+}
+
+impl<D: Device> Drop for Pools<D> {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for (&size, list) in &st.free {
+            for &p in list {
+                // SAFETY: idle blocks are used by nothing (in-use blocks hold the pools alive).
+                unsafe { self.device.free_pinned(p as *mut u8, size) };
+            }
+        }
+        for &(host, _) in &st.flag_pages {
+            // SAFETY: every flag slot holds the pools alive, so none is in use now.
+            unsafe { self.device.free_pinned(host as *mut u8, FLAGS_PER_PAGE * size_of::<u32>()) };
+        }
+    }
+}
+
+/// A pinned staging block; back to its pool on drop.
+pub struct PinnedBlock<D: Device> {
+    pools: Arc<Pools<D>>,
+    ptr: usize,
+    size: usize,
+}
+
+impl<D: Device> std::fmt::Debug for PinnedBlock<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBlock").field("size", &self.size).finish()
+    }
+}
+
+impl<D: Device> PinnedBlock<D> {
+    /// The block's host address.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr as *mut u8
+    }
+
+    /// The block's size in bytes (at least what was asked for).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl<D: Device> Drop for PinnedBlock<D> {
+    fn drop(&mut self) {
+        let mut st = self.pools.lock();
+        st.stats.in_use_bytes -= self.size;
+        st.stats.blocks_in_use -= 1;
+        st.free.entry(self.size).or_default().push(self.ptr);
+    }
+}
+
+/// A flag from the pool; back to it on drop.
+pub struct FlagSlot<D: Device> {
+    pools: Arc<Pools<D>>,
+    flag: Flag,
+    page: usize,
+    index: usize,
+}
+
+impl<D: Device> std::fmt::Debug for FlagSlot<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlagSlot").field("page", &self.page).field("index", &self.index).finish()
+    }
+}
+
+impl<D: Device> FlagSlot<D> {
+    /// The flag (valid while this slot is held).
+    pub fn flag(&self) -> Flag {
+        self.flag
+    }
+
+    /// The flag's value now (acquire load).
+    pub fn load(&self) -> u32 {
+        // SAFETY: the slot is held.
+        unsafe { self.flag.atomic() }.load(Ordering::Acquire)
+    }
+
+    /// Sets the flag from the host (release store).
+    pub fn store(&self, value: u32) {
+        // SAFETY: the slot is held.
+        unsafe { self.flag.atomic() }.store(value, Ordering::Release)
+    }
+}
+
+impl<D: Device> Drop for FlagSlot<D> {
+    fn drop(&mut self) {
+        let mut st = self.pools.lock();
+        st.stats.flags_in_use -= 1;
+        st.free_flags.push((self.page, self.index));
+    }
+}

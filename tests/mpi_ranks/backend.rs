@@ -1,0 +1,427 @@
+//! The backends the sweep runs on: the sweep is written once against [`Backend`], whose
+//! methods take and return host vectors and run the operation blocking or non-blocking, and is
+//! instantiated for the Mpi backend and for HostTransfer on the host device (the same body that
+//! will run for HostTransfer on CUDA).
+
+use duralumin::backends::host_transfer::{self, HostTransferConfig};
+use duralumin::device::host::{HostBuffer, HostDevice};
+use duralumin::scope;
+use duralumin::*;
+
+/// Runs a method of the Mpi backend blocking or, inside a scope, non-blocking.
+macro_rules! mpi_call {
+    ($nb:expr, $c:ident . $f:ident / $i:ident ( $($a:expr),* $(,)? )) => {
+        if $nb { scope(|s| $c.$i(s, $($a),*)?.wait()) } else { Communicator::$f($c, $($a),*) }
+    };
+}
+pub(crate) use mpi_call;
+
+/// One collective interface over host vectors, for the sweep.
+#[allow(clippy::too_many_arguments)]
+pub trait Backend {
+    /// Whether the backend has the v-collectives (allgatherv, alltoallv, gatherv, scatterv,
+    /// reduce_scatterv).
+    fn v_collectives(&self) -> bool;
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// The allreduce and bcast algorithms the backend takes.
+    fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm];
+    fn bcast_algorithms(&self) -> &'static [BcastAlgorithm];
+
+    fn allreduce_with<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        s: &[T],
+        r: &mut [T],
+        op: O,
+        a: AllreduceAlgorithm,
+    ) -> Result<()>;
+    fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        op: O,
+        a: AllreduceAlgorithm,
+    ) -> Result<()>;
+    fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()>;
+    fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()>;
+    fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()>;
+    fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()>;
+    fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        s: &[T],
+        r: &mut [T],
+        counts: &[usize],
+        op: O,
+    ) -> Result<()>;
+    fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        counts: &[usize],
+        op: O,
+    ) -> Result<()>;
+    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()>;
+    fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()>;
+    fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()>;
+    fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()>;
+    fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()>;
+    fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()>;
+    fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()>;
+    fn alltoallv<T: Element>(
+        &self,
+        nb: bool,
+        s: &[T],
+        sc: &[usize],
+        sd: &[usize],
+        r: &mut [T],
+        rc: &[usize],
+        rd: &[usize],
+    ) -> Result<()>;
+    fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()>;
+    fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()>;
+    fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()>;
+    fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()>;
+    fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()>;
+    fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()>;
+    fn scatterv<T: Element>(&self, nb: bool, s: &[T], c: &[usize], d: &[usize], r: &mut [T], root: usize)
+    -> Result<()>;
+    fn scatterv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize)
+    -> Result<()>;
+}
+
+const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
+    AllreduceAlgorithm::Auto,
+    AllreduceAlgorithm::Native,
+    AllreduceAlgorithm::Ring,
+    AllreduceAlgorithm::RecursiveDoubling,
+    AllreduceAlgorithm::Rabenseifner,
+];
+
+impl Backend for Communicator {
+    fn v_collectives(&self) -> bool {
+        true
+    }
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+    fn size(&self) -> usize {
+        Communicator::size(self)
+    }
+    fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
+        &ALL_ALLREDUCE
+    }
+    fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
+        &[BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain]
+    }
+    fn allreduce_with<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        s: &[T],
+        r: &mut [T],
+        op: O,
+        a: AllreduceAlgorithm,
+    ) -> Result<()> {
+        mpi_call!(nb, self.allreduce_with / iallreduce_with(s, r, op, a))
+    }
+    fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        op: O,
+        a: AllreduceAlgorithm,
+    ) -> Result<()> {
+        mpi_call!(nb, self.allreduce_in_place_with / iallreduce_in_place_with(b, op, a))
+    }
+    fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
+        mpi_call!(nb, self.reduce / ireduce(s, r, root, op))
+    }
+    fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()> {
+        mpi_call!(nb, self.reduce_in_place / ireduce_in_place(b, root, op))
+    }
+    fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()> {
+        mpi_call!(nb, self.reduce_scatter / ireduce_scatter(s, r, op))
+    }
+    fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()> {
+        mpi_call!(nb, self.reduce_scatter_in_place / ireduce_scatter_in_place(b, op))
+    }
+    fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        s: &[T],
+        r: &mut [T],
+        counts: &[usize],
+        op: O,
+    ) -> Result<()> {
+        mpi_call!(nb, self.reduce_scatterv / ireduce_scatterv(s, r, counts, op))
+    }
+    fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        counts: &[usize],
+        op: O,
+    ) -> Result<()> {
+        mpi_call!(nb, self.reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op))
+    }
+    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()> {
+        mpi_call!(nb, self.bcast_with / ibcast_with(b, root, a))
+    }
+    fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
+        mpi_call!(nb, self.allgather / iallgather(s, r))
+    }
+    fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
+        mpi_call!(nb, self.allgather_in_place / iallgather_in_place(b))
+    }
+    fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        mpi_call!(nb, self.allgatherv / iallgatherv(s, r, counts, displs))
+    }
+    fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        mpi_call!(nb, self.allgatherv_in_place / iallgatherv_in_place(b, counts, displs))
+    }
+    fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
+        mpi_call!(nb, self.alltoall / ialltoall(s, r))
+    }
+    fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
+        mpi_call!(nb, self.alltoall_in_place / ialltoall_in_place(b))
+    }
+    fn alltoallv<T: Element>(
+        &self,
+        nb: bool,
+        s: &[T],
+        sc: &[usize],
+        sd: &[usize],
+        r: &mut [T],
+        rc: &[usize],
+        rd: &[usize],
+    ) -> Result<()> {
+        mpi_call!(nb, self.alltoallv / ialltoallv(s, sc, sd, r, rc, rd))
+    }
+    fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
+        mpi_call!(nb, self.gather / igather(s, r, root))
+    }
+    fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
+        mpi_call!(nb, self.gather_in_place / igather_in_place(b, root))
+    }
+    fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
+        mpi_call!(nb, self.gatherv / igatherv(s, r, c, d, root))
+    }
+    fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
+        mpi_call!(nb, self.gatherv_in_place / igatherv_in_place(b, c, d, root))
+    }
+    fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
+        mpi_call!(nb, self.scatter / iscatter(s, r, root))
+    }
+    fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
+        mpi_call!(nb, self.scatter_in_place / iscatter_in_place(b, root))
+    }
+    fn scatterv<T: Element>(
+        &self,
+        nb: bool,
+        s: &[T],
+        c: &[usize],
+        d: &[usize],
+        r: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        mpi_call!(nb, self.scatterv / iscatterv(s, c, d, r, root))
+    }
+    fn scatterv_in_place<T: Element>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        c: &[usize],
+        d: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        mpi_call!(nb, self.scatterv_in_place / iscatterv_in_place(b, c, d, root))
+    }
+}
+
+/// HostTransfer on the host device: host vectors are uploaded to device buffers (the receive
+/// buffer too, so elements an operation must not touch keep their values), the operation is
+/// queued stream-ordered or non-blocking, and the results are downloaded after synchronizing.
+pub struct HostTransfer {
+    pub dev: HostDevice,
+    pub comm: host_transfer::Communicator<HostDevice>,
+}
+
+/// Chunks of 256 bytes in 2 slots: every "big" operation of the sweep pipelines through many
+/// chunks and reuses its slots.
+pub fn small_chunks() -> HostTransferConfig {
+    HostTransferConfig { chunk_bytes: 256, depth: 2, ..HostTransferConfig::default() }
+}
+
+impl HostTransfer {
+    pub fn new(world: &duralumin::mpi::topology::SimpleCommunicator, config: HostTransferConfig) -> Self {
+        let dev = HostDevice::new(0);
+        let stream = dev.stream().expect("host stream");
+        let comm = host_transfer::Communicator::with_config(world, dev.clone(), stream, config).expect("communicator");
+        HostTransfer { dev, comm }
+    }
+
+    fn up<T: Element>(&self, v: &[T]) -> HostBuffer<T> {
+        self.dev.upload(v).expect("upload")
+    }
+
+    /// Runs `f` on device copies of `s` and `r`, then copies the device result back into `r`.
+    fn two<T: Element>(
+        &self,
+        s: &[T],
+        r: &mut [T],
+        f: impl FnOnce(&HostBuffer<T>, &mut HostBuffer<T>) -> Result<()>,
+    ) -> Result<()> {
+        let (ds, mut dr) = (self.up(s), self.up(r));
+        f(&ds, &mut dr)?;
+        self.comm.synchronize()?;
+        r.copy_from_slice(&self.dev.download(&dr)?);
+        assert!(crate::elements::same(&self.dev.download(&ds)?, s), "the device input changed");
+        Ok(())
+    }
+
+    /// Runs `f` on a device copy of `b`, then copies it back.
+    fn one<T: Element>(&self, b: &mut [T], f: impl FnOnce(&mut HostBuffer<T>) -> Result<()>) -> Result<()> {
+        let mut db = self.up(b);
+        f(&mut db)?;
+        self.comm.synchronize()?;
+        b.copy_from_slice(&self.dev.download(&db)?);
+        Ok(())
+    }
+}
+
+/// Runs a HostTransfer method stream-ordered or non-blocking (waiting on its request).
+macro_rules! ht_call {
+    ($nb:expr, $c:expr, $f:ident / $i:ident ( $($a:expr),* $(,)? )) => {
+        if $nb { $c.$i($($a),*)?.wait() } else { $c.$f($($a),*) }
+    };
+}
+
+fn no_v<T>() -> Result<T> {
+    panic!("the HostTransfer backend has no v-collectives yet; the sweep must skip them")
+}
+
+impl Backend for HostTransfer {
+    fn v_collectives(&self) -> bool {
+        false
+    }
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
+        &[AllreduceAlgorithm::Auto]
+    }
+    fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
+        &[BcastAlgorithm::Auto]
+    }
+    fn allreduce_with<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        s: &[T],
+        r: &mut [T],
+        op: O,
+        _: AllreduceAlgorithm,
+    ) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, allreduce / iallreduce(s, r, op)))
+    }
+    fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        op: O,
+        _: AllreduceAlgorithm,
+    ) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, allreduce_in_place / iallreduce_in_place(b, op)))
+    }
+    fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce / ireduce(s, r, root, op)))
+    }
+    fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, reduce_in_place / ireduce_in_place(b, root, op)))
+    }
+    fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatter / ireduce_scatter(s, r, op)))
+    }
+    fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, reduce_scatter_in_place / ireduce_scatter_in_place(b, op)))
+    }
+    fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
+        &self,
+        _: bool,
+        _: &[T],
+        _: &mut [T],
+        _: &[usize],
+        _: O,
+    ) -> Result<()> {
+        no_v()
+    }
+    fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
+        &self,
+        _: bool,
+        _: &mut [T],
+        _: &[usize],
+        _: O,
+    ) -> Result<()> {
+        no_v()
+    }
+    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, _: BcastAlgorithm) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, bcast / ibcast(b, root)))
+    }
+    fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, allgather / iallgather(s, r)))
+    }
+    fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, allgather_in_place / iallgather_in_place(b)))
+    }
+    fn allgatherv<T: Element>(&self, _: bool, _: &[T], _: &mut [T], _: &[usize], _: &[usize]) -> Result<()> {
+        no_v()
+    }
+    fn allgatherv_in_place<T: Element>(&self, _: bool, _: &mut [T], _: &[usize], _: &[usize]) -> Result<()> {
+        no_v()
+    }
+    fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoall / ialltoall(s, r)))
+    }
+    fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, alltoall_in_place / ialltoall_in_place(b)))
+    }
+    fn alltoallv<T: Element>(
+        &self,
+        _: bool,
+        _: &[T],
+        _: &[usize],
+        _: &[usize],
+        _: &mut [T],
+        _: &[usize],
+        _: &[usize],
+    ) -> Result<()> {
+        no_v()
+    }
+    fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, gather / igather(s, r, root)))
+    }
+    fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, gather_in_place / igather_in_place(b, root)))
+    }
+    fn gatherv<T: Element>(&self, _: bool, _: &[T], _: &mut [T], _: &[usize], _: &[usize], _: usize) -> Result<()> {
+        no_v()
+    }
+    fn gatherv_in_place<T: Element>(&self, _: bool, _: &mut [T], _: &[usize], _: &[usize], _: usize) -> Result<()> {
+        no_v()
+    }
+    fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, scatter / iscatter(s, r, root)))
+    }
+    fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, scatter_in_place / iscatter_in_place(b, root)))
+    }
+    fn scatterv<T: Element>(&self, _: bool, _: &[T], _: &[usize], _: &[usize], _: &mut [T], _: usize) -> Result<()> {
+        no_v()
+    }
+    fn scatterv_in_place<T: Element>(&self, _: bool, _: &mut [T], _: &[usize], _: &[usize], _: usize) -> Result<()> {
+        no_v()
+    }
+}

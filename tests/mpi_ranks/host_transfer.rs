@@ -1,0 +1,230 @@
+//! HostTransfer on the host device: the whole sweep (written once in `sweep.rs`) with chunks
+//! small enough that every operation pipelines through several, then what only a
+//! stream-ordered backend has: ordering against work queued before and after on the stream,
+//! many outstanding non-blocking operations on several streams, point-to-point, bad input
+//! (typed errors before anything is queued), an MPI failure on the proxy thread reaching the
+//! caller, and every pool counter back to zero.
+
+use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
+use duralumin::device::Device;
+use duralumin::device::host::HostDevice;
+use duralumin::mpi::topology::SimpleCommunicator;
+use duralumin::*;
+
+use crate::backend::{HostTransfer, small_chunks};
+
+pub fn run(_: &Communicator, world: &SimpleCommunicator) {
+    let ht = HostTransfer::new(world, small_chunks());
+    crate::sweep::run(&ht);
+    ht.comm.synchronize().expect("synchronize after the sweep");
+    assert_idle(&ht.comm, "after the sweep");
+    ordering(&ht);
+    p2p(&ht);
+    many_outstanding(world);
+    bad_input(&ht, world);
+    proxy_error(&ht);
+    assert_idle(&ht.comm, "at the end");
+}
+
+/// Every staging block and flag is back in the pool once the operations have completed.
+fn assert_idle(c: &HtComm<HostDevice>, when: &str) {
+    // The proxy thread returns an operation's staging right after the stream's last copy; give
+    // it a moment to see that.
+    let start = std::time::Instant::now();
+    loop {
+        let stats = c.pool_stats();
+        if stats.in_use_bytes == 0 && stats.blocks_in_use == 0 && stats.flags_in_use == 0 {
+            assert!(stats.high_water_bytes <= stats.cap_bytes, "{when}: {stats:?}");
+            return;
+        }
+        assert!(start.elapsed().as_secs() < 10, "{when}: the pool still lends {stats:?}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// An allreduce sees what a "kernel" queued before it wrote, and a kernel queued after it
+/// sees the result, with nothing synchronized in between.
+fn ordering(ht: &HostTransfer) {
+    let (c, dev) = (&ht.comm, &ht.dev);
+    let (me, n) = (c.rank() as i64, c.size() as i64);
+    let len = 1000;
+    let mut buf = dev.alloc_zeroed::<i64>(len).unwrap();
+    for round in 0..3i64 {
+        // Slow "kernel": the stream is busy while the host queues the collective behind it.
+        dev.launch(c.stream(), &mut buf, move |x| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            for (i, v) in x.iter_mut().enumerate() {
+                *v = me + i as i64 + round;
+            }
+        })
+        .unwrap();
+        c.allreduce_in_place(&mut buf, Sum).unwrap();
+        dev.launch(c.stream(), &mut buf, |x| {
+            for v in x.iter_mut() {
+                *v *= 2;
+            }
+        })
+        .unwrap();
+        let got = dev.download(&buf).unwrap();
+        let want: Vec<i64> = (0..len as i64).map(|i| 2 * (n * (n - 1) / 2 + n * (i + round))).collect();
+        assert_eq!(got, want, "ordering round {round}");
+    }
+}
+
+/// Send, receive and sendrecv around the ring, stream-ordered and non-blocking.
+fn p2p(ht: &HostTransfer) {
+    let (c, dev) = (&ht.comm, &ht.dev);
+    let (me, n) = (c.rank(), c.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    for count in crate::COUNTS {
+        let mine: Vec<u32> = (0..count as u32).map(|i| i * 10 + me as u32).collect();
+        let theirs: Vec<u32> = (0..count as u32).map(|i| i * 10 + left as u32).collect();
+        let send = dev.upload(&mine).unwrap();
+        let mut recv = dev.alloc_zeroed::<u32>(count).unwrap();
+        c.sendrecv(&send, right, &mut recv, left, 3).unwrap();
+        assert_eq!(dev.download(&recv).unwrap(), theirs, "sendrecv count={count}");
+        let mut recv = dev.alloc_zeroed::<u32>(count).unwrap();
+        c.isendrecv(&send, right, &mut recv, left, 4).unwrap().wait().unwrap();
+        assert_eq!(dev.download(&recv).unwrap(), theirs, "isendrecv count={count}");
+        if n > 1 {
+            // Pairs exchange with send and recv (the lower rank sends first).
+            let partner = me ^ 1;
+            if partner < n {
+                let expect: Vec<u32> = (0..count as u32).map(|i| i * 10 + partner as u32).collect();
+                let mut got = dev.alloc_zeroed::<u32>(count).unwrap();
+                if me < partner {
+                    c.send(&send, partner, 5).unwrap();
+                    c.recv(&mut got, partner, 6).unwrap();
+                } else {
+                    c.recv(&mut got, partner, 5).unwrap();
+                    c.send(&send, partner, 6).unwrap();
+                }
+                assert_eq!(dev.download(&got).unwrap(), expect, "send/recv count={count}");
+            }
+        }
+    }
+    c.barrier().unwrap();
+    c.ibarrier().unwrap().wait().unwrap();
+    c.synchronize().unwrap();
+}
+
+/// Three communicators on three streams, each with several non-blocking operations in flight
+/// at once, plus stream-side waits: all complete with the right results.
+fn many_outstanding(world: &SimpleCommunicator) {
+    let dev = HostDevice::new(0);
+    let config = HostTransferConfig { chunk_bytes: 256, depth: 2, ..HostTransferConfig::default() };
+    let comms: Vec<HtComm<HostDevice>> =
+        (0..3).map(|_| HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap()).collect();
+    let (me, n) = (comms[0].rank() as u64, comms[0].size() as u64);
+    let len = 700;
+    let mut bufs: Vec<Vec<_>> =
+        (0..3).map(|k| (0..4).map(|j| dev.upload(&vec![me + (k * 4 + j) as u64; len]).unwrap()).collect()).collect();
+    {
+        let mut requests = Vec::new();
+        for (c, row) in comms.iter().zip(bufs.iter_mut()) {
+            for b in row.iter_mut() {
+                requests.push(c.iallreduce_in_place(b, Sum).unwrap());
+            }
+        }
+        // The first communicator's stream waits for every request of the second on the device.
+        for r in &requests[4..8] {
+            r.stream_wait(comms[0].stream()).unwrap();
+        }
+        for r in requests {
+            r.wait().unwrap();
+        }
+    }
+    for (k, row) in bufs.iter().enumerate() {
+        for (j, b) in row.iter().enumerate() {
+            let want = n * (n - 1) / 2 + n * (k * 4 + j) as u64;
+            assert_eq!(dev.download(b).unwrap(), vec![want; len], "communicator {k} request {j}");
+        }
+    }
+    for c in &comms {
+        c.synchronize().unwrap();
+        assert_idle(c, "after many outstanding operations");
+    }
+}
+
+/// Each input error, on every rank at once: the typed error, nothing queued, and the next
+/// valid operation works.
+fn bad_input(ht: &HostTransfer, world: &SimpleCommunicator) {
+    let (c, dev) = (&ht.comm, &ht.dev);
+    let n = c.size();
+    let still_works = |after: &str| {
+        let mut x = dev.upload(&[c.rank() as u64, 1]).unwrap();
+        c.allreduce_in_place(&mut x, Sum).unwrap_or_else(|e| panic!("after {after}: {e}"));
+        let k = n as u64;
+        assert_eq!(dev.download(&x).unwrap(), [k * (k - 1) / 2, k], "after {after}");
+    };
+    let a = dev.upload(&[1.0f32; 4]).unwrap();
+    let mut b = dev.alloc_zeroed::<f32>(5).unwrap();
+    let other = HostDevice::new(1);
+    let mut foreign = other.alloc_zeroed::<f32>(4).unwrap();
+    macro_rules! expect_err {
+        ($call:expr, $pat:pat) => {{
+            match $call {
+                Err($pat) => {}
+                other => panic!("{}: expected {}, got {other:?}", stringify!($call), stringify!($pat)),
+            }
+            still_works(stringify!($call));
+        }};
+    }
+    expect_err!(c.allreduce(&a, &mut b, Sum), Error::BufferLength { expected: 4, actual: 5, .. });
+    expect_err!(c.iallreduce(&a, &mut b, Sum).map(drop), Error::BufferLength { .. });
+    expect_err!(c.allreduce(&a, &mut foreign, Sum), Error::WrongDevice { .. });
+    expect_err!(c.bcast(&mut foreign, 0), Error::WrongDevice { .. });
+    expect_err!(c.reduce(&a, &mut b, n, Sum), Error::RankOutOfRange { .. });
+    expect_err!(c.bcast(&mut b, n + 2), Error::RankOutOfRange { .. });
+    expect_err!(c.gather(&a, &mut b, n), Error::RankOutOfRange { .. });
+    expect_err!(c.scatter_in_place(&mut b, n), Error::RankOutOfRange { .. });
+    expect_err!(c.allgather(&a, &mut b), Error::BufferLength { .. });
+    expect_err!(c.alltoall(&a, &mut b), Error::BufferLength { .. });
+    expect_err!(c.reduce_scatter(&a, &mut b, Sum), Error::BufferLength { .. });
+    expect_err!(c.send(&a, n, 0), Error::RankOutOfRange { .. });
+    expect_err!(c.recv(&mut b, c.rank(), 0), Error::SelfMessage { .. });
+    expect_err!(c.send(&a, 0, -1), Error::InvalidTag { .. });
+    if 5 % n != 0 {
+        expect_err!(c.allgather_in_place(&mut b), Error::BufferLength { .. });
+    }
+    // A stream of another device cannot carry a communicator.
+    match HtComm::new(world, dev.clone(), other.stream().unwrap()) {
+        Err(Error::WrongDevice { .. }) => {}
+        r => panic!("stream of another device: expected WrongDevice, got {:?}", r.map(|_| ())),
+    }
+    let zero = HostTransferConfig { depth: 0, ..HostTransferConfig::default() };
+    assert!(matches!(
+        HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), zero),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(dev.owns(c.stream()) && !other.owns(c.stream()));
+    c.synchronize().unwrap();
+}
+
+/// A receive shorter than the message fails inside MPI on the proxy thread: the stream is
+/// released (no hang), the error reaches the caller on the next call, and the communicator
+/// keeps working.
+fn proxy_error(ht: &HostTransfer) {
+    let (c, dev) = (&ht.comm, &ht.dev);
+    let (me, n) = (c.rank(), c.size());
+    if n < 2 {
+        return;
+    }
+    let partner = me ^ 1;
+    if partner < n {
+        if me < partner {
+            let long = dev.upload(&[7u8; 10]).unwrap();
+            c.send(&long, partner, 9).unwrap();
+            c.synchronize().unwrap();
+        } else {
+            let mut short = dev.alloc_zeroed::<u8>(4).unwrap();
+            c.recv(&mut short, partner, 9).unwrap();
+            let err = c.synchronize().expect_err("a truncated receive must fail");
+            assert!(matches!(err, Error::Mpi { .. } | Error::CountMismatch { .. }), "{err}");
+        }
+    }
+    let mut x = dev.upload(&[1u32]).unwrap();
+    c.allreduce_in_place(&mut x, Sum).unwrap();
+    c.synchronize().unwrap();
+    assert_eq!(dev.download(&x).unwrap(), [n as u32]);
+}
