@@ -177,6 +177,7 @@ fn rank_main() {
     movement_rows(&mut b);
     p2p_rows(&mut b);
     custom_op_rows(&mut b);
+    host_transfer_rows(&mut b);
     // The progress thread exists now (non-blocking rows started it) and must cost nothing
     // while idle.
     let idle_after = small_allreduce(&b);
@@ -477,6 +478,59 @@ fn custom_op_rows(b: &mut Bench) {
     }
 }
 
+/// HostTransfer on the host device against the Mpi backend (the stream machinery's overhead),
+/// pipelined (default chunks) and unpipelined (the whole buffer staged at once, Aluminum's
+/// method), and the host thread's enqueue time per operation.
+fn host_transfer_rows(b: &mut Bench) {
+    use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
+    use duralumin::device::host::HostDevice;
+    if !b.wanted("ht") {
+        return;
+    }
+    let (c, n) = (b.comm, b.comm.size());
+    let dev = HostDevice::new(0);
+    let pipelined = HtComm::new(b.world, dev.clone(), dev.stream().expect("stream")).expect("communicator");
+    let whole = HostTransferConfig { chunk_bytes: usize::MAX / 4, depth: 1, ..HostTransferConfig::default() };
+    let unpipelined =
+        HtComm::with_config(b.world, dev.clone(), dev.stream().expect("stream"), whole).expect("communicator");
+    for bytes in sizes(b.max_bytes) {
+        let len = bytes / 4;
+        let host: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+        let mut recv = vec![0.0f32; len];
+        let send = dev.upload(&host).expect("upload");
+        let mut out = dev.alloc_zeroed::<f32>(len).expect("alloc");
+        let mpi = b.time(bytes, || c.allreduce(&host, &mut recv, Sum).unwrap());
+        for (name, ht) in [("ht-allreduce", &pipelined), ("ht-allreduce/unpipelined", &unpipelined)] {
+            let ours = b.time(bytes, || {
+                ht.allreduce(&send, &mut out, Sum).unwrap();
+                ht.synchronize().unwrap();
+            });
+            b.push(name, bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
+        }
+        // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile).
+        let iters = Bench::iters(bytes).clamp(5, 200);
+        let mut enqueue = 0.0;
+        for _ in 0..iters {
+            let t = Instant::now();
+            pipelined.allreduce(&send, &mut out, Sum).unwrap();
+            enqueue += t.elapsed().as_secs_f64() * 1e6;
+            pipelined.synchronize().unwrap();
+        }
+        let mut worst = [0.0f64];
+        b.world.all_reduce_into(&[enqueue / iters as f64], &mut worst[..], SystemOperation::max());
+        b.push("ht-allreduce/enqueue", bytes, "host", worst[0], None, 0.0);
+    }
+    if c.rank() == 0 {
+        let stats = pipelined.pool_stats();
+        println!(
+            "(info) pinned staging high-water mark after messages up to {} bytes: {} bytes (pipelined), {} bytes (unpipelined)",
+            b.max_bytes,
+            stats.high_water_bytes,
+            unpipelined.pool_stats().high_water_bytes
+        );
+    }
+}
+
 fn find<'a>(rows: &'a [Row], op: &str, bytes: usize, mode: &str) -> Option<&'a Row> {
     rows.iter().find(|r| r.op == op && r.bytes == bytes && r.mode == mode)
 }
@@ -520,6 +574,16 @@ fn targets(rows: &[Row], idle_before: f64, idle_after: f64, n: usize) {
         custom.iter().cloned().reduce(f64::max),
         1.2,
     );
+    check("HostTransfer<host> allreduce 4 B: ratio to the Mpi backend", ratio("ht-allreduce", 4, "stream"), 2.0);
+    check(
+        "HostTransfer<host> allreduce 64 MiB: ratio to the Mpi backend",
+        ratio("ht-allreduce", 64 << 20, "stream"),
+        1.1,
+    );
+    let enqueue = rows.iter().filter(|r| r.op == "ht-allreduce/enqueue").map(|r| r.ours_us).reduce(f64::max);
+    check("HostTransfer enqueue time per operation, us (max over sizes)", enqueue, 10.0);
+    let pipe = find(rows, "ht-allreduce", 64 << 20, "stream").map(|r| r.ours_us);
+    let whole = find(rows, "ht-allreduce/unpipelined", 64 << 20, "stream").map(|r| r.ours_us);
     if n == 2 {
         check("1-element allreduce with an idle progress thread: ratio to none", Some(idle_after / idle_before), 1.1);
     } else {
@@ -527,6 +591,13 @@ fn targets(rows: &[Row], idle_before: f64, idle_after: f64, n: usize) {
             out,
             "  (info) 1-element allreduce, idle progress thread vs none: {:.3}",
             idle_after / idle_before
+        );
+    }
+    if let Some((p, w)) = pipe.zip(whole) {
+        let _ = writeln!(
+            out,
+            "  (info) HostTransfer<host> 64 MiB allreduce, pipelined / whole-buffer staging: {:.3}",
+            p / w
         );
     }
     println!("\n-- targets, np = {n} --\n{out}");

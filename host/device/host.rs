@@ -370,6 +370,30 @@ impl Device for HostDevice {
         unsafe { self.copy(stream, dst.0 as *mut u8, src, shape, keep) }
     }
 
+    unsafe fn pack_d2h(
+        &self,
+        stream: &HostStream,
+        dst: *mut u8,
+        pieces: Vec<(DevicePtr, usize)>,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        let dst = dst as usize;
+        // SAFETY: forwarded from the caller, piece by piece.
+        unsafe { self.pieces(stream, pieces, keep, move |at, (ptr, bytes)| (dst + at, ptr.0 as usize, bytes)) }
+    }
+
+    unsafe fn unpack_h2d(
+        &self,
+        stream: &HostStream,
+        pieces: Vec<(DevicePtr, usize)>,
+        src: *const u8,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        let src = src as usize;
+        // SAFETY: forwarded from the caller, piece by piece.
+        unsafe { self.pieces(stream, pieces, keep, move |at, (ptr, bytes)| (ptr.0 as usize, src + at, bytes)) }
+    }
+
     unsafe fn write_flag(&self, stream: &HostStream, flag: Flag, value: u32) -> Result<()> {
         self.check_stream(stream)?;
         stream.submit(Box::new(move || {
@@ -415,6 +439,41 @@ impl Device for HostDevice {
 }
 
 impl HostDevice {
+    /// Queues one work item copying every piece: `route(offset in the packed buffer, piece)`
+    /// gives `(dst, src, bytes)`.
+    ///
+    /// # Safety
+    /// As [`Device::pack_d2h`].
+    unsafe fn pieces(
+        &self,
+        stream: &HostStream,
+        pieces: Vec<(DevicePtr, usize)>,
+        keep: Vec<KeepAlive>,
+        route: impl Fn(usize, (DevicePtr, usize)) -> (usize, usize, usize) + Send + 'static,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        stream.submit(Box::new(move || {
+            let _keep = keep;
+            let mut at = 0;
+            for piece in pieces {
+                let (dst, src, bytes) = route(at, piece);
+                at += piece.1;
+                if bytes == 0 {
+                    continue;
+                }
+                // SAFETY: the caller guarantees every piece and the packed buffer are valid and
+                // untouched by anyone else until this has run; `keep` holds the device memory.
+                let (d, s) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(dst as *mut u8, bytes),
+                        std::slice::from_raw_parts(src as *const u8, bytes),
+                    )
+                };
+                HostGrid::SINGLE.copy_2d(d, bytes, s, bytes, bytes, 1);
+            }
+        }))
+    }
+
     /// Queues a 2-D copy between host addresses, run by the shared copy body.
     ///
     /// # Safety

@@ -165,6 +165,32 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
         keep: Option<KeepAlive>,
     ) -> Result<()>;
 
+    /// Queues one copy of several device pieces `(address, bytes)` into host memory at `dst`,
+    /// packed back to back in order (a v-collective's blocks in one launch).
+    ///
+    /// # Safety
+    /// As [`Device::copy_d2h`] for every piece; `dst` holds the pieces' total.
+    unsafe fn pack_d2h(
+        &self,
+        stream: &Self::Stream,
+        dst: *mut u8,
+        pieces: Vec<(DevicePtr, usize)>,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()>;
+
+    /// Queues one copy of packed host memory at `src` out to several device pieces, the
+    /// inverse of [`Device::pack_d2h`].
+    ///
+    /// # Safety
+    /// As [`Device::copy_h2d`] for every piece; the pieces do not overlap.
+    unsafe fn unpack_h2d(
+        &self,
+        stream: &Self::Stream,
+        pieces: Vec<(DevicePtr, usize)>,
+        src: *const u8,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()>;
+
     /// Queues a release store of `value` to `flag`.
     ///
     /// # Safety

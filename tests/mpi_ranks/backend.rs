@@ -19,9 +19,6 @@ pub(crate) use mpi_call;
 /// One collective interface over host vectors, for the sweep.
 #[allow(clippy::too_many_arguments)]
 pub trait Backend {
-    /// Whether the backend has the v-collectives (allgatherv, alltoallv, gatherv, scatterv,
-    /// reduce_scatterv).
-    fn v_collectives(&self) -> bool;
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     /// The allreduce and bcast algorithms the backend takes.
@@ -100,9 +97,6 @@ const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
 ];
 
 impl Backend for Communicator {
-    fn v_collectives(&self) -> bool {
-        true
-    }
     fn rank(&self) -> usize {
         Communicator::rank(self)
     }
@@ -297,14 +291,7 @@ macro_rules! ht_call {
     };
 }
 
-fn no_v<T>() -> Result<T> {
-    panic!("the HostTransfer backend has no v-collectives yet; the sweep must skip them")
-}
-
 impl Backend for HostTransfer {
-    fn v_collectives(&self) -> bool {
-        false
-    }
     fn rank(&self) -> usize {
         self.comm.rank()
     }
@@ -350,22 +337,22 @@ impl Backend for HostTransfer {
     }
     fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
         &self,
-        _: bool,
-        _: &[T],
-        _: &mut [T],
-        _: &[usize],
-        _: O,
+        nb: bool,
+        s: &[T],
+        r: &mut [T],
+        counts: &[usize],
+        op: O,
     ) -> Result<()> {
-        no_v()
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatterv / ireduce_scatterv(s, r, counts, op)))
     }
     fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
         &self,
-        _: bool,
-        _: &mut [T],
-        _: &[usize],
-        _: O,
+        nb: bool,
+        b: &mut [T],
+        counts: &[usize],
+        op: O,
     ) -> Result<()> {
-        no_v()
+        self.one(b, |b| ht_call!(nb, self.comm, reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op)))
     }
     fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, _: BcastAlgorithm) -> Result<()> {
         self.one(b, |b| ht_call!(nb, self.comm, bcast / ibcast(b, root)))
@@ -376,11 +363,11 @@ impl Backend for HostTransfer {
     fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
         self.one(b, |b| ht_call!(nb, self.comm, allgather_in_place / iallgather_in_place(b)))
     }
-    fn allgatherv<T: Element>(&self, _: bool, _: &[T], _: &mut [T], _: &[usize], _: &[usize]) -> Result<()> {
-        no_v()
+    fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, allgatherv / iallgatherv(s, r, counts, displs)))
     }
-    fn allgatherv_in_place<T: Element>(&self, _: bool, _: &mut [T], _: &[usize], _: &[usize]) -> Result<()> {
-        no_v()
+    fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, allgatherv_in_place / iallgatherv_in_place(b, counts, displs)))
     }
     fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
         self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoall / ialltoall(s, r)))
@@ -390,15 +377,15 @@ impl Backend for HostTransfer {
     }
     fn alltoallv<T: Element>(
         &self,
-        _: bool,
-        _: &[T],
-        _: &[usize],
-        _: &[usize],
-        _: &mut [T],
-        _: &[usize],
-        _: &[usize],
+        nb: bool,
+        s: &[T],
+        sc: &[usize],
+        sd: &[usize],
+        r: &mut [T],
+        rc: &[usize],
+        rd: &[usize],
     ) -> Result<()> {
-        no_v()
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoallv / ialltoallv(s, sc, sd, r, rc, rd)))
     }
     fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
         self.two(s, r, |s, r| ht_call!(nb, self.comm, gather / igather(s, r, root)))
@@ -406,11 +393,11 @@ impl Backend for HostTransfer {
     fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
         self.one(b, |b| ht_call!(nb, self.comm, gather_in_place / igather_in_place(b, root)))
     }
-    fn gatherv<T: Element>(&self, _: bool, _: &[T], _: &mut [T], _: &[usize], _: &[usize], _: usize) -> Result<()> {
-        no_v()
+    fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, gatherv / igatherv(s, r, c, d, root)))
     }
-    fn gatherv_in_place<T: Element>(&self, _: bool, _: &mut [T], _: &[usize], _: &[usize], _: usize) -> Result<()> {
-        no_v()
+    fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, gatherv_in_place / igatherv_in_place(b, c, d, root)))
     }
     fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
         self.two(s, r, |s, r| ht_call!(nb, self.comm, scatter / iscatter(s, r, root)))
@@ -418,10 +405,25 @@ impl Backend for HostTransfer {
     fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
         self.one(b, |b| ht_call!(nb, self.comm, scatter_in_place / iscatter_in_place(b, root)))
     }
-    fn scatterv<T: Element>(&self, _: bool, _: &[T], _: &[usize], _: &[usize], _: &mut [T], _: usize) -> Result<()> {
-        no_v()
+    fn scatterv<T: Element>(
+        &self,
+        nb: bool,
+        s: &[T],
+        c: &[usize],
+        d: &[usize],
+        r: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, scatterv / iscatterv(s, c, d, r, root)))
     }
-    fn scatterv_in_place<T: Element>(&self, _: bool, _: &mut [T], _: &[usize], _: &[usize], _: usize) -> Result<()> {
-        no_v()
+    fn scatterv_in_place<T: Element>(
+        &self,
+        nb: bool,
+        b: &mut [T],
+        c: &[usize],
+        d: &[usize],
+        root: usize,
+    ) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, scatterv_in_place / iscatterv_in_place(b, c, d, root)))
     }
 }

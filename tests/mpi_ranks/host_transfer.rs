@@ -71,7 +71,8 @@ fn ordering(ht: &HostTransfer) {
     }
 }
 
-/// Send, receive and sendrecv around the ring, stream-ordered and non-blocking.
+/// Send, receive, sendrecv (in place too) and multi-peer sendrecv around the ring,
+/// stream-ordered and non-blocking.
 fn p2p(ht: &HostTransfer) {
     let (c, dev) = (&ht.comm, &ht.dev);
     let (me, n) = (c.rank(), c.size());
@@ -86,6 +87,16 @@ fn p2p(ht: &HostTransfer) {
         let mut recv = dev.alloc_zeroed::<u32>(count).unwrap();
         c.isendrecv(&send, right, &mut recv, left, 4).unwrap().wait().unwrap();
         assert_eq!(dev.download(&recv).unwrap(), theirs, "isendrecv count={count}");
+        let mut buf = dev.upload(&mine).unwrap();
+        c.sendrecv_in_place(&mut buf, right, left, 7).unwrap();
+        assert_eq!(dev.download(&buf).unwrap(), theirs, "sendrecv_in_place count={count}");
+        // Two peers each way in one call (the same peer twice when n <= 2).
+        let from_right: Vec<u32> = (0..count as u32).map(|i| i * 10 + right as u32).collect();
+        let mut a = dev.alloc_zeroed::<u32>(count).unwrap();
+        let mut b = dev.alloc_zeroed::<u32>(count).unwrap();
+        c.multi_sendrecv(&[(&send, right), (&send, left)], &mut [(&mut a, left), (&mut b, right)], 8).unwrap();
+        assert_eq!(dev.download(&a).unwrap(), theirs, "multi_sendrecv from the left, count={count}");
+        assert_eq!(dev.download(&b).unwrap(), from_right, "multi_sendrecv from the right, count={count}");
         if n > 1 {
             // Pairs exchange with send and recv (the lower rank sends first).
             let partner = me ^ 1;

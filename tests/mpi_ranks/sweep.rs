@@ -57,9 +57,7 @@ fn reductions<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {
                     reduce::<T, O>(c, count, nb, in_place, root);
                 }
                 reduce_scatter::<T, O>(c, count, nb, in_place);
-                if c.v_collectives() {
-                    reduce_scatterv::<T, O>(c, count, nb, in_place);
-                }
+                reduce_scatterv::<T, O>(c, count, nb, in_place);
             }
         }
     }
@@ -188,24 +186,16 @@ fn movement<T: TestElem>(c: &impl Backend) {
             }
             for in_place in [false, true] {
                 allgather::<T>(c, count, nb, in_place);
-                if c.v_collectives() {
-                    allgatherv::<T>(c, count, nb, in_place);
-                }
+                allgatherv::<T>(c, count, nb, in_place);
                 alltoall::<T>(c, count, nb, in_place);
                 for root in 0..n {
                     gather::<T>(c, count, nb, in_place, root);
-                    if c.v_collectives() {
-                        gatherv::<T>(c, count, nb, in_place, root);
-                    }
+                    gatherv::<T>(c, count, nb, in_place, root);
                     scatter::<T>(c, count, nb, in_place, root);
-                    if c.v_collectives() {
-                        scatterv::<T>(c, count, nb, in_place, root);
-                    }
+                    scatterv::<T>(c, count, nb, in_place, root);
                 }
             }
-            if c.v_collectives() {
-                alltoallv::<T>(c, count, nb);
-            }
+            alltoallv::<T>(c, count, nb);
         }
     }
 }

@@ -7,21 +7,29 @@ use duralumin_kernels::{Element, ReduceOp};
 
 use super::Communicator;
 use super::request::DeviceRequest;
-use super::staging::{ChunkBufs, Into, Plan, Region};
+use super::staging::{ChunkBufs, Into, Plan, Region, Rows};
 use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Mode};
+use crate::buffer::RawBuf;
 use crate::check;
-use crate::device::{Device, DeviceSlice};
+use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive};
 use crate::error::{Error, Result};
 
 /// `parts` rows of `pitch` elements of `buf` from element `offset`, back to back.
 fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitch: usize) -> Region {
-    Region {
+    Region::Rows(Rows {
         ptr: buf.device_ptr().offset(offset * size_of::<B::Elem>()),
         parts,
         len: pitch,
         pitch,
         keep: buf.keep_alive(),
-    }
+    })
+}
+
+/// The blocks `[displs[i], displs[i] + counts[i])` of `buf` as pieces, in rank order.
+fn blocks<D: Device, B: DeviceSlice<D>>(buf: &B, counts: &[usize], displs: &[usize]) -> Region {
+    let sz = size_of::<B::Elem>();
+    let pieces = counts.iter().zip(displs).map(|(&c, &d)| (buf.device_ptr().offset(d * sz), c * sz)).collect();
+    Region::Pieces { pieces, keep: buf.keep_alive().into_iter().collect() }
 }
 
 impl<T> ChunkBufs<T> {
@@ -34,6 +42,16 @@ impl<T> ChunkBufs<T> {
     unsafe fn slices<'a>(&self) -> (Option<&'a [T]>, &'a mut [T]) {
         // SAFETY: guaranteed by the caller; the send and receive areas are disjoint.
         unsafe { (self.send.map(|s| s.as_slice()), self.recv.as_mut_slice()) }
+    }
+
+    /// The first `send` and `recv` elements of the areas (plans staged whole, whose areas are
+    /// sized for the larger of the two).
+    ///
+    /// # Safety
+    /// As [`ChunkBufs::slices`].
+    unsafe fn prefixes<'a>(&self, send: usize, recv: usize) -> (Option<&'a [T]>, &'a mut [T]) {
+        // SAFETY: as in `slices`.
+        unsafe { (self.send.map(|s| s.block(0, send).as_slice()), self.recv.block(0, recv).as_mut_slice()) }
     }
 }
 
@@ -135,6 +153,51 @@ impl<D: Device> Communicator<D> {
         fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
             (buf: &'a mut B, op: O) => plan_reduce_scatter(None::<&B>, buf, op);
 
+        /// Allgatherv: rank `i`'s `send` (`counts[i]` elements) lands at
+        /// `recv[displs[i]..]` on every rank. Staged in one piece (the blocks differ in size).
+        fn allgatherv / iallgatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize])
+            => plan_allgatherv(Some(send), recv, counts, displs);
+        /// In-place allgatherv: this rank's block is already at `buf[displs[rank]..]`.
+        fn allgatherv_in_place / iallgatherv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], displs: &[usize]) => plan_allgatherv(None::<&B>, buf, counts, displs);
+
+        /// Alltoallv: `send[send_displs[j]..][..send_counts[j]]` goes to rank `j`, and what
+        /// rank `i` sends lands at `recv[recv_displs[i]..][..recv_counts[i]]`.
+        fn alltoallv / ialltoallv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, send_counts: &[usize], send_displs: &[usize], recv: &'a mut R, recv_counts: &[usize], recv_displs: &[usize])
+            => plan_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+
+        /// Gatherv to `root`: rank `i`'s `send` lands at `recv[displs[i]..][..counts[i]]` on
+        /// the root; `counts`, `displs` and `recv` are used at the root only.
+        fn gatherv / igatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize], root: usize)
+            => plan_gatherv(Some(send), recv, counts, displs, root);
+        /// In-place gatherv: the root's own block is already in place; elsewhere `buf` is the
+        /// contribution.
+        fn gatherv_in_place / igatherv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize)
+            => plan_gatherv(None::<&B>, buf, counts, displs, root);
+
+        /// Scatterv from `root`: `send[displs[i]..][..counts[i]]` lands in rank `i`'s `recv`;
+        /// `send`, `counts` and `displs` are used at the root only.
+        fn scatterv / iscatterv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, counts: &[usize], displs: &[usize], recv: &'a mut R, root: usize)
+            => plan_scatterv(Some(send), counts, displs, recv, root);
+        /// In-place scatterv: at the root `buf` is the send buffer and keeps its own block;
+        /// elsewhere `buf` receives the block.
+        fn scatterv_in_place / iscatterv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize)
+            => plan_scatterv(None::<&B>, counts, displs, buf, root);
+
+        /// Reduce-scatter with per-rank counts: `send` holds the blocks back to back, rank `i`
+        /// receives the reduction of block `i` (`counts[i]` elements).
+        fn reduce_scatterv / ireduce_scatterv <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, counts: &[usize], op: O) => plan_reduce_scatterv(Some(send), recv, counts, op);
+        /// In-place reduce-scatterv: the result goes to `buf[..counts[rank]]`.
+        fn reduce_scatterv_in_place / ireduce_scatterv_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], op: O) => plan_reduce_scatterv(None::<&B>, buf, counts, op);
+
         /// Sends `buf` to `dest` with `tag`. Sending to this rank itself is refused
         /// ([`Error::SelfMessage`]): the stream would wait forever.
         fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32)
@@ -147,6 +210,14 @@ impl<D: Device> Communicator<D> {
         fn sendrecv / isendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
             (send: &'a S, dest: usize, recv: &'a mut R, source: usize, tag: i32)
             => plan_p2p(Some((send, dest)), Some((recv, source)), tag, "sendrecv");
+        /// Sends `buf` to `dest` and replaces it with the same number of elements from
+        /// `source`.
+        fn sendrecv_in_place / isendrecv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
+            (buf: &'a mut B, dest: usize, source: usize, tag: i32) => plan_sendrecv_in_place(buf, dest, source, tag);
+        /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
+        /// `recvs`, all at once (Aluminum's MultiSendRecv), staged through one pinned block.
+        fn multi_sendrecv / imulti_sendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
+            (sends: &[(&'a S, usize)], recvs: &mut [(&'a mut R, usize)], tag: i32) => plan_multi(sends, recvs, tag);
     }
 
     /// Barrier, ordered on the stream: work queued after it starts once every rank's stream
@@ -515,5 +586,300 @@ impl<D: Device> Communicator<D> {
                 c.plan_p2p(&sends, &recvs, tag, name, Mode::NonBlocking)
             }),
         })
+    }
+
+    fn check_blocks<B: DeviceSlice<D>>(
+        &self,
+        what: &'static str,
+        buf: &B,
+        counts: &[usize],
+        displs: &[usize],
+        disjoint: bool,
+    ) -> Result<usize> {
+        self.check_buffer(what, buf)?;
+        check::per_rank(what, counts, self.size())?;
+        check::blocks(what, counts, displs, buf.len(), disjoint)?;
+        check::total(what, counts)
+    }
+
+    fn plan_allgatherv<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        counts: &[usize],
+        displs: &[usize],
+    ) -> Result<Plan<T>> {
+        let me = self.rank();
+        let total = self.check_blocks("allgatherv receive blocks", recv, counts, displs, true)?;
+        let packed = check::packed_displs(counts);
+        let (send_len, input) = match send {
+            Some(s) => {
+                self.check_buffer("allgatherv send buffer", s)?;
+                check::len("allgatherv send buffer", s.len(), counts[me])?;
+                (s.len(), (rows(s, 0, 1, s.len()), Into::Send))
+            }
+            None => (0, (blocks(recv, &counts[me..=me], &displs[me..=me]), Into::RecvAt { offset: packed[me] })),
+        };
+        let counts = counts.to_vec();
+        Ok(Plan {
+            output: Some(blocks(recv, &counts, displs)),
+            ..whole(send_len.max(total), send.is_some(), true, Some(input), move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.prefixes(send_len, total) };
+                c.plan_allgatherv(s, r, &counts, &packed, Mode::NonBlocking)
+            })
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn plan_alltoallv<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: &S,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut R,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<Plan<T>> {
+        let stot = self.check_blocks("alltoallv send blocks", send, send_counts, send_displs, false)?;
+        let rtot = self.check_blocks("alltoallv receive blocks", recv, recv_counts, recv_displs, true)?;
+        let (sc, rc) = (send_counts.to_vec(), recv_counts.to_vec());
+        let (sd, rd) = (check::packed_displs(&sc), check::packed_displs(&rc));
+        Ok(Plan {
+            output: Some(blocks(recv, &rc, recv_displs)),
+            ..whole(stot.max(rtot), true, true, Some((blocks(send, &sc, send_displs), Into::Send)), move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.prefixes(stot, rtot) };
+                c.plan_alltoallv(s.unwrap_or_default(), &sc, &sd, r, &rc, &rd, Mode::NonBlocking)
+            })
+        })
+    }
+
+    fn plan_gatherv<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        counts: &[usize],
+        displs: &[usize],
+        root: usize,
+    ) -> Result<Plan<T>> {
+        let me = self.rank();
+        self.check_root("gatherv root", root)?;
+        let is_root = me == root;
+        let (total, counts, packed) = if is_root {
+            let total = self.check_blocks("gatherv receive blocks", recv, counts, displs, true)?;
+            (total, counts.to_vec(), check::packed_displs(counts))
+        } else {
+            (0, Vec::new(), Vec::new())
+        };
+        let (send_len, recv_len, input) = match (send, is_root) {
+            (Some(s), _) => {
+                self.check_buffer("gatherv send buffer", s)?;
+                if is_root {
+                    check::len("gatherv send buffer", s.len(), counts[root])?;
+                }
+                (s.len(), total, (rows(s, 0, 1, s.len()), Into::Send))
+            }
+            (None, true) => {
+                let own = blocks(recv, &counts[me..=me], &displs[me..=me]);
+                (0, total, (own, Into::RecvAt { offset: packed[me] }))
+            }
+            (None, false) => {
+                self.check_buffer("gatherv buffer", recv)?;
+                (0, recv.len(), (rows(recv, 0, 1, recv.len()), Into::Recv { part: 0 }))
+            }
+        };
+        let output = is_root.then(|| blocks(recv, &counts, displs));
+        Ok(Plan {
+            output,
+            ..whole(send_len.max(recv_len), send.is_some(), is_root || send.is_none(), Some(input), move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.prefixes(send_len, recv_len) };
+                c.plan_gatherv(s, r, &counts, &packed, root, Mode::NonBlocking)
+            })
+        })
+    }
+
+    fn plan_scatterv<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        counts: &[usize],
+        displs: &[usize],
+        recv: &mut R,
+        root: usize,
+    ) -> Result<Plan<T>> {
+        let me = self.rank();
+        self.check_root("scatterv root", root)?;
+        let is_root = me == root;
+        let (input, total, counts, packed) = match (send, is_root) {
+            (Some(s), true) => {
+                let total = self.check_blocks("scatterv send blocks", s, counts, displs, false)?;
+                self.check_buffer("scatterv receive buffer", recv)?;
+                check::len("scatterv receive buffer", recv.len(), counts[root])?;
+                (Some((blocks(s, counts, displs), Into::Send)), total, counts.to_vec(), check::packed_displs(counts))
+            }
+            (None, true) => {
+                let total = self.check_blocks("scatterv buffer", recv, counts, displs, false)?;
+                let all = blocks(recv, counts, displs);
+                (Some((all, Into::RecvAt { offset: 0 })), total, counts.to_vec(), check::packed_displs(counts))
+            }
+            (_, false) => {
+                self.check_buffer("scatterv receive buffer", recv)?;
+                (None, 0, Vec::new(), Vec::new())
+            }
+        };
+        let (send_len, recv_len) = match (send.is_some() && is_root, is_root) {
+            (true, _) => (total, recv.len()),
+            (false, true) => (0, total),
+            (false, false) => (0, recv.len()),
+        };
+        // In place, the root's own block stays where it is.
+        let output = (!is_root || send.is_some()).then(|| rows(recv, 0, 1, recv.len()));
+        let staged_send = send.is_some() && is_root;
+        Ok(Plan {
+            output,
+            ..whole(send_len.max(recv_len), staged_send, true, input, move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.prefixes(send_len, recv_len) };
+                c.plan_scatterv(s, &counts, &packed, r, root, Mode::NonBlocking)
+            })
+        })
+    }
+
+    fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        counts: &[usize],
+        op: O,
+    ) -> Result<Plan<T>> {
+        let me = self.rank();
+        self.check_buffer("reduce_scatterv receive buffer", recv)?;
+        check::per_rank("reduce_scatterv counts", counts, self.size())?;
+        let total = check::total("reduce_scatterv counts", counts)?;
+        let input = match send {
+            Some(s) => {
+                self.check_buffer("reduce_scatterv send buffer", s)?;
+                check::len("reduce_scatterv send buffer", s.len(), total)?;
+                check::len("reduce_scatterv receive buffer", recv.len(), counts[me])?;
+                (rows(s, 0, 1, total), Into::Send)
+            }
+            None => {
+                check::len("reduce_scatterv buffer", recv.len(), total)?;
+                (rows(recv, 0, 1, total), Into::Recv { part: 0 })
+            }
+        };
+        let (mine, counts) = (counts[me], counts.to_vec());
+        let recv_len = if send.is_some() { mine } else { total };
+        Ok(Plan {
+            output: Some(rows(recv, 0, 1, mine)),
+            ..whole(total, send.is_some(), true, Some(input), move |c, b| {
+                // SAFETY: as in `plan_allreduce`.
+                let (s, r) = unsafe { b.prefixes(total, recv_len) };
+                c.plan_reduce_scatterv(s, r, &counts, op, Mode::NonBlocking)
+            })
+        })
+    }
+
+    fn plan_sendrecv_in_place<T: Element, B: DeviceSlice<D, Elem = T>>(
+        &self,
+        buf: &mut B,
+        dest: usize,
+        source: usize,
+        tag: i32,
+    ) -> Result<Plan<T>> {
+        let max_tag = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).max_tag();
+        check::tag(tag, max_tag)?;
+        check::rank("destination rank", dest, self.size())?;
+        check::rank("source rank", source, self.size())?;
+        self.check_buffer("sendrecv buffer", buf)?;
+        let len = buf.len();
+        Ok(Plan {
+            output: Some(rows(buf, 0, 1, len)),
+            ..whole(len, true, true, Some((rows(buf, 0, 1, len), Into::Send)), move |c, b| {
+                let sends = [(b.send.unwrap_or(b.recv).block(0, len), dest)];
+                c.plan_p2p(&sends, &[(b.recv.block(0, len), source)], tag, "sendrecv_in_place", Mode::NonBlocking)
+            })
+        })
+    }
+
+    fn plan_multi<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
+        &self,
+        sends: &[(&S, usize)],
+        recvs: &mut [(&mut R, usize)],
+        tag: i32,
+    ) -> Result<Plan<T>> {
+        let (me, n) = (self.rank(), self.size());
+        let max_tag = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).max_tag();
+        check::tag(tag, max_tag)?;
+        for (b, peer) in sends {
+            check::rank("destination rank", *peer, n)?;
+            self.check_buffer("send buffer", *b)?;
+        }
+        for (b, peer) in recvs.iter() {
+            check::rank("source rank", *peer, n)?;
+            self.check_buffer("receive buffer", *b)?;
+        }
+        let only_self = |peers: &mut dyn Iterator<Item = usize>| {
+            let v: Vec<usize> = peers.collect();
+            !v.is_empty() && v.iter().all(|&p| p == me)
+        };
+        if (sends.is_empty() || recvs.is_empty())
+            && (only_self(&mut sends.iter().map(|s| s.1)) || only_self(&mut recvs.iter().map(|r| r.1)))
+        {
+            return Err(Error::SelfMessage { op: "multi_sendrecv" });
+        }
+        let sz = size_of::<T>();
+        let send_lens: Vec<(usize, usize)> = sends.iter().map(|(b, p)| (b.len(), *p)).collect();
+        let recv_lens: Vec<(usize, usize)> = recvs.iter().map(|(b, p)| (b.len(), *p)).collect();
+        let pieces = |list: &mut dyn Iterator<Item = (DevicePtr, usize, Option<KeepAlive>)>| {
+            let (mut pieces, mut keep) = (Vec::new(), Vec::new());
+            for (ptr, len, k) in list {
+                pieces.push((ptr, len * sz));
+                keep.extend(k);
+            }
+            Region::Pieces { pieces, keep }
+        };
+        let input = pieces(&mut sends.iter().map(|(b, _)| (b.device_ptr(), b.len(), b.keep_alive())));
+        let output = pieces(&mut recvs.iter().map(|(b, _)| (b.device_ptr(), b.len(), b.keep_alive())));
+        let stot: usize = send_lens.iter().map(|s| s.0).sum();
+        let rtot: usize = recv_lens.iter().map(|r| r.0).sum();
+        Ok(Plan {
+            output: Some(output),
+            ..whole(stot.max(rtot), true, true, Some((input, Into::Send)), move |c, b| {
+                let split = |buf: RawBuf<T>, lens: &[(usize, usize)]| {
+                    let mut at = 0;
+                    lens.iter()
+                        .map(|&(len, peer)| {
+                            at += len;
+                            (buf.block(at - len, len), peer)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let s = split(b.send.unwrap_or(b.recv), &send_lens);
+                c.plan_p2p(&s, &split(b.recv, &recv_lens), tag, "multi_sendrecv", Mode::NonBlocking)
+            })
+        })
+    }
+}
+
+/// A plan staged in one chunk: `count` elements in each area, a send area only if
+/// `send`, a receive area only if `recv`, no output (set it with struct update syntax).
+fn whole<T>(
+    count: usize,
+    send: bool,
+    recv: bool,
+    input: Option<(Region, Into)>,
+    chunk: impl FnMut(&crate::Communicator, ChunkBufs<T>) -> Result<crate::backends::mpi::Job<T>> + Send + 'static,
+) -> Plan<T> {
+    Plan {
+        count,
+        width: 1,
+        whole: true,
+        send_parts: usize::from(send),
+        recv_parts: usize::from(recv),
+        input,
+        output: None,
+        chunk: Box::new(chunk),
     }
 }

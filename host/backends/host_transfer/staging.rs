@@ -22,7 +22,7 @@ use crate::progress::{OpFuture, Task};
 
 /// Device rows: `parts` rows of `len` elements starting at `ptr`, `pitch` elements apart.
 /// `len` is the plan's `count` except for point-to-point, whose two directions may differ.
-pub(crate) struct Region {
+pub(crate) struct Rows {
     pub(crate) ptr: DevicePtr,
     pub(crate) parts: usize,
     pub(crate) len: usize,
@@ -30,11 +30,19 @@ pub(crate) struct Region {
     pub(crate) keep: Option<KeepAlive>,
 }
 
-impl Region {
+impl Rows {
     /// Elements of each row that chunk `k` (of `c` elements per row) covers.
     fn chunk_len(&self, k: usize, c: usize) -> usize {
         c.min(self.len.saturating_sub(k * c))
     }
+}
+
+/// Device data of an operation: rows (cut into chunks), or a list of pieces `(address, bytes)`
+/// packed back to back in staging (v-collectives and multi-peer point-to-point, whose blocks
+/// differ in size; only in plans staged whole).
+pub(crate) enum Region {
+    Rows(Rows),
+    Pieces { pieces: Vec<(DevicePtr, usize)>, keep: Vec<KeepAlive> },
 }
 
 /// Where staged input goes: the send area, or rows of the receive area starting at `part`
@@ -42,7 +50,13 @@ impl Region {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Into {
     Send,
-    Recv { part: usize },
+    Recv {
+        part: usize,
+    },
+    /// At this element offset of the receive area (plans staged whole).
+    RecvAt {
+        offset: usize,
+    },
 }
 
 /// The staging buffers of one chunk: `send_parts × len` and `recv_parts × len` elements (`len`
@@ -137,16 +151,30 @@ impl<D: Device> Communicator<D> {
                 let dst = match *into {
                     Into::Send => send,
                     Into::Recv { part } => recv + part * len * sz,
+                    Into::RecvAt { offset } => recv + offset * sz,
                 };
-                let row = src.chunk_len(k, c) * sz;
-                let shape = Copy2d { row_bytes: row, rows: src.parts, src_pitch: src.pitch * sz, dst_pitch: len * sz };
-                // SAFETY: the source rows were checked against the device buffer's length when
-                // the plan was made and the buffer is kept alive (or freed in stream order); the
-                // destination is this operation's staging slot, which no one else touches until
-                // the proxy thread has seen the input flag.
+                // SAFETY: the source rows or pieces were checked against the device buffers'
+                // lengths when the plan was made and the buffers are kept alive (or freed in
+                // stream order); the destination is this operation's staging slot, which no one
+                // else touches until the proxy thread has seen the input flag.
                 unsafe {
-                    device.copy_d2h(stream, dst as *mut u8, src.ptr.offset(k * c * sz), shape, src.keep.clone())?
-                };
+                    match src {
+                        Region::Rows(src) => {
+                            let row = src.chunk_len(k, c) * sz;
+                            let shape = Copy2d {
+                                row_bytes: row,
+                                rows: src.parts,
+                                src_pitch: src.pitch * sz,
+                                dst_pitch: len * sz,
+                            };
+                            let from = src.ptr.offset(k * c * sz);
+                            device.copy_d2h(stream, dst as *mut u8, from, shape, src.keep.clone())?
+                        }
+                        Region::Pieces { pieces, keep } => {
+                            device.pack_d2h(stream, dst as *mut u8, pieces.clone(), keep.clone())?
+                        }
+                    }
+                }
             }
             // SAFETY: the flag slot is held until the stream raised `done`, after this write.
             unsafe { device.write_flag(stream, input.flag(), (k + 1) as u32) }
@@ -157,13 +185,26 @@ impl<D: Device> Communicator<D> {
             if let Some(dst) = &plan.output {
                 let len = len_of(k);
                 let (_, recv) = areas(k);
-                let row = dst.chunk_len(k, c) * sz;
-                let shape = Copy2d { row_bytes: row, rows: dst.parts, src_pitch: len * sz, dst_pitch: dst.pitch * sz };
                 // SAFETY: as in `stage_in`, the other way round; the proxy thread finished with
                 // the slot before raising the output flag.
                 unsafe {
-                    device.copy_h2d(stream, dst.ptr.offset(k * c * sz), recv as *const u8, shape, dst.keep.clone())?
-                };
+                    match dst {
+                        Region::Rows(dst) => {
+                            let row = dst.chunk_len(k, c) * sz;
+                            let shape = Copy2d {
+                                row_bytes: row,
+                                rows: dst.parts,
+                                src_pitch: len * sz,
+                                dst_pitch: dst.pitch * sz,
+                            };
+                            let to = dst.ptr.offset(k * c * sz);
+                            device.copy_h2d(stream, to, recv as *const u8, shape, dst.keep.clone())?
+                        }
+                        Region::Pieces { pieces, keep } => {
+                            device.unpack_h2d(stream, pieces.clone(), recv as *const u8, keep.clone())?
+                        }
+                    }
+                }
             }
             Ok(())
         };
