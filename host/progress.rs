@@ -63,13 +63,19 @@ impl Backoff {
     }
 
     pub(crate) fn snooze(&mut self) {
+        self.snooze_with(std::thread::sleep);
+    }
+
+    /// As [`Backoff::snooze`], with `sleep` doing the sleeping (e.g. a timed wait that others
+    /// can cut short).
+    pub(crate) fn snooze_with(&mut self, sleep: impl FnOnce(Duration)) {
         self.step = self.step.saturating_add(1);
         match self.step {
             0..=32 => std::hint::spin_loop(),
             33..=64 => std::thread::yield_now(),
             s => {
                 let us = 1u64 << (s - 65).min(8);
-                std::thread::sleep(Duration::from_micros(us).min(MAX_SLEEP));
+                sleep(Duration::from_micros(us).min(MAX_SLEEP));
             }
         }
     }
@@ -177,6 +183,18 @@ impl std::fmt::Debug for Engine {
 
 static ENGINE: Mutex<Weak<Engine>> = Mutex::new(Weak::new());
 
+/// The running engine's queue, for [`nudge`].
+static QUEUE: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
+
+/// Wakes the proxy thread if it is waiting between polls: a device just wrote a flag that an
+/// operation polls, so there is progress to make now rather than after the backoff.
+pub(crate) fn nudge() {
+    let shared = QUEUE.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
+    if let Some(shared) = shared {
+        shared.wake.notify_one();
+    }
+}
+
 impl Engine {
     /// The process's engine, started if no communicator holds it.
     pub(crate) fn get() -> Result<Arc<Engine>> {
@@ -190,18 +208,30 @@ impl Engine {
             .name("duralumin-progress".into())
             .spawn(move || run(&for_thread))
             .map_err(|_| Error::Progress("could not start the progress thread"))?;
+        *QUEUE.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&shared);
         let engine = Arc::new(Engine { shared, thread: Some(thread) });
         *slot = Arc::downgrade(&engine);
         Ok(engine)
     }
 
-    /// Hands a task to the proxy thread.
+    /// Hands a task to the proxy thread. A dozing thread notices it within [`DOZE`]: fine
+    /// for tasks whose caller polls them too (see the module docs).
     pub(crate) fn submit(&self, task: Arc<Task>) {
+        self.push(task, false);
+    }
+
+    /// Hands a task to the proxy thread and wakes it even from a doze: for tasks only the
+    /// proxy thread drives (stream-ordered operations, whose caller has returned).
+    pub(crate) fn submit_now(&self, task: Arc<Task>) {
+        self.push(task, true);
+    }
+
+    fn push(&self, task: Arc<Task>, wake_dozing: bool) {
         let mut q = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
         q.incoming.push(task);
-        let parked = q.parked;
+        let wake = q.parked || wake_dozing;
         drop(q);
-        if parked {
+        if wake {
             self.shared.wake.notify_one();
         }
     }
@@ -254,7 +284,14 @@ fn run(shared: &Shared) {
         if active.len() < before {
             backoff.reset();
         } else {
-            backoff.snooze();
+            // Sleeping on the condition variable lets a submission or a device's flag write
+            // ([`nudge`]) cut the sleep short.
+            backoff.snooze_with(|d| {
+                let q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                if q.incoming.is_empty() {
+                    let _ = shared.wake.wait_timeout(q, d);
+                }
+            });
         }
     }
 }

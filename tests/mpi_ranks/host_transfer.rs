@@ -3,7 +3,8 @@
 //! stream-ordered backend has: ordering against work queued before and after on the stream,
 //! many outstanding non-blocking operations on several streams, point-to-point, bad input
 //! (typed errors before anything is queued), an MPI failure on the proxy thread reaching the
-//! caller, and every pool counter back to zero.
+//! caller, every pool counter back to zero, and no pinned memory left once the communicator
+//! is dropped.
 
 use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
 use duralumin::device::Device;
@@ -24,6 +25,14 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     bad_input(&ht, world);
     proxy_error(&ht);
     assert_idle(&ht.comm, "at the end");
+    // Dropping the communicator frees its pool: no pinned memory or flag page stays allocated.
+    let dev = ht.dev.clone();
+    drop(ht);
+    let start = std::time::Instant::now();
+    while dev.pinned_bytes() != 0 {
+        assert!(start.elapsed().as_secs() < 10, "{} pinned bytes leaked", dev.pinned_bytes());
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Every staging block and flag is back in the pool once the operations have completed.

@@ -267,7 +267,7 @@ impl<D: Device> Communicator<D> {
             Ok(())
         });
         let task = Task::new(fut);
-        self.engine.submit(task);
+        self.engine.submit_now(task);
         Ok(done)
     }
 }
