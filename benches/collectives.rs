@@ -478,9 +478,10 @@ fn custom_op_rows(b: &mut Bench) {
     }
 }
 
-/// HostTransfer on the host device against the Mpi backend (the stream machinery's overhead),
-/// pipelined (default chunks) and unpipelined (the whole buffer staged at once, Aluminum's
-/// method), and the host thread's enqueue time per operation.
+/// HostTransfer on the host device against the Mpi backend: direct on the device memory (the
+/// host device's default: the stream machinery's overhead alone), staged in pipelined chunks
+/// (what a GPU does), and staged whole (Aluminum's method); and the host thread's enqueue time
+/// per pipelined operation.
 fn host_transfer_rows(b: &mut Bench) {
     use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
     use duralumin::device::host::HostDevice;
@@ -489,10 +490,15 @@ fn host_transfer_rows(b: &mut Bench) {
     }
     let (c, n) = (b.comm, b.comm.size());
     let dev = HostDevice::new(0);
-    let pipelined = HtComm::new(b.world, dev.clone(), dev.stream().expect("stream")).expect("communicator");
-    let whole = HostTransferConfig { chunk_bytes: usize::MAX / 4, depth: 1, ..HostTransferConfig::default() };
-    let unpipelined =
-        HtComm::with_config(b.world, dev.clone(), dev.stream().expect("stream"), whole).expect("communicator");
+    let comm = |config| HtComm::with_config(b.world, dev.clone(), dev.stream().expect("stream"), config).expect("comm");
+    let direct = comm(HostTransferConfig::default());
+    let pipelined = comm(HostTransferConfig { direct: false, ..HostTransferConfig::default() });
+    let unpipelined = comm(HostTransferConfig {
+        chunk_bytes: usize::MAX / 4,
+        depth: 1,
+        direct: false,
+        ..HostTransferConfig::default()
+    });
     for bytes in sizes(b.max_bytes) {
         let len = bytes / 4;
         let host: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
@@ -500,7 +506,9 @@ fn host_transfer_rows(b: &mut Bench) {
         let send = dev.upload(&host).expect("upload");
         let mut out = dev.alloc_zeroed::<f32>(len).expect("alloc");
         let mpi = b.time(bytes, || c.allreduce(&host, &mut recv, Sum).unwrap());
-        for (name, ht) in [("ht-allreduce", &pipelined), ("ht-allreduce/unpipelined", &unpipelined)] {
+        for (name, ht) in
+            [("ht-allreduce", &direct), ("ht-allreduce/staged", &pipelined), ("ht-allreduce/unpipelined", &unpipelined)]
+        {
             let ours = b.time(bytes, || {
                 ht.allreduce(&send, &mut out, Sum).unwrap();
                 ht.synchronize().unwrap();
@@ -582,7 +590,7 @@ fn targets(rows: &[Row], idle_before: f64, idle_after: f64, n: usize) {
     );
     let enqueue = rows.iter().filter(|r| r.op == "ht-allreduce/enqueue").map(|r| r.ours_us).reduce(f64::max);
     check("HostTransfer enqueue time per operation, us (max over sizes)", enqueue, 10.0);
-    let pipe = find(rows, "ht-allreduce", 64 << 20, "stream").map(|r| r.ours_us);
+    let pipe = find(rows, "ht-allreduce/staged", 64 << 20, "stream").map(|r| r.ours_us);
     let whole = find(rows, "ht-allreduce/unpipelined", 64 << 20, "stream").map(|r| r.ours_us);
     if n == 2 {
         check("1-element allreduce with an idle progress thread: ratio to none", Some(idle_after / idle_before), 1.1);

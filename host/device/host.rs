@@ -303,6 +303,10 @@ impl Device for HostDevice {
         self.inner.ordinal
     }
 
+    fn host_accessible(&self) -> bool {
+        true
+    }
+
     fn owns(&self, stream: &HostStream) -> bool {
         stream.inner.device_id == self.inner.id
     }

@@ -118,6 +118,12 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// The stream's device ordinal (to reject buffers of another device).
     fn ordinal(&self) -> usize;
 
+    /// Whether the host can read and write the device's memory at its device addresses (the
+    /// host device), so collectives can skip staging.
+    fn host_accessible(&self) -> bool {
+        false
+    }
+
     /// Whether `stream` belongs to this device (and context).
     fn owns(&self, stream: &Self::Stream) -> bool;
 

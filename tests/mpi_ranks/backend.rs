@@ -241,10 +241,11 @@ pub struct HostTransfer {
     pub comm: host_transfer::Communicator<HostDevice>,
 }
 
-/// Chunks of 256 bytes in 2 slots: every "big" operation of the sweep pipelines through many
-/// chunks and reuses its slots.
+/// Staged (not direct, though the host device allows it) in chunks of 256 bytes and 2 slots:
+/// every "big" operation of the sweep pipelines through many chunks and reuses its slots, as
+/// on a GPU.
 pub fn small_chunks() -> HostTransferConfig {
-    HostTransferConfig { chunk_bytes: 256, depth: 2, ..HostTransferConfig::default() }
+    HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, ..HostTransferConfig::default() }
 }
 
 impl HostTransfer {

@@ -1,5 +1,6 @@
-//! HostTransfer on the host device: the whole sweep (written once in `sweep.rs`) with chunks
-//! small enough that every operation pipelines through several, then what only a
+//! HostTransfer on the host device: the whole sweep (written once in `sweep.rs`) run directly
+//! on the device memory and staged with chunks small enough that every operation pipelines
+//! through several, then what only a
 //! stream-ordered backend has: ordering against work queued before and after on the stream,
 //! many outstanding non-blocking operations on several streams, point-to-point, bad input
 //! (typed errors before anything is queued), an MPI failure on the proxy thread reaching the
@@ -15,6 +16,13 @@ use duralumin::*;
 use crate::backend::{HostTransfer, small_chunks};
 
 pub fn run(_: &Communicator, world: &SimpleCommunicator) {
+    // The sweep twice: staged through pinned memory in small chunks (what a GPU does), and
+    // direct on the host device's memory (the default there).
+    let direct = HostTransfer::new(world, HostTransferConfig::default());
+    crate::sweep::run(&direct);
+    direct.comm.synchronize().expect("synchronize after the direct sweep");
+    assert_idle(&direct.comm, "after the direct sweep");
+    drop(direct);
     let ht = HostTransfer::new(world, small_chunks());
     crate::sweep::run(&ht);
     ht.comm.synchronize().expect("synchronize after the sweep");
@@ -132,7 +140,7 @@ fn p2p(ht: &HostTransfer) {
 /// at once, plus stream-side waits: all complete with the right results.
 fn many_outstanding(world: &SimpleCommunicator) {
     let dev = HostDevice::new(0);
-    let config = HostTransferConfig { chunk_bytes: 256, depth: 2, ..HostTransferConfig::default() };
+    let config = HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, ..HostTransferConfig::default() };
     let comms: Vec<HtComm<HostDevice>> =
         (0..3).map(|_| HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap()).collect();
     let (me, n) = (comms[0].rank() as u64, comms[0].size() as u64);

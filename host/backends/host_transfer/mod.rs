@@ -51,11 +51,15 @@ pub struct HostTransferConfig {
     pub depth: usize,
     /// Cap on the pinned staging memory the communicator's pool holds.
     pub pool_cap_bytes: usize,
+    /// On devices whose memory the host can address (the host device), run the MPI part on
+    /// the device buffers themselves instead of staging copies (v-collectives and multi-peer
+    /// operations still stage, to pack their blocks).
+    pub direct: bool,
 }
 
 impl Default for HostTransferConfig {
     fn default() -> Self {
-        HostTransferConfig { chunk_bytes: 1 << 20, depth: 3, pool_cap_bytes: 1 << 30 }
+        HostTransferConfig { chunk_bytes: 1 << 20, depth: 3, pool_cap_bytes: 1 << 30, direct: true }
     }
 }
 

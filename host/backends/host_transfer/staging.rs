@@ -87,6 +87,46 @@ pub(crate) struct Plan<T> {
     pub(crate) chunk: ChunkFn<T>,
 }
 
+impl<T> Plan<T> {
+    /// Where the MPI part reads and writes when it works on the device buffers themselves:
+    /// `(send, receive)` host addresses, the layout staging would have with one chunk. `None`
+    /// for plans with piece lists, whose staging packs them.
+    fn direct_areas(&self, sz: usize) -> Option<(usize, usize)> {
+        let rows = |r: &Region| match r {
+            Region::Rows(rows) => Some(rows.ptr.0 as usize),
+            Region::Pieces { .. } => None,
+        };
+        let input = match &self.input {
+            Some((r, into)) => Some((rows(r)?, *into)),
+            None => None,
+        };
+        let output = match &self.output {
+            Some(r) => Some(rows(r)?),
+            None => None,
+        };
+        let send = match input {
+            Some((p, Into::Send)) => p,
+            _ => 0,
+        };
+        let recv = match (output, input) {
+            (Some(p), _) => p,
+            (None, Some((p, Into::Recv { part }))) => p - part * self.count * sz,
+            (None, Some((_, Into::RecvAt { .. }))) => return None,
+            _ => 0,
+        };
+        Some((send, recv))
+    }
+
+    /// What keeps the plan's device buffers alive.
+    fn keep_alives(&self) -> Vec<KeepAlive> {
+        let of = |r: &Region| match r {
+            Region::Rows(rows) => rows.keep.iter().cloned().collect::<Vec<_>>(),
+            Region::Pieces { keep, .. } => keep.clone(),
+        };
+        self.input.iter().flat_map(|(r, _)| of(r)).chain(self.output.iter().flat_map(of)).collect()
+    }
+}
+
 /// The flags and staging memory of an operation in flight. Dropping it (normally after the
 /// stream raised `done`; early only if the MPI part panicked) releases the stream and waits for
 /// it to stop using the staging memory before the memory goes back to the pool.
@@ -99,6 +139,8 @@ struct InFlight<D: Device> {
     output: FlagSlot<D>,
     done: Arc<FlagSlot<D>>,
     staging: Option<PinnedBlock<D>>,
+    /// The device buffers, held while the MPI part works on them directly.
+    keep: Vec<KeepAlive>,
 }
 
 impl<D: Device> Drop for InFlight<D> {
@@ -112,6 +154,7 @@ impl<D: Device> Drop for InFlight<D> {
             backoff.snooze();
         }
         self.staging.take();
+        self.keep.clear();
     }
 }
 
@@ -125,27 +168,36 @@ impl<D: Device> Communicator<D> {
     /// stream raises to 1 when the operation has completed on it.
     pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>) -> Result<Arc<FlagSlot<D>>> {
         let sz = size_of::<T>().max(1);
-        let c =
-            if plan.whole { plan.count.max(1) } else { (self.config.chunk_bytes / (sz * plan.width.max(1))).max(1) };
+        let device = &*self.shared.device;
+        // Device memory the host can address needs no staging: the MPI part runs on it.
+        let direct = (self.config.direct && device.host_accessible()).then(|| plan.direct_areas(sz)).flatten();
+        let c = if plan.whole || direct.is_some() {
+            plan.count.max(1)
+        } else {
+            (self.config.chunk_bytes / (sz * plan.width.max(1))).max(1)
+        };
         let chunks = plan.count.div_ceil(c).max(1);
         let chunks32 =
             u32::try_from(chunks).map_err(|_| Error::CountOverflow { what: "chunks", value: chunks as u128 })?;
         let slots = self.config.depth.min(chunks);
         let slot_elems = (plan.send_parts + plan.recv_parts) * c.min(plan.count);
-        let staging = self.shared.pools.take(slots * slot_elems * sz)?;
+        let staging = if direct.is_some() { None } else { Some(self.shared.pools.take(slots * slot_elems * sz)?) };
         let pools = &self.shared.pools;
         let (input, output, done) = (pools.flag()?, pools.flag()?, Arc::new(pools.flag()?));
-        let device = &*self.shared.device;
-        let base = staging.ptr() as usize;
-        let len_of = |k: usize| c.min(plan.count - (k * c).min(plan.count));
+        let base = staging.as_ref().map_or(0, |s| s.ptr() as usize);
+        let (count, send_parts) = (plan.count, plan.send_parts);
+        let len_of = move |k: usize| c.min(count - (k * c).min(count));
         // Host addresses of chunk k's send and receive areas.
-        let areas = move |k: usize| {
-            let slot = base + (k % slots) * slot_elems * sz;
-            (slot, slot + plan.send_parts * len_of(k) * sz)
+        let areas = move |k: usize| match direct {
+            Some(areas) => areas,
+            None => {
+                let slot = base + (k % slots) * slot_elems * sz;
+                (slot, slot + send_parts * len_of(k) * sz)
+            }
         };
 
         let stage_in = |k: usize| -> Result<()> {
-            if let Some((src, into)) = &plan.input {
+            if let (Some((src, into)), None) = (&plan.input, direct) {
                 let len = len_of(k);
                 let (send, recv) = areas(k);
                 let dst = match *into {
@@ -182,7 +234,7 @@ impl<D: Device> Communicator<D> {
         let stage_out = |k: usize| -> Result<()> {
             // SAFETY: as for the input flag; the proxy thread raises the output flag.
             unsafe { device.wait_flag(stream, output.flag(), (k + 1) as u32, None)? };
-            if let Some(dst) = &plan.output {
+            if let (Some(dst), None) = (&plan.output, direct) {
                 let len = len_of(k);
                 let (_, recv) = areas(k);
                 // SAFETY: as in `stage_in`, the other way round; the proxy thread finished with
@@ -230,9 +282,10 @@ impl<D: Device> Communicator<D> {
             input,
             output,
             done: Arc::clone(&done),
-            staging: Some(staging),
+            staging,
+            keep: if direct.is_some() { plan.keep_alives() } else { Vec::new() },
         };
-        let (send_parts, recv_parts, count) = (plan.send_parts, plan.recv_parts, plan.count);
+        let recv_parts = plan.recv_parts;
         let in_place = !matches!(plan.input, Some((_, Into::Send)));
         let fut: OpFuture = Box::pin(async move {
             until(|| op.shared.has_turn(ticket)).await;
@@ -241,10 +294,10 @@ impl<D: Device> Communicator<D> {
             for k in 0..chunks {
                 until(|| reached(op.input.load(), (k + 1) as u32)).await;
                 if result.is_ok() {
-                    let len = c.min(count - k * c);
-                    let slot = base + (k % slots) * slot_elems * sz;
-                    let send = RawBuf::from_raw(slot as *mut T, send_parts * len);
-                    let recv = RawBuf::from_raw((slot + send_parts * len * sz) as *mut T, recv_parts * len);
+                    let len = len_of(k);
+                    let (send, recv) = areas(k);
+                    let send = RawBuf::from_raw(send as *mut T, send_parts * len);
+                    let recv = RawBuf::from_raw(recv as *mut T, recv_parts * len);
                     let bufs = ChunkBufs { send: (!in_place).then_some(send), recv };
                     let job = {
                         let mpi = op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
