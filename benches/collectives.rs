@@ -198,6 +198,7 @@ fn tuning_from_env(mut t: duralumin::Tuning) -> duralumin::Tuning {
             "allreduce_ring_bytes" => t.allreduce_ring_bytes = v,
             "ring_segment_bytes" => t.ring_segment_bytes = v,
             "reduce_ring_bytes" => t.reduce_ring_bytes = v,
+            "reduce_root_ring_bytes" => t.reduce_root_ring_bytes = v,
             "bcast_chain_bytes" => t.bcast_chain_bytes = v,
             "bcast_chunk_bytes" => t.bcast_chunk_bytes = v,
             _ => eprintln!("unknown tuning key {k}"),

@@ -66,12 +66,12 @@ run() {
     done
     echo
     echo "== summary"
-    grep -E '^(\| |SKIPPED|test result)' "$log" || true
+    grep -E '^\| |SKIPPED:|^test result' "$log" || true
     if [ $status -ne 0 ]; then
         echo "gpu.sh: FAILED"
         exit 1
     fi
-    if grep -q '^SKIPPED' "$log"; then
+    if grep -q 'SKIPPED:' "$log"; then
         echo "gpu.sh: SKIPPED, nothing was checked on a GPU"
         exit 77
     fi

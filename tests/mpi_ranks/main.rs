@@ -27,6 +27,7 @@ pub fn small_thresholds() -> Tuning {
         allreduce_ring_bytes: 256,
         ring_segment_bytes: 64,
         reduce_ring_bytes: 256,
+        reduce_root_ring_bytes: 256,
         bcast_chain_bytes: 256,
         bcast_chunk_bytes: 64,
         max_message_elements: 50,

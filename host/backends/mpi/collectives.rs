@@ -393,7 +393,7 @@ impl Communicator {
         };
         let out = RawBuf::from_mut(recv);
         let input = send.map(RawBuf::from_ref);
-        if self.use_reduce_ring::<T, O>(n) {
+        if self.use_reduce_ring::<T, O>(n, self.tuning.reduce_root_ring_bytes) {
             return self.ring_reduce::<T, O>(input, out, n, root, mode);
         }
         let dt = datatype::<T>()?;
@@ -801,7 +801,7 @@ impl Communicator {
         }
         let out = RawBuf::from_mut(recv);
         let displs = check::packed_displs(counts);
-        if self.use_reduce_ring::<T, O>(total) {
+        if self.use_reduce_ring::<T, O>(total, self.tuning.reduce_ring_bytes) {
             return self.ring_reduce_scatter::<T, O>(send.map(RawBuf::from_ref), out, counts, &displs, mode);
         }
         let dt = datatype::<T>()?;
@@ -842,9 +842,9 @@ impl Communicator {
 
     /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:
     /// decided from values every rank shares, so all ranks agree.
-    fn use_reduce_ring<T: Element, O: ReduceOp<T>>(&self, total: usize) -> bool {
+    fn use_reduce_ring<T: Element, O: ReduceOp<T>>(&self, total: usize, threshold: usize) -> bool {
         let bytes = total.saturating_mul(size_of::<T>());
-        O::COMMUTATIVE && self.size() > 1 && (bytes >= self.tuning.reduce_ring_bytes || !self.fits(total))
+        O::COMMUTATIVE && self.size() > 1 && (bytes >= threshold || !self.fits(total))
     }
 
     fn segment<T>(&self) -> usize {

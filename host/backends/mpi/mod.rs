@@ -39,10 +39,14 @@ pub struct Tuning {
     pub allreduce_ring_bytes: usize,
     /// Segment size (bytes) of the ring's pipelined reduce-scatter.
     pub ring_segment_bytes: usize,
-    /// Reduce-scatters and reduces of at least this many bytes in total use the ring
-    /// reduce-scatter (commutative operators; reduces then gather to the root); smaller ones go
-    /// to the MPI library.
+    /// Reduce-scatters of at least this many bytes in total use the ring reduce-scatter
+    /// (commutative operators); smaller ones go to the MPI library.
     pub reduce_ring_bytes: usize,
+    /// Reduces of at least this many bytes run the ring reduce-scatter and gather the blocks
+    /// at the root (commutative operators). Off by default (`usize::MAX`): Open MPI's own reduce
+    /// was faster in the benchmark here (1.5-4.8x at 256 KiB..64 MiB, 2 ranks); reduces too
+    /// large for one MPI call take this path regardless.
+    pub reduce_root_ring_bytes: usize,
     /// Broadcasts of at least this many bytes use the pipelined chain (3 or more ranks).
     pub bcast_chain_bytes: usize,
     /// Chunk size (bytes) of the pipelined chain broadcast.
@@ -59,6 +63,7 @@ impl Default for Tuning {
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
             reduce_ring_bytes: 256 << 10,
+            reduce_root_ring_bytes: usize::MAX,
             bcast_chain_bytes: 1 << 20,
             bcast_chunk_bytes: 1 << 20,
             max_message_elements: c_int::MAX as usize,
