@@ -20,17 +20,9 @@ use duralumin_kernels::half::{bf16, f16};
 use duralumin_kernels::pack::Segment;
 use duralumin_kernels::{Element, ReduceOp, Sum, bytemuck};
 
-/// Deterministic pseudo-random numbers (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Verifiable data: any bits for integers, small integers for floats (exact in any order).
 trait Sample: Element {

@@ -552,8 +552,7 @@ impl<D: Device> Communicator<D> {
         name: &'static str,
     ) -> Result<Plan<T>> {
         let me = self.rank();
-        let max_tag = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).max_tag();
-        check::tag(tag, max_tag)?;
+        check::tag(tag, self.shared.max_tag)?;
         if let Some((s, dest)) = &send {
             check::rank("destination rank", *dest, self.size())?;
             self.check_buffer("send buffer", *s)?;
@@ -788,8 +787,7 @@ impl<D: Device> Communicator<D> {
         source: usize,
         tag: i32,
     ) -> Result<Plan<T>> {
-        let max_tag = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).max_tag();
-        check::tag(tag, max_tag)?;
+        check::tag(tag, self.shared.max_tag)?;
         check::rank("destination rank", dest, self.size())?;
         check::rank("source rank", source, self.size())?;
         self.check_buffer("sendrecv buffer", buf)?;
@@ -810,8 +808,7 @@ impl<D: Device> Communicator<D> {
         tag: i32,
     ) -> Result<Plan<T>> {
         let (me, n) = (self.rank(), self.size());
-        let max_tag = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).max_tag();
-        check::tag(tag, max_tag)?;
+        check::tag(tag, self.shared.max_tag)?;
         for (b, peer) in sends {
             check::rank("destination rank", *peer, n)?;
             self.check_buffer("send buffer", *b)?;

@@ -74,6 +74,9 @@ pub(crate) struct Shared<D: Device> {
     pub(crate) errors: Arc<DeferredError>,
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// The MPI library's largest tag, read once (checking a tag must not wait for the proxy
+    /// thread's hold on `mpi`).
+    pub(crate) max_tag: i32,
 }
 
 /// A HostTransfer communicator: an MPI communicator bound to a device stream.
@@ -136,7 +139,7 @@ impl<D: Device> Communicator<D> {
         if config.depth == 0 || config.chunk_bytes == 0 {
             return Err(Error::InvalidConfig("chunk_bytes and depth must be at least 1"));
         }
-        let (rank, size) = (mpi.rank(), mpi.size());
+        let (rank, size, max_tag) = (mpi.rank(), mpi.size(), mpi.max_tag());
         let pools = Pools::new(Arc::clone(&device), config.pool_cap_bytes);
         Ok(Communicator {
             shared: Arc::new(Shared {
@@ -147,6 +150,7 @@ impl<D: Device> Communicator<D> {
                 errors: Arc::default(),
                 rank,
                 size,
+                max_tag,
             }),
             stream,
             side: OnceCell::new(),
