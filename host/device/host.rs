@@ -20,7 +20,7 @@ use duralumin_kernels::Element;
 use duralumin_kernels::flag::reached;
 use duralumin_kernels::grid::HostGrid;
 
-use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, sealed};
+use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
 use crate::progress::Backoff;
 
@@ -417,6 +417,36 @@ impl Device for HostDevice {
             let mut backoff = Backoff::default();
             while !reached(atomic.load(Ordering::Acquire), value) {
                 backoff.snooze();
+            }
+        }))
+    }
+
+    unsafe fn reduce_h2d(
+        &self,
+        stream: &HostStream,
+        dst: DevicePtr,
+        src: *const u8,
+        rows: usize,
+        len: usize,
+        op: ReduceFns,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        if rows == 0 || len == 0 {
+            return Ok(());
+        }
+        let (dst, src, row) = (dst.0 as usize, src as usize, len * op.elem_size);
+        stream.submit(Box::new(move || {
+            let (d, s) = (dst as *mut u8, src as *const u8);
+            // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len`,
+            // both untouched by others until this has run; they are distinct allocations.
+            unsafe {
+                std::ptr::copy_nonoverlapping(s, d, row);
+                for r in 1..rows {
+                    (op.host_reduce)(d, s.add(r * row), len);
+                }
+                if let Some(finish) = op.host_finish {
+                    finish(d, len, op.ranks);
+                }
             }
         }))
     }

@@ -15,6 +15,10 @@
 //! they take raw addresses (the callers in the backend guarantee sizes and lifetimes); the
 //! safe types users touch are the buffers ([`DeviceSlice`]) and the backends' communicators.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
 pub mod host;
 pub mod pool;
 
@@ -23,7 +27,8 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 
-use duralumin_kernels::Element;
+use duralumin_kernels::grid::HostGrid;
+use duralumin_kernels::{Element, KernelName, ReduceKernel, ReduceOp};
 
 use crate::error::Result;
 
@@ -101,6 +106,62 @@ impl Flag {
 /// Something a stream keeps alive until the work queued with it has run (the host device's
 /// buffers are reference-counted; GPU allocations are freed in stream order and need nothing).
 pub type KeepAlive = Arc<dyn Any + Send + Sync>;
+
+/// A reduction `(T, O)` with its type erased, so a device can run it without knowing the
+/// types: the entry names of its GPU kernels and its host bodies.
+#[derive(Clone, Copy)]
+pub struct ReduceFns {
+    pub(crate) elem_size: usize,
+    /// `dst[i] = combine(dst[i], src[i])`, parameters `(dst, src, n)`.
+    pub(crate) reduce: KernelName,
+    /// `dst[i] = finish(dst[i], ranks)`, parameters `(dst, n, ranks)`, if the operator has one.
+    pub(crate) finish: Option<KernelName>,
+    pub(crate) host_reduce: unsafe fn(*mut u8, *const u8, usize),
+    pub(crate) host_finish: Option<unsafe fn(*mut u8, usize, u32)>,
+    /// The number of contributions `finish` divides by (the communicator size).
+    pub(crate) ranks: u32,
+}
+
+impl Debug for ReduceFns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReduceFns").field("reduce", &self.reduce.as_str()).finish_non_exhaustive()
+    }
+}
+
+/// `dst[..n] = combine(dst[..n], src[..n])` on the CPU.
+///
+/// # Safety
+/// `dst` and `src` hold `n` aligned `T`s each and do not overlap.
+unsafe fn host_reduce<T: Element, O: ReduceOp<T>>(dst: *mut u8, src: *const u8, n: usize) {
+    // SAFETY: guaranteed by the caller.
+    let (d, s) =
+        unsafe { (std::slice::from_raw_parts_mut(dst.cast::<T>(), n), std::slice::from_raw_parts(src.cast::<T>(), n)) };
+    HostGrid::SINGLE.reduce::<T, O>(d, s);
+}
+
+/// `dst[..n] = finish(dst[..n], ranks)` on the CPU.
+///
+/// # Safety
+/// `dst` holds `n` aligned `T`s.
+unsafe fn host_finish<T: Element, O: ReduceOp<T>>(dst: *mut u8, n: usize, ranks: u32) {
+    // SAFETY: guaranteed by the caller.
+    let d = unsafe { std::slice::from_raw_parts_mut(dst.cast::<T>(), n) };
+    HostGrid::SINGLE.finish::<T, O>(d, ranks);
+}
+
+impl ReduceFns {
+    /// The reduction of `O` over `T`, of `ranks` contributions.
+    pub fn of<T: Element, O: ReduceOp<T>>(ranks: u32) -> ReduceFns {
+        ReduceFns {
+            elem_size: size_of::<T>(),
+            reduce: KernelName::reduce::<T, O>(ReduceKernel::Reduce),
+            finish: O::HAS_FINISH.then(|| KernelName::reduce::<T, O>(ReduceKernel::Finish)),
+            host_reduce: host_reduce::<T, O>,
+            host_finish: O::HAS_FINISH.then_some(host_finish::<T, O> as unsafe fn(*mut u8, usize, u32)),
+            ranks,
+        }
+    }
+}
 
 mod sealed {
     pub trait Sealed {}
@@ -210,6 +271,24 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// The flag's slot stays held until the wait has finished (or is kept alive by `keep`), and
     /// something not queued behind this wait on the same stream will write the value.
     unsafe fn wait_flag(&self, stream: &Self::Stream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()>;
+
+    /// Queues the reduction of `rows` rows of `len` elements, packed back to back in pinned
+    /// host memory at `src`, into device memory at `dst`: `dst = finish(row_0 ∘ row_1 ∘ … ∘
+    /// row_{rows-1}, op.ranks)`, combined in row order (the order of ranks). GPU devices run the
+    /// reduction kernels reading the rows through host-mapped memory.
+    ///
+    /// # Safety
+    /// `dst` holds `len` elements of `op`'s type, `src` `rows * len`; both stay allocated and
+    /// untouched by others until the work has run; `src` came from [`Device::alloc_pinned`].
+    unsafe fn reduce_h2d(
+        &self,
+        stream: &Self::Stream,
+        dst: DevicePtr,
+        src: *const u8,
+        rows: usize,
+        len: usize,
+        op: ReduceFns,
+    ) -> Result<()>;
 
     /// Makes `waiter` wait for the work queued on `stream` so far, without blocking the host.
     fn join(&self, waiter: &Self::Stream, stream: &Self::Stream) -> Result<()>;

@@ -4,7 +4,10 @@
 //! will run for HostTransfer on CUDA).
 
 use duralumin::backends::host_transfer::{self, HostTransferConfig};
-use duralumin::device::host::{HostBuffer, HostDevice};
+#[cfg(feature = "cuda")]
+use duralumin::device::cuda::CudaDevice;
+use duralumin::device::host::{HostBuffer, HostDevice, HostStream};
+use duralumin::device::{Device, DeviceSlice};
 use duralumin::scope;
 use duralumin::*;
 
@@ -233,31 +236,94 @@ impl Backend for Communicator {
     }
 }
 
-/// HostTransfer on the host device: host vectors are uploaded to device buffers (the receive
-/// buffer too, so elements an operation must not touch keep their values), the operation is
-/// queued stream-ordered or non-blocking, and the results are downloaded after synchronizing.
-pub struct HostTransfer {
-    pub dev: HostDevice,
-    pub comm: host_transfer::Communicator<HostDevice>,
+/// A device the HostTransfer sweep runs on: how to move host vectors in and out of its
+/// buffers (synchronously; the tests' own business, not the library's).
+pub trait TestDevice: Device + Clone {
+    type Buf<T: Element>: DeviceSlice<Self, Elem = T>;
+    fn up<T: Element>(&self, stream: &Self::Stream, v: &[T]) -> Self::Buf<T>;
+    fn down<T: Element>(&self, stream: &Self::Stream, b: &Self::Buf<T>) -> Vec<T>;
+}
+
+impl TestDevice for HostDevice {
+    type Buf<T: Element> = HostBuffer<T>;
+    fn up<T: Element>(&self, _: &HostStream, v: &[T]) -> HostBuffer<T> {
+        self.upload(v).expect("upload")
+    }
+    fn down<T: Element>(&self, _: &HostStream, b: &HostBuffer<T>) -> Vec<T> {
+        self.download(b).expect("download")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl TestDevice for CudaDevice {
+    type Buf<T: Element> = cudarc::driver::CudaSlice<T>;
+    fn up<T: Element>(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, v: &[T]) -> Self::Buf<T> {
+        // Any element type: the bytes go up as `u8` and the allocation is re-typed (at least
+        // one byte, so even an empty buffer has an address).
+        let mut bytes = bytemuck::cast_slice::<T, u8>(v).to_vec();
+        bytes.resize(bytes.len().max(1), 0);
+        let raw = stream.clone_htod(&bytes).expect("upload").leak();
+        // SAFETY: `raw` is a live allocation of at least `v.len()` elements of `T` on `stream`,
+        // initialized from `v`; the new slice owns it from here on.
+        unsafe { stream.upgrade_device_ptr::<T>(raw, v.len()) }
+    }
+    fn down<T: Element>(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, b: &Self::Buf<T>) -> Vec<T> {
+        stream.synchronize().expect("synchronize");
+        let mut bytes = vec![0u8; b.len() * size_of::<T>()];
+        let ptr = duralumin::device::DeviceSlice::<CudaDevice>::device_ptr(b).0;
+        // SAFETY: `b` holds `bytes.len()` bytes of device memory and its stream has finished.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, ptr) }.expect("download");
+        bytes.chunks_exact(size_of::<T>().max(1)).map(bytemuck::pod_read_unaligned).collect()
+    }
+}
+
+/// HostTransfer on a device: host vectors are uploaded to device buffers (the receive buffer
+/// too, so elements an operation must not touch keep their values), the operation is queued
+/// stream-ordered or non-blocking, and the results are downloaded after synchronizing.
+pub struct HostTransfer<D: TestDevice = HostDevice> {
+    pub dev: D,
+    pub comm: host_transfer::Communicator<D>,
 }
 
 /// Staged (not direct, though the host device allows it) in chunks of 256 bytes and 2 slots:
 /// every "big" operation of the sweep pipelines through many chunks and reuses its slots, as
 /// on a GPU.
 pub fn small_chunks() -> HostTransferConfig {
-    HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, ..HostTransferConfig::default() }
+    HostTransferConfig {
+        chunk_bytes: 256,
+        depth: 2,
+        direct: false,
+        // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.
+        device_reduce_max_bytes: 64,
+        ..HostTransferConfig::default()
+    }
 }
 
 impl HostTransfer {
     pub fn new(world: &duralumin::mpi::topology::SimpleCommunicator, config: HostTransferConfig) -> Self {
         let dev = HostDevice::new(0);
         let stream = dev.stream().expect("host stream");
+        Self::on(world, dev, stream, config)
+    }
+}
+
+impl<D: TestDevice> HostTransfer<D> {
+    pub fn on(
+        world: &duralumin::mpi::topology::SimpleCommunicator,
+        dev: D,
+        stream: D::Stream,
+        config: HostTransferConfig,
+    ) -> Self {
         let comm = host_transfer::Communicator::with_config(world, dev.clone(), stream, config).expect("communicator");
         HostTransfer { dev, comm }
     }
 
-    fn up<T: Element>(&self, v: &[T]) -> HostBuffer<T> {
-        self.dev.upload(v).expect("upload")
+    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
+        self.dev.up(self.comm.stream(), v)
+    }
+
+    fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
+        self.dev.down(self.comm.stream(), b)
     }
 
     /// Runs `f` on device copies of `s` and `r`, then copies the device result back into `r`.
@@ -265,22 +331,22 @@ impl HostTransfer {
         &self,
         s: &[T],
         r: &mut [T],
-        f: impl FnOnce(&HostBuffer<T>, &mut HostBuffer<T>) -> Result<()>,
+        f: impl FnOnce(&D::Buf<T>, &mut D::Buf<T>) -> Result<()>,
     ) -> Result<()> {
         let (ds, mut dr) = (self.up(s), self.up(r));
         f(&ds, &mut dr)?;
         self.comm.synchronize()?;
-        r.copy_from_slice(&self.dev.download(&dr)?);
-        assert!(crate::elements::same(&self.dev.download(&ds)?, s), "the device input changed");
+        r.copy_from_slice(&self.down(&dr));
+        assert!(crate::elements::same(&self.down(&ds), s), "the device input changed");
         Ok(())
     }
 
     /// Runs `f` on a device copy of `b`, then copies it back.
-    fn one<T: Element>(&self, b: &mut [T], f: impl FnOnce(&mut HostBuffer<T>) -> Result<()>) -> Result<()> {
+    fn one<T: Element>(&self, b: &mut [T], f: impl FnOnce(&mut D::Buf<T>) -> Result<()>) -> Result<()> {
         let mut db = self.up(b);
         f(&mut db)?;
         self.comm.synchronize()?;
-        b.copy_from_slice(&self.dev.download(&db)?);
+        b.copy_from_slice(&self.down(&db));
         Ok(())
     }
 }
@@ -292,7 +358,7 @@ macro_rules! ht_call {
     };
 }
 
-impl Backend for HostTransfer {
+impl<D: TestDevice> Backend for HostTransfer<D> {
     fn rank(&self) -> usize {
         self.comm.rank()
     }

@@ -44,7 +44,7 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
 }
 
 /// Every staging block and flag is back in the pool once the operations have completed.
-fn assert_idle(c: &HtComm<HostDevice>, when: &str) {
+pub fn assert_idle<D: Device>(c: &HtComm<D>, when: &str) {
     // The proxy thread returns an operation's staging right after the stream's last copy; give
     // it a moment to see that.
     let start = std::time::Instant::now();

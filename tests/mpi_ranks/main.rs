@@ -7,6 +7,8 @@
 
 mod backend;
 mod bad_input;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod elements;
 mod engine;
 mod host_transfer;
@@ -62,8 +64,18 @@ fn rank_main(program: &str) {
         ("threads", |c, _| engine::threads(c)),
         ("host_transfer", host_transfer::run),
     ];
+    #[cfg(feature = "cuda")]
+    let groups = groups.into_iter().chain([("cuda", cuda::run as fn(&Communicator, &SimpleCommunicator))]);
     for (name, group) in groups {
-        if program != "all" && program != name {
+        // The GPU group runs only when asked for by name (the `cuda_np*` trials).
+        if program != name && (program != "all" || name == "cuda") {
+            continue;
+        }
+        #[cfg(feature = "cuda")]
+        if name == "cuda" && duralumin::device::cuda::device_count() == 0 {
+            if comm.rank() == 0 {
+                println!("rank group cuda: SKIPPED: no CUDA device");
+            }
             continue;
         }
         let t = Instant::now();

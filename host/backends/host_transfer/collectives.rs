@@ -11,7 +11,7 @@ use super::staging::{ChunkBufs, Into, Plan, Region, Rows};
 use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Mode};
 use crate::buffer::RawBuf;
 use crate::check;
-use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive};
+use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
 
 /// `parts` rows of `pitch` elements of `buf` from element `offset`, back to back.
@@ -244,6 +244,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: 0,
             input: None,
             output: None,
+            device_reduce: None,
             chunk: Box::new(|c, _| c.plan_barrier()),
         }
     }
@@ -268,6 +269,25 @@ impl<D: Device> Communicator<D> {
             }
             None => (rows(recv, 0, 1, n), Into::Recv { part: 0 }),
         };
+        let size = self.size();
+        if size > 1 && n * size_of::<T>() <= self.config.device_reduce_max_bytes {
+            // Allgather the contributions into staging, reduce them on the device in rank order.
+            return Ok(Plan {
+                count: n,
+                width: size,
+                whole: false,
+                send_parts: 1,
+                recv_parts: size,
+                input: Some((input.0, Into::Send)),
+                output: Some(rows(recv, 0, 1, n)),
+                device_reduce: Some(ReduceFns::of::<T, O>(size as u32)),
+                chunk: Box::new(move |c, b| {
+                    // SAFETY: as below.
+                    let (s, r) = unsafe { b.slices() };
+                    c.plan_allgather(s, r, Mode::NonBlocking)
+                }),
+            });
+        }
         Ok(Plan {
             count: n,
             width: 1,
@@ -276,6 +296,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: 1,
             input: Some(input),
             output: Some(rows(recv, 0, 1, n)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: the staging engine hands each chunk's slot to its MPI part alone.
                 let (s, r) = unsafe { b.slices() };
@@ -320,6 +341,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: usize::from(staged_recv),
             input: Some(input),
             output: is_root.then(|| rows(recv, 0, 1, n)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -342,6 +364,7 @@ impl<D: Device> Communicator<D> {
             input: is_root.then(|| (rows(buf, 0, 1, n), Into::Recv { part: 0 })),
             // The root's buffer does not change: nothing to copy back.
             output: (!is_root).then(|| rows(buf, 0, 1, n)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (_, r) = unsafe { b.slices() };
@@ -376,6 +399,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: n,
             input: Some(input),
             output: Some(rows(recv, 0, n, count)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -408,6 +432,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: n,
             input: Some(input),
             output: Some(rows(recv, 0, n, count)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -457,6 +482,7 @@ impl<D: Device> Communicator<D> {
             recv_parts,
             input: Some(input),
             output: is_root.then(|| rows(recv, 0, n, count)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -499,6 +525,7 @@ impl<D: Device> Communicator<D> {
             recv_parts,
             input,
             output,
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -534,6 +561,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: if send.is_some() { 1 } else { n },
             input: Some(input),
             output: Some(rows(recv, 0, 1, count)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -579,6 +607,7 @@ impl<D: Device> Communicator<D> {
             recv_parts: usize::from(recv.is_some()),
             input: send.map(|(s, _)| (rows(s, 0, 1, send_len), Into::Send)),
             output: recv.map(|(r, _)| rows(r, 0, 1, recv_len)),
+            device_reduce: None,
             chunk: Box::new(move |c, b| {
                 let sends: Vec<_> = b.send.map(|s| (s.block(0, send_len), dest.unwrap_or(0))).into_iter().collect();
                 let recvs: Vec<_> = source.map(|src| (b.recv.block(0, recv_len), src)).into_iter().collect();
@@ -877,6 +906,7 @@ fn whole<T>(
         recv_parts: usize::from(recv),
         input,
         output: None,
+        device_reduce: None,
         chunk: Box::new(chunk),
     }
 }

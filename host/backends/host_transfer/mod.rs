@@ -55,11 +55,23 @@ pub struct HostTransferConfig {
     /// the device buffers themselves instead of staging copies (v-collectives and multi-peer
     /// operations still stage, to pack their blocks).
     pub direct: bool,
+    /// Allreduces of at most this many bytes reduce on the device: the ranks' contributions
+    /// are allgathered into staging and the device combines them in rank order (with the
+    /// reduction kernels on a GPU) instead of the MPI library combining them on the host. It
+    /// moves `size` times the data to the device, so it pays only where host reduction is the
+    /// bottleneck (operators MPI has no native form for, few ranks); 0 turns it off.
+    pub device_reduce_max_bytes: usize,
 }
 
 impl Default for HostTransferConfig {
     fn default() -> Self {
-        HostTransferConfig { chunk_bytes: 1 << 20, depth: 3, pool_cap_bytes: 1 << 30, direct: true }
+        HostTransferConfig {
+            chunk_bytes: 1 << 20,
+            depth: 3,
+            pool_cap_bytes: 1 << 30,
+            direct: true,
+            device_reduce_max_bytes: 0,
+        }
     }
 }
 

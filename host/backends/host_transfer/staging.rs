@@ -16,7 +16,7 @@ use super::{Communicator, Shared};
 use crate::backends::mpi::Job;
 use crate::buffer::RawBuf;
 use crate::device::pool::{FlagSlot, PinnedBlock};
-use crate::device::{Copy2d, Device, DevicePtr, KeepAlive};
+use crate::device::{Copy2d, Device, DevicePtr, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
 use crate::progress::{OpFuture, Task};
 
@@ -84,6 +84,9 @@ pub(crate) struct Plan<T> {
     pub(crate) input: Option<(Region, Into)>,
     /// Device rows the receive area's first rows are copied back to.
     pub(crate) output: Option<Region>,
+    /// Reduce the receive area's `recv_parts` rows into the output rows on the device (with
+    /// the #3 kernels on a GPU) instead of copying them back.
+    pub(crate) device_reduce: Option<ReduceFns>,
     pub(crate) chunk: ChunkFn<T>,
 }
 
@@ -92,6 +95,9 @@ impl<T> Plan<T> {
     /// `(send, receive)` host addresses, the layout staging would have with one chunk. `None`
     /// for plans with piece lists, whose staging packs them.
     fn direct_areas(&self, sz: usize) -> Option<(usize, usize)> {
+        if self.device_reduce.is_some() {
+            return None;
+        }
         let rows = |r: &Region| match r {
             Region::Rows(rows) => Some(rows.ptr.0 as usize),
             Region::Pieces { .. } => None,
@@ -241,6 +247,11 @@ impl<D: Device> Communicator<D> {
                 // the slot before raising the output flag.
                 unsafe {
                     match dst {
+                        Region::Rows(dst) if plan.device_reduce.is_some() => {
+                            let fns = plan.device_reduce.ok_or(Error::Progress("device reduction"))?;
+                            let to = dst.ptr.offset(k * c * sz);
+                            device.reduce_h2d(stream, to, recv as *const u8, plan.recv_parts, len, fns)?
+                        }
                         Region::Rows(dst) => {
                             let row = dst.chunk_len(k, c) * sz;
                             let shape = Copy2d {

@@ -1,0 +1,650 @@
+//! The CUDA device: cudarc's driver API, loaded at run time (the crate builds and links
+//! without CUDA; [`driver_present`] says whether a driver can be loaded).
+//!
+//! Users bring their own [`CudaContext`], streams ([`Arc<CudaStream>`]) and buffers
+//! ([`CudaSlice`], [`CudaView`], [`CudaViewMut`]). The device adds what the HostTransfer backend
+//! needs on top:
+//!
+//! * pinned staging memory from `cuMemHostAlloc(PORTABLE | DEVICEMAP)` (cached, not
+//!   write-combined: the proxy thread reads it), and its mapped device address;
+//! * 2-D copies with `cuMemcpy2DAsync`, packed v-collective blocks with one launch of the
+//!   `pack_segments`/`unpack_segments` kernels;
+//! * flags: `cuStreamWriteValue32`/`cuStreamWaitValue32` ([`FlagPath::StreamMemOps`]) or the
+//!   Rust `signal`/`stream_wait` kernels ([`FlagPath::Kernels`]);
+//! * reductions of staged rows into device memory with the reduction kernels, reading the rows
+//!   through host-mapped memory.
+//!
+//! # Ordering with the buffers' own streams
+//! A cudarc buffer belongs to the stream it was allocated on (its *home*; it is freed there, in
+//! stream order). When an operation's stream is not a buffer's home, the device makes the
+//! operation's stream wait for the home stream's work queued so far before it touches the
+//! buffer, and the home stream wait for the operation's copies after them. So the buffer may be
+//! dropped, or used by kernels on its home stream, right after the call returns.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::result::DriverError;
+use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig, PushKernelArg,
+};
+use duralumin_kernels::Element;
+use duralumin_kernels::names::fixed;
+use duralumin_kernels::pack::Segment;
+
+use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, ReduceFns, sealed};
+use crate::error::{Error, Result};
+
+/// Whether a CUDA driver library can be loaded (checked before any other call: cudarc panics
+/// when the library is missing).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library; no CUDA call is made.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Number of CUDA devices, 0 without a driver.
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+}
+
+/// How streams write and wait for flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FlagPath {
+    /// Stream memory operations where the driver has them (CUDA 12 and later), else kernels.
+    #[default]
+    Auto,
+    /// `cuStreamWriteValue32` / `cuStreamWaitValue32` (the GPU front end polls; no SM is used).
+    StreamMemOps,
+    /// One-thread `signal` and `stream_wait` kernels from `duralumin-kernels` (works on any
+    /// driver; a waiting stream holds one SM slot while it spins).
+    Kernels,
+}
+
+fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
+    move |e| Error::Device { call, message: format!("{e:?}") }
+}
+
+/// Threads per block of the grid-stride kernels.
+const BLOCK: u32 = 256;
+
+/// A CUDA device for the HostTransfer backend: one context, its kernels and its flag path.
+#[derive(Clone)]
+pub struct CudaDevice {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ctx: Arc<CudaContext>,
+    flags: FlagPath,
+    sms: u32,
+    max_pitch: usize,
+    /// Loaded kernel modules by PTX text address, and functions by entry name.
+    modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.inner.ctx.ordinal())
+            .field("flags", &self.inner.flags)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaDevice {
+    /// The device of `ctx`, with the flag path chosen automatically.
+    pub fn new(ctx: Arc<CudaContext>) -> Result<Self> {
+        Self::with_flag_path(ctx, FlagPath::Auto)
+    }
+
+    /// The device of `ctx` with flags written and awaited by `flags` (both paths are tested;
+    /// [`FlagPath::Kernels`] needs the builtin kernels, see [`crate::device_code`]).
+    pub fn with_flag_path(ctx: Arc<CudaContext>, flags: FlagPath) -> Result<Self> {
+        let flags = match flags {
+            FlagPath::Auto => {
+                let mut version = 0;
+                // SAFETY: writes one int; the library is loaded (a context exists).
+                let ok = unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS;
+                if ok && version >= 12000 { FlagPath::StreamMemOps } else { FlagPath::Kernels }
+            }
+            other => other,
+        };
+        let attr = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
+        let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let max_pitch = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?.max(0) as usize;
+        let device = CudaDevice {
+            inner: Arc::new(Inner {
+                ctx,
+                flags,
+                sms,
+                max_pitch,
+                modules: Mutex::default(),
+                functions: Mutex::default(),
+            }),
+        };
+        if flags == FlagPath::Kernels {
+            // Fail now, not on the first operation, when the kernels are missing.
+            device.function(fixed::SIGNAL)?;
+            device.function(fixed::STREAM_WAIT)?;
+        }
+        Ok(device)
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The flag path in use (never [`FlagPath::Auto`]).
+    pub fn flag_path(&self) -> FlagPath {
+        self.inner.flags
+    }
+
+    /// The kernel `entry` of a registered module, loaded into this context on first use.
+    fn function(&self, entry: &str) -> Result<CudaFunction> {
+        let mut functions = self.inner.functions.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(f) = functions.get(entry) {
+            return Ok(f.clone());
+        }
+        let kernel = crate::device_code::find_ptx(entry)?;
+        let module = {
+            let mut modules = self.inner.modules.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = kernel.ptx.text.as_ptr() as usize;
+            match modules.get(&key) {
+                Some(m) => Arc::clone(m),
+                None => {
+                    let ptx = cudarc::nvrtc::Ptx::from_src(kernel.ptx.text);
+                    let m = self.inner.ctx.load_module(ptx).map_err(driver("cuModuleLoadData"))?;
+                    modules.insert(key, Arc::clone(&m));
+                    m
+                }
+            }
+        };
+        let f = module.load_function(kernel.entry).map_err(driver("cuModuleGetFunction"))?;
+        functions.insert(entry.to_owned(), f.clone());
+        Ok(f)
+    }
+
+    /// A grid-stride launch shape for `items` work items.
+    fn grid(&self, items: usize) -> LaunchConfig {
+        let blocks = items.div_ceil(BLOCK as usize * 4).clamp(1, self.inner.sms as usize * 8) as u32;
+        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+    }
+
+    fn check_stream(&self, stream: &CudaStream) -> Result<()> {
+        if Arc::ptr_eq(stream.context(), &self.inner.ctx) {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice {
+                what: "stream",
+                expected: self.name(),
+                found: format!("a stream of another context (device {})", stream.context().ordinal()),
+            })
+        }
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.inner.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
+    }
+
+    /// Orders `stream` after the home streams among `keep` (buffers' own streams).
+    fn after_homes(&self, stream: &Arc<CudaStream>, keep: &[KeepAlive]) -> Result<()> {
+        for home in homes(keep, stream) {
+            stream.join(home).map_err(driver("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+
+    /// Orders the home streams among `keep` after the work queued on `stream` so far, and keeps
+    /// anything else in `keep` alive until that work has run.
+    fn before_homes(&self, stream: &Arc<CudaStream>, keep: Vec<KeepAlive>) -> Result<()> {
+        let mut others = Vec::new();
+        for k in keep {
+            match k.downcast_ref::<Home>() {
+                Some(home) if !Arc::ptr_eq(&home.0, stream) => {
+                    home.0.join(stream).map_err(driver("cuStreamWaitEvent"))?
+                }
+                Some(_) => {}
+                None => others.push(k),
+            }
+        }
+        self.hold(stream, others)
+    }
+
+    /// Keeps `keep` alive until the work queued on `stream` so far has run: a host function
+    /// hands it to the reaper thread, which drops it (host functions may not call CUDA, and a
+    /// drop might free pinned memory).
+    fn hold(&self, stream: &CudaStream, keep: Vec<KeepAlive>) -> Result<()> {
+        if keep.is_empty() {
+            return Ok(());
+        }
+        let payload = Box::into_raw(Box::new(keep));
+        // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
+        let r = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release), payload.cast()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the host function was not queued, so the box is still ours.
+            drop(unsafe { Box::from_raw(payload) });
+            return Err(Error::Device { call: "cuLaunchHostFunc", message: format!("{r:?}") });
+        }
+        Ok(())
+    }
+
+    /// One 2-D (or 1-D) copy.
+    ///
+    /// # Safety
+    /// As [`Device::copy_d2h`]; exactly one side is host memory.
+    unsafe fn copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        to_host: bool,
+        host: *mut u8,
+        device: DevicePtr,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        if shape.bytes() == 0 {
+            return self.hold(stream, keep.into_iter().collect());
+        }
+        self.bind()?;
+        let keep: Vec<KeepAlive> = keep.into_iter().collect();
+        self.after_homes(stream, &keep)?;
+        let (host_pitch, device_pitch) =
+            if to_host { (shape.dst_pitch, shape.src_pitch) } else { (shape.src_pitch, shape.dst_pitch) };
+        let s = stream.cu_stream();
+        let contiguous = shape.rows == 1 || (host_pitch == shape.row_bytes && device_pitch == shape.row_bytes);
+        // Rows further apart than the driver's 2-D limit go one by one.
+        let rows: Vec<(usize, usize, usize)> = if contiguous {
+            vec![(0, 0, shape.bytes())]
+        } else if host_pitch.max(device_pitch) <= self.inner.max_pitch {
+            Vec::new()
+        } else {
+            (0..shape.rows).map(|r| (r * host_pitch, r * device_pitch, shape.row_bytes)).collect()
+        };
+        // SAFETY: the caller guarantees both sides are valid for the shape until the copy has
+        // run; the host side is pinned memory, so the copies are asynchronous.
+        let r = unsafe {
+            if rows.is_empty() {
+                let mut p: sys::CUDA_MEMCPY2D = std::mem::zeroed();
+                p.WidthInBytes = shape.row_bytes;
+                p.Height = shape.rows;
+                if to_host {
+                    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    p.srcDevice = device.0;
+                    p.srcPitch = device_pitch;
+                    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+                    p.dstHost = host.cast();
+                    p.dstPitch = host_pitch;
+                } else {
+                    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+                    p.srcHost = host as *const c_void;
+                    p.srcPitch = host_pitch;
+                    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                    p.dstDevice = device.0;
+                    p.dstPitch = device_pitch;
+                }
+                sys::cuMemcpy2DAsync_v2(&p, s)
+            } else {
+                let mut r = sys::CUresult::CUDA_SUCCESS;
+                for (h, d, bytes) in rows {
+                    r = if to_host {
+                        sys::cuMemcpyDtoHAsync_v2(host.add(h).cast(), device.0 + d as u64, bytes, s)
+                    } else {
+                        sys::cuMemcpyHtoDAsync_v2(device.0 + d as u64, host.add(h) as *const c_void, bytes, s)
+                    };
+                    if r != sys::CUresult::CUDA_SUCCESS {
+                        break;
+                    }
+                }
+                r
+            }
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Device { call: "cuMemcpy2DAsync", message: format!("{r:?}") });
+        }
+        self.before_homes(stream, keep)
+    }
+
+    /// One launch of the pack (`to_host`) or unpack kernel over `pieces`.
+    ///
+    /// # Safety
+    /// As [`Device::pack_d2h`].
+    unsafe fn pieces(
+        &self,
+        stream: &Arc<CudaStream>,
+        to_host: bool,
+        host: *mut u8,
+        pieces: Vec<(DevicePtr, usize)>,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        let total: usize = pieces.iter().map(|p| p.1).sum();
+        let nonempty: Vec<(DevicePtr, usize)> = pieces.into_iter().filter(|p| p.1 > 0).collect();
+        let Some(base) = nonempty.iter().map(|p| p.0).min() else {
+            return self.hold(stream, keep);
+        };
+        self.bind()?;
+        self.after_homes(stream, &keep)?;
+        let mapped = self.mapped(host)?;
+        // Device offsets from `base`; the host side is packed in piece order.
+        let segments: Vec<Segment> =
+            nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&segments);
+        // The segment list goes to device memory in stream order and is freed the same way.
+        let list: CudaSlice<u8> = stream.clone_htod(bytes).map_err(driver("cuMemcpyHtoDAsync"))?;
+        let count = segments.len();
+        let (f, dst, src) = if to_host {
+            (self.function(fixed::PACK_SEGMENTS)?, mapped.0, base.0)
+        } else {
+            (self.function(fixed::UNPACK_SEGMENTS)?, base.0, mapped.0)
+        };
+        {
+            let (list_ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&list, stream);
+            let mut launch = stream.launch_builder(&f);
+            launch.arg(&dst).arg(&src).arg(&list_ptr).arg(&count);
+            // SAFETY: the pack kernels take `(dst, src, segments, count)`; every segment lies in
+            // a piece the caller guarantees valid, the packed side holds `total` bytes.
+            unsafe { launch.launch(self.grid(total / 16 + 1)) }.map_err(driver("cuLaunchKernel"))?;
+        }
+        drop(list);
+        self.before_homes(stream, keep)
+    }
+
+    /// A one-thread launch of a flag kernel.
+    fn flag_kernel(&self, stream: &CudaStream, entry: &str, flag: Flag, value: u32) -> Result<()> {
+        let f = self.function(entry)?;
+        let ptr = flag.device.0;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&ptr).arg(&value);
+        let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the flag kernels take `(flag, value)`; the flag is host-mapped memory the
+        // caller keeps allocated until the kernel has run.
+        unsafe { launch.launch(one) }.map(drop).map_err(driver("cuLaunchKernel"))
+    }
+}
+
+/// A buffer's home stream, as carried in its keep-alive.
+struct Home(Arc<CudaStream>);
+
+/// The distinct home streams among `keep` other than `stream`.
+fn homes<'a>(keep: &'a [KeepAlive], stream: &Arc<CudaStream>) -> Vec<&'a Arc<CudaStream>> {
+    let mut out: Vec<&Arc<CudaStream>> = Vec::new();
+    for home in keep.iter().filter_map(|k| k.downcast_ref::<Home>()) {
+        if !Arc::ptr_eq(&home.0, stream) && !out.iter().any(|h| Arc::ptr_eq(h, &home.0)) {
+            out.push(&home.0);
+        }
+    }
+    out
+}
+
+/// The thread that drops what host functions release (see [`CudaDevice::hold`]).
+fn reaper() -> &'static Mutex<Sender<Vec<KeepAlive>>> {
+    static REAPER: OnceLock<Mutex<Sender<Vec<KeepAlive>>>> = OnceLock::new();
+    REAPER.get_or_init(|| {
+        let (tx, rx) = channel::<Vec<KeepAlive>>();
+        let spawned = std::thread::Builder::new().name("duralumin-cuda-reaper".into()).spawn(move || {
+            for keep in rx {
+                drop(keep);
+            }
+        });
+        // Without the thread the receiver is gone and sends fail: `release` then leaks
+        // the payload instead of dropping it on the driver's thread.
+        drop(spawned);
+        Mutex::new(tx)
+    })
+}
+
+/// Host function queued by [`CudaDevice::hold`].
+///
+/// # Safety
+/// `payload` is a `Box<Vec<KeepAlive>>` from `Box::into_raw`, passed exactly once.
+unsafe extern "C" fn release(payload: *mut c_void) {
+    // SAFETY: guaranteed by the caller (the driver passes back what `hold` queued).
+    let keep = unsafe { Box::from_raw(payload.cast::<Vec<KeepAlive>>()) };
+    let tx = reaper().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Err(unsent) = tx.send(*keep) {
+        std::mem::forget(unsent);
+    }
+}
+
+impl sealed::Sealed for CudaDevice {}
+
+impl Device for CudaDevice {
+    type Stream = Arc<CudaStream>;
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.inner.ctx.ordinal())
+    }
+
+    fn ordinal(&self) -> usize {
+        self.inner.ctx.ordinal()
+    }
+
+    fn owns(&self, stream: &Arc<CudaStream>) -> bool {
+        Arc::ptr_eq(stream.context(), &self.inner.ctx)
+    }
+
+    fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.inner.ctx.new_stream().map_err(driver("cuStreamCreate"))
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<*mut u8> {
+        self.bind()?;
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: allocates `bytes.max(1)` bytes of page-locked memory; zero-filled below
+        // before anyone reads it.
+        let ptr = unsafe { cudarc::driver::result::malloc_host(bytes.max(1), flags) }.map_err(|e| match e.0 {
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Error::OutOfMemory { what: "pinned host memory (cuMemHostAlloc)", bytes }
+            }
+            _ => driver("cuMemHostAlloc")(e),
+        })?;
+        // SAFETY: `ptr` is a fresh allocation of at least `bytes` bytes.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        Ok(ptr.cast())
+    }
+
+    unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) {
+        if self.bind().is_ok() {
+            // SAFETY: the caller guarantees `ptr` came from `alloc_pinned` and no queued work
+            // uses it.
+            let _ = unsafe { cudarc::driver::result::free_host(ptr.cast()) };
+        }
+    }
+
+    fn mapped(&self, host: *mut u8) -> Result<DevicePtr> {
+        self.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `host` lies in memory from `cuMemHostAlloc(DEVICEMAP)`; writes one address.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host.cast(), 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Device { call: "cuMemHostGetDevicePointer", message: format!("{r:?}") });
+        }
+        Ok(DevicePtr(ptr))
+    }
+
+    unsafe fn copy_d2h(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: *mut u8,
+        src: DevicePtr,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.copy(stream, true, dst, src, shape, keep) }
+    }
+
+    unsafe fn copy_h2d(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: DevicePtr,
+        src: *const u8,
+        shape: Copy2d,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller; the host side is only read.
+        unsafe { self.copy(stream, false, src.cast_mut(), dst, shape, keep) }
+    }
+
+    unsafe fn pack_d2h(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: *mut u8,
+        pieces: Vec<(DevicePtr, usize)>,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pieces(stream, true, dst, pieces, keep) }
+    }
+
+    unsafe fn unpack_h2d(
+        &self,
+        stream: &Arc<CudaStream>,
+        pieces: Vec<(DevicePtr, usize)>,
+        src: *const u8,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller; the host side is only read.
+        unsafe { self.pieces(stream, false, src.cast_mut(), pieces, keep) }
+    }
+
+    unsafe fn write_flag(&self, stream: &Arc<CudaStream>, flag: Flag, value: u32) -> Result<()> {
+        self.check_stream(stream)?;
+        self.bind()?;
+        match self.inner.flags {
+            FlagPath::Kernels => self.flag_kernel(stream, fixed::SIGNAL, flag, value),
+            _ => {
+                let default = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+                // SAFETY: the flag is host-mapped memory held until the write has run (the
+                // caller's contract); the default flags order the write after all prior work
+                // of the stream, behind a system-wide fence.
+                let r = unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), flag.device.0, value, default) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(Error::Device { call: "cuStreamWriteValue32", message: format!("{r:?}") });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    unsafe fn wait_flag(
+        &self,
+        stream: &Arc<CudaStream>,
+        flag: Flag,
+        value: u32,
+        keep: Option<KeepAlive>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        self.bind()?;
+        match self.inner.flags {
+            FlagPath::Kernels => self.flag_kernel(stream, fixed::STREAM_WAIT, flag, value)?,
+            _ => {
+                // GEQ compares cyclically, `(int32_t)(*flag - value) >= 0`, as `reached` does.
+                let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+                // SAFETY: as in `write_flag`; the wait holds the stream until the value arrives.
+                let r = unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), flag.device.0, value, geq) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(Error::Device { call: "cuStreamWaitValue32", message: format!("{r:?}") });
+                }
+            }
+        }
+        self.hold(stream, keep.into_iter().collect())
+    }
+
+    unsafe fn reduce_h2d(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: DevicePtr,
+        src: *const u8,
+        rows: usize,
+        len: usize,
+        op: ReduceFns,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        if rows == 0 || len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let row = len * op.elem_size;
+        let reduce = self.function(op.reduce.as_str())?;
+        let finish = op.finish.map(|f| self.function(f.as_str())).transpose()?;
+        // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len` of
+        // pinned memory, both valid until the work has run.
+        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), row, stream.cu_stream()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Device { call: "cuMemcpyHtoDAsync", message: format!("{r:?}") });
+        }
+        let cfg = self.grid(len);
+        for r in 1..rows {
+            // SAFETY: row `r` lies inside the caller's pinned allocation.
+            let from = self.mapped(unsafe { src.add(r * row) }.cast_mut())?.0;
+            let mut launch = stream.launch_builder(&reduce);
+            launch.arg(&dst.0).arg(&from).arg(&len);
+            // SAFETY: reduce kernels take `(dst, src, n)` over `n` elements of the operator's
+            // type; both ranges are valid (the caller's contract) and do not overlap.
+            unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        }
+        if let Some(finish) = finish {
+            let mut launch = stream.launch_builder(&finish);
+            launch.arg(&dst.0).arg(&len).arg(&op.ranks);
+            // SAFETY: finish kernels take `(dst, n, ranks)`; `dst` holds `len` elements.
+            unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        }
+        Ok(())
+    }
+
+    fn join(&self, waiter: &Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check_stream(waiter)?;
+        self.check_stream(stream)?;
+        if Arc::ptr_eq(waiter, stream) {
+            return Ok(());
+        }
+        waiter.join(stream).map_err(driver("cuStreamWaitEvent"))
+    }
+
+    fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.check_stream(stream)?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+}
+
+/// Implements [`DeviceSlice`] for cudarc's buffer types: the address is read with cudarc's
+/// `DevicePtr` on the buffer's home stream (so its event tracking sees a read there), and the
+/// keep-alive carries the home stream for the ordering described in the module docs.
+macro_rules! cuda_slice {
+    ($($ty:ty),*) => {$(
+        impl<T: Element> sealed::Sealed for $ty {}
+
+        impl<T: Element> DeviceSlice<CudaDevice> for $ty {
+            type Elem = T;
+
+            fn device_ptr(&self) -> DevicePtr {
+                let home = cudarc::driver::DeviceSlice::stream(self);
+                let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(self, home);
+                DevicePtr(ptr)
+            }
+
+            fn len(&self) -> usize {
+                cudarc::driver::DeviceSlice::len(self)
+            }
+
+            fn ordinal(&self) -> usize {
+                cudarc::driver::DeviceSlice::stream(self).context().ordinal()
+            }
+
+            fn keep_alive(&self) -> Option<KeepAlive> {
+                Some(Arc::new(Home(Arc::clone(cudarc::driver::DeviceSlice::stream(self)))))
+            }
+        }
+    )*};
+}
+
+cuda_slice!(CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>);
