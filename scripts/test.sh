@@ -10,3 +10,8 @@ export DURALUMIN_REQUIRE_KERNELS=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --workspace --release
+# The HIP device (Debian's libamdhip64-dev, installed by setup.sh): compiled, linted and linked;
+# its test reports itself skipped without an AMD GPU.
+export HIP_PATH=/usr
+cargo clippy --release --features hip --lib --test hip_device -- -D warnings
+cargo test --release --features hip --lib --test hip_device

@@ -16,10 +16,10 @@
 //!
 //! # Ordering with the buffers' own streams
 //! A cudarc buffer belongs to the stream it was allocated on (its *home*; it is freed there, in
-//! stream order). When an operation's stream is not a buffer's home, the device makes the
-//! operation's stream wait for the home stream's work queued so far before it touches the
-//! buffer, and the home stream wait for the operation's copies after them. So the buffer may be
-//! dropped, or used by kernels on its home stream, right after the call returns.
+//! stream order). When an operation's stream is not a buffer's home, the operation's stream
+//! waits for the home stream's work queued so far before the operation starts, and the home
+//! stream waits for the operation's end. So the buffer may be dropped, or used by kernels on
+//! its home stream, right after the call returns.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -194,28 +194,10 @@ impl CudaDevice {
         self.inner.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
     }
 
-    /// Orders `stream` after the home streams among `keep` (buffers' own streams).
-    fn after_homes(&self, stream: &Arc<CudaStream>, keep: &[KeepAlive]) -> Result<()> {
-        for home in homes(keep, stream) {
-            stream.join(home).map_err(driver("cuStreamWaitEvent"))?;
-        }
-        Ok(())
-    }
-
-    /// Orders the home streams among `keep` after the work queued on `stream` so far, and keeps
-    /// anything else in `keep` alive until that work has run.
-    fn before_homes(&self, stream: &Arc<CudaStream>, keep: Vec<KeepAlive>) -> Result<()> {
-        let mut others = Vec::new();
-        for k in keep {
-            match k.downcast_ref::<Home>() {
-                Some(home) if !Arc::ptr_eq(&home.0, stream) => {
-                    home.0.join(stream).map_err(driver("cuStreamWaitEvent"))?
-                }
-                Some(_) => {}
-                None => others.push(k),
-            }
-        }
-        self.hold(stream, others)
+    /// Keeps the entries of `keep` that are not home streams alive until the work queued on
+    /// `stream` so far has run (home streams are ordered by `acquire`/`release` instead).
+    fn hold_others(&self, stream: &CudaStream, keep: Vec<KeepAlive>) -> Result<()> {
+        self.hold(stream, keep.into_iter().filter(|k| !k.is::<Home>()).collect())
     }
 
     /// Keeps `keep` alive until the work queued on `stream` so far has run: a host function
@@ -251,11 +233,9 @@ impl CudaDevice {
     ) -> Result<()> {
         self.check_stream(stream)?;
         if shape.bytes() == 0 {
-            return self.hold(stream, keep.into_iter().collect());
+            return self.hold_others(stream, keep.into_iter().collect());
         }
         self.bind()?;
-        let keep: Vec<KeepAlive> = keep.into_iter().collect();
-        self.after_homes(stream, &keep)?;
         let (host_pitch, device_pitch) =
             if to_host { (shape.dst_pitch, shape.src_pitch) } else { (shape.src_pitch, shape.dst_pitch) };
         let s = stream.cu_stream();
@@ -309,7 +289,7 @@ impl CudaDevice {
         if r != sys::CUresult::CUDA_SUCCESS {
             return Err(Error::Device { call: "cuMemcpy2DAsync", message: format!("{r:?}") });
         }
-        self.before_homes(stream, keep)
+        self.hold_others(stream, keep.into_iter().collect())
     }
 
     /// One launch of the pack (`to_host`) or unpack kernel over `pieces`.
@@ -328,10 +308,9 @@ impl CudaDevice {
         let total: usize = pieces.iter().map(|p| p.1).sum();
         let nonempty: Vec<(DevicePtr, usize)> = pieces.into_iter().filter(|p| p.1 > 0).collect();
         let Some(base) = nonempty.iter().map(|p| p.0).min() else {
-            return self.hold(stream, keep);
+            return self.hold_others(stream, keep);
         };
         self.bind()?;
-        self.after_homes(stream, &keep)?;
         let mapped = self.mapped(host)?;
         // Device offsets from `base`; the host side is packed in piece order.
         let segments: Vec<Segment> =
@@ -354,7 +333,7 @@ impl CudaDevice {
             unsafe { launch.launch(self.grid(total / 16 + 1)) }.map_err(driver("cuLaunchKernel"))?;
         }
         drop(list);
-        self.before_homes(stream, keep)
+        self.hold_others(stream, keep)
     }
 
     /// A one-thread launch of a flag kernel.
@@ -597,6 +576,20 @@ impl Device for CudaDevice {
             launch.arg(&dst.0).arg(&len).arg(&op.ranks);
             // SAFETY: finish kernels take `(dst, n, ranks)`; `dst` holds `len` elements.
             unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        }
+        Ok(())
+    }
+
+    fn acquire(&self, stream: &Arc<CudaStream>, keep: &[KeepAlive]) -> Result<()> {
+        for home in homes(keep, stream) {
+            stream.join(home).map_err(driver("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+
+    fn release(&self, stream: &Arc<CudaStream>, keep: &[KeepAlive]) -> Result<()> {
+        for home in homes(keep, stream) {
+            home.join(stream).map_err(driver("cuStreamWaitEvent"))?;
         }
         Ok(())
     }

@@ -290,6 +290,20 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
         op: ReduceFns,
     ) -> Result<()>;
 
+    /// Before an operation's first work on `stream`: orders `stream` after the work the buffers
+    /// behind `keep` have pending elsewhere (a cudarc buffer's own stream). Nothing by default.
+    fn acquire(&self, stream: &Self::Stream, keep: &[KeepAlive]) -> Result<()> {
+        let _ = (stream, keep);
+        Ok(())
+    }
+
+    /// After an operation's last work on `stream`: orders the buffers' own streams after it, so
+    /// they may be used or freed there at once. Nothing by default.
+    fn release(&self, stream: &Self::Stream, keep: &[KeepAlive]) -> Result<()> {
+        let _ = (stream, keep);
+        Ok(())
+    }
+
     /// Makes `waiter` wait for the work queued on `stream` so far, without blocking the host.
     fn join(&self, waiter: &Self::Stream, stream: &Self::Stream) -> Result<()>;
 

@@ -100,6 +100,9 @@ pub struct Communicator<D: Device> {
     stream: D::Stream,
     /// The internal stream non-blocking operations run on (made on first use).
     side: OnceCell<D::Stream>,
+    /// The internal device-to-host and host-to-device copy streams of pipelined staging (made
+    /// on first use).
+    copies: OnceCell<(D::Stream, D::Stream)>,
     tickets: Cell<u64>,
     config: HostTransferConfig,
     engine: Arc<Engine>,
@@ -166,6 +169,7 @@ impl<D: Device> Communicator<D> {
             }),
             stream,
             side: OnceCell::new(),
+            copies: OnceCell::new(),
             tickets: Cell::new(0),
             config,
             engine: Engine::get()?,
@@ -230,6 +234,16 @@ impl<D: Device> Communicator<D> {
         let side = self.side.get().ok_or(Error::Progress("no internal stream"))?;
         self.shared.device.join(side, &self.stream)?;
         Ok(side)
+    }
+
+    /// The internal copy streams (device-to-host, host-to-device).
+    fn copy_streams(&self) -> Result<(&D::Stream, &D::Stream)> {
+        if self.copies.get().is_none() {
+            let pair = (self.shared.device.new_stream()?, self.shared.device.new_stream()?);
+            let _ = self.copies.set(pair);
+        }
+        let (i, o) = self.copies.get().ok_or(Error::Progress("no copy streams"))?;
+        Ok((i, o))
     }
 
     fn next_ticket(&self) -> u64 {

@@ -143,6 +143,8 @@ struct InFlight<D: Device> {
     chunks: u32,
     input: FlagSlot<D>,
     output: FlagSlot<D>,
+    /// Raised by the output stream when a chunk's slot may be refilled (two-stream staging).
+    _freed: Option<FlagSlot<D>>,
     done: Arc<FlagSlot<D>>,
     staging: Option<PinnedBlock<D>>,
     /// The device buffers, held while the MPI part works on them directly.
@@ -190,6 +192,21 @@ impl<D: Device> Communicator<D> {
         let staging = if direct.is_some() { None } else { Some(self.shared.pools.take(slots * slot_elems * sz)?) };
         let pools = &self.shared.pools;
         let (input, output, done) = (pools.flag()?, pools.flag()?, Arc::new(pools.flag()?));
+        // Pipelined staging copies in both directions at once: device-to-host copies on one
+        // internal stream, host-to-device copies on another, both ordered after `stream` (and
+        // the buffers' own streams) and `stream` after them. A slot is refilled once the other
+        // stream has raised `freed` for the chunk that used it.
+        let keeps = plan.keep_alives();
+        device.acquire(stream, &keeps)?;
+        let two = direct.is_none() && chunks > 1;
+        let (ins, outs, freed) = if two {
+            let (i, o) = self.copy_streams()?;
+            device.join(i, stream)?;
+            device.join(o, stream)?;
+            (i, o, Some(pools.flag()?))
+        } else {
+            (stream, stream, None)
+        };
         let base = staging.as_ref().map_or(0, |s| s.ptr() as usize);
         let (count, send_parts) = (plan.count, plan.send_parts);
         let len_of = move |k: usize| c.min(count - (k * c).min(count));
@@ -203,6 +220,11 @@ impl<D: Device> Communicator<D> {
         };
 
         let stage_in = |k: usize| -> Result<()> {
+            if let (Some(freed), true) = (&freed, k >= slots) {
+                // SAFETY: the flag slot is held until the stream raised `done`, after this wait,
+                // and the output stream raises it independently of this one.
+                unsafe { device.wait_flag(ins, freed.flag(), (k - slots + 1) as u32, None)? };
+            }
             if let (Some((src, into)), None) = (&plan.input, direct) {
                 let len = len_of(k);
                 let (send, recv) = areas(k);
@@ -226,20 +248,20 @@ impl<D: Device> Communicator<D> {
                                 dst_pitch: len * sz,
                             };
                             let from = src.ptr.offset(k * c * sz);
-                            device.copy_d2h(stream, dst as *mut u8, from, shape, src.keep.clone())?
+                            device.copy_d2h(ins, dst as *mut u8, from, shape, src.keep.clone())?
                         }
                         Region::Pieces { pieces, keep } => {
-                            device.pack_d2h(stream, dst as *mut u8, pieces.clone(), keep.clone())?
+                            device.pack_d2h(ins, dst as *mut u8, pieces.clone(), keep.clone())?
                         }
                     }
                 }
             }
             // SAFETY: the flag slot is held until the stream raised `done`, after this write.
-            unsafe { device.write_flag(stream, input.flag(), (k + 1) as u32) }
+            unsafe { device.write_flag(ins, input.flag(), (k + 1) as u32) }
         };
         let stage_out = |k: usize| -> Result<()> {
             // SAFETY: as for the input flag; the proxy thread raises the output flag.
-            unsafe { device.wait_flag(stream, output.flag(), (k + 1) as u32, None)? };
+            unsafe { device.wait_flag(outs, output.flag(), (k + 1) as u32, None)? };
             if let (Some(dst), None) = (&plan.output, direct) {
                 let len = len_of(k);
                 let (_, recv) = areas(k);
@@ -250,7 +272,7 @@ impl<D: Device> Communicator<D> {
                         Region::Rows(dst) if plan.device_reduce.is_some() => {
                             let fns = plan.device_reduce.ok_or(Error::Progress("device reduction"))?;
                             let to = dst.ptr.offset(k * c * sz);
-                            device.reduce_h2d(stream, to, recv as *const u8, plan.recv_parts, len, fns)?
+                            device.reduce_h2d(outs, to, recv as *const u8, plan.recv_parts, len, fns)?
                         }
                         Region::Rows(dst) => {
                             let row = dst.chunk_len(k, c) * sz;
@@ -261,13 +283,17 @@ impl<D: Device> Communicator<D> {
                                 dst_pitch: dst.pitch * sz,
                             };
                             let to = dst.ptr.offset(k * c * sz);
-                            device.copy_h2d(stream, to, recv as *const u8, shape, dst.keep.clone())?
+                            device.copy_h2d(outs, to, recv as *const u8, shape, dst.keep.clone())?
                         }
                         Region::Pieces { pieces, keep } => {
-                            device.unpack_h2d(stream, pieces.clone(), recv as *const u8, keep.clone())?
+                            device.unpack_h2d(outs, pieces.clone(), recv as *const u8, keep.clone())?
                         }
                     }
                 }
+            }
+            if let Some(freed) = &freed {
+                // SAFETY: as for the input flag.
+                unsafe { device.write_flag(outs, freed.flag(), (k + 1) as u32)? };
             }
             Ok(())
         };
@@ -280,9 +306,16 @@ impl<D: Device> Communicator<D> {
                 stage_in(k + slots)?;
             }
         }
+        if two {
+            device.join(outs, ins)?;
+        }
         // SAFETY: `done` is held by the operation until it has seen this store, and by the
         // request (if any) as long as it exists.
-        unsafe { device.write_flag(stream, done.flag(), 1)? };
+        unsafe { device.write_flag(outs, done.flag(), 1)? };
+        if two {
+            device.join(stream, outs)?;
+        }
+        device.release(stream, &keeps)?;
 
         let ticket = self.next_ticket();
         let mut op = InFlight {
@@ -292,9 +325,10 @@ impl<D: Device> Communicator<D> {
             chunks: chunks32,
             input,
             output,
+            _freed: freed,
             done: Arc::clone(&done),
             staging,
-            keep: if direct.is_some() { plan.keep_alives() } else { Vec::new() },
+            keep: if direct.is_some() { keeps } else { Vec::new() },
         };
         let recv_parts = plan.recv_parts;
         let in_place = !matches!(plan.input, Some((_, Into::Send)));
