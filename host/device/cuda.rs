@@ -23,8 +23,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
@@ -207,6 +206,7 @@ impl CudaDevice {
         if keep.is_empty() {
             return Ok(());
         }
+        super::reaper::start("cuLaunchHostFunc")?;
         let payload = Box::into_raw(Box::new(keep));
         // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
         let r = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release), payload.cast()) };
@@ -363,23 +363,6 @@ fn homes<'a>(keep: &'a [KeepAlive], stream: &Arc<CudaStream>) -> Vec<&'a Arc<Cud
     out
 }
 
-/// The thread that drops what host functions release (see [`CudaDevice::hold`]).
-fn reaper() -> &'static Mutex<Sender<Vec<KeepAlive>>> {
-    static REAPER: OnceLock<Mutex<Sender<Vec<KeepAlive>>>> = OnceLock::new();
-    REAPER.get_or_init(|| {
-        let (tx, rx) = channel::<Vec<KeepAlive>>();
-        let spawned = std::thread::Builder::new().name("duralumin-cuda-reaper".into()).spawn(move || {
-            for keep in rx {
-                drop(keep);
-            }
-        });
-        // Without the thread the receiver is gone and sends fail: `release` then leaks
-        // the payload instead of dropping it on the driver's thread.
-        drop(spawned);
-        Mutex::new(tx)
-    })
-}
-
 /// Host function queued by [`CudaDevice::hold`].
 ///
 /// # Safety
@@ -387,10 +370,7 @@ fn reaper() -> &'static Mutex<Sender<Vec<KeepAlive>>> {
 unsafe extern "C" fn release(payload: *mut c_void) {
     // SAFETY: guaranteed by the caller (the driver passes back what `hold` queued).
     let keep = unsafe { Box::from_raw(payload.cast::<Vec<KeepAlive>>()) };
-    let tx = reaper().lock().unwrap_or_else(PoisonError::into_inner);
-    if let Err(unsent) = tx.send(*keep) {
-        std::mem::forget(unsent);
-    }
+    super::reaper::reap(*keep);
 }
 
 impl sealed::Sealed for CudaDevice {}

@@ -57,7 +57,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use duralumin_kernels::Element;
@@ -562,9 +561,9 @@ impl HipDevice {
         if keep.is_empty() {
             return Ok(());
         }
-        let (error, keep) = match reaper() {
+        let (error, keep) = match super::reaper::start("hipStreamAddCallback") {
             Err(e) => (e, keep),
-            Ok(_) => {
+            Ok(()) => {
                 let payload = Box::into_raw(Box::new(keep));
                 // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
                 let status = unsafe { sys::hipStreamAddCallback(stream.raw(), Some(release), payload.cast(), 0) };
@@ -765,29 +764,6 @@ impl Drop for DeviceMemory {
     }
 }
 
-/// The thread that drops what host callbacks release (see [`HipDevice::hold`]); `None` when it
-/// could not be started.
-static REAPER: OnceLock<Option<Sender<Vec<KeepAlive>>>> = OnceLock::new();
-
-/// The reaper, started on first use (never from a callback).
-fn reaper() -> Result<&'static Sender<Vec<KeepAlive>>> {
-    REAPER
-        .get_or_init(|| {
-            let (tx, rx) = channel::<Vec<KeepAlive>>();
-            let spawned = std::thread::Builder::new().name("duralumin-hip-reaper".into()).spawn(move || {
-                for keep in rx {
-                    drop(keep);
-                }
-            });
-            spawned.ok().map(|_| tx)
-        })
-        .as_ref()
-        .ok_or_else(|| Error::Device {
-            call: "hipStreamAddCallback",
-            message: "the thread that releases keep-alives could not start".into(),
-        })
-}
-
 /// Host callback queued by [`HipDevice::hold`]: hands the payload to the reaper.
 ///
 /// # Safety
@@ -795,15 +771,7 @@ fn reaper() -> Result<&'static Sender<Vec<KeepAlive>>> {
 unsafe extern "C" fn release(_stream: sys::hipStream_t, _status: sys::Status, payload: *mut c_void) {
     // SAFETY: guaranteed by the caller (the runtime passes back what `hold` queued).
     let keep = unsafe { Box::from_raw(payload.cast::<Vec<KeepAlive>>()) };
-    match REAPER.get() {
-        Some(Some(tx)) => {
-            if let Err(unsent) = tx.send(*keep) {
-                // The reaper is gone: leaking beats dropping (and maybe calling HIP) here.
-                std::mem::forget(unsent);
-            }
-        }
-        _ => std::mem::forget(keep),
-    }
+    super::reaper::reap(*keep);
 }
 
 /// A stream of a [`HipDevice`]: a non-blocking `hipStream_t`. Cloning gives another handle to

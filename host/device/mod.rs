@@ -21,6 +21,8 @@ pub mod cuda;
 pub mod hip;
 pub mod host;
 pub mod pool;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod reaper;
 
 use std::any::Any;
 use std::fmt::Debug;
