@@ -236,14 +236,17 @@ impl<D: Device> Communicator<D> {
         Ok(side)
     }
 
-    /// The internal copy streams (device-to-host, host-to-device).
-    fn copy_streams(&self) -> Result<(&D::Stream, &D::Stream)> {
+    /// The internal copy streams (device-to-host, host-to-device), if `wanted`.
+    fn copy_streams_if(&self, wanted: bool) -> Result<Option<(&D::Stream, &D::Stream)>> {
+        if !wanted {
+            return Ok(None);
+        }
         if self.copies.get().is_none() {
             let pair = (self.shared.device.new_stream()?, self.shared.device.new_stream()?);
             let _ = self.copies.set(pair);
         }
         let (i, o) = self.copies.get().ok_or(Error::Progress("no copy streams"))?;
-        Ok((i, o))
+        Ok(Some((i, o)))
     }
 
     fn next_ticket(&self) -> u64 {

@@ -16,7 +16,7 @@ use super::{Communicator, Shared};
 use crate::backends::mpi::Job;
 use crate::buffer::RawBuf;
 use crate::device::pool::{FlagSlot, PinnedBlock};
-use crate::device::{Copy2d, Device, DevicePtr, KeepAlive, ReduceFns};
+use crate::device::{Copy2d, Device, DevicePtr, Flag, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
 use crate::progress::{OpFuture, Task};
 
@@ -144,16 +144,35 @@ struct InFlight<D: Device> {
     input: FlagSlot<D>,
     output: FlagSlot<D>,
     /// Raised by the output stream when a chunk's slot may be refilled (two-stream staging).
-    _freed: Option<FlagSlot<D>>,
+    freed: Option<FlagSlot<D>>,
+    /// Raised by the stream when it reaches a pipelined operation (whose copies the proxy
+    /// thread queues then).
+    start: Option<FlagSlot<D>>,
+    /// Whether every chunk's device work was queued (else `done` is raised by the host).
+    queued: bool,
     done: Arc<FlagSlot<D>>,
     staging: Option<PinnedBlock<D>>,
     /// The device buffers, held while the MPI part works on them directly.
     keep: Vec<KeepAlive>,
 }
 
+impl<D: Device> InFlight<D> {
+    /// Lets every wait the device may have queued for this operation pass.
+    fn release_all(&self) {
+        self.output.store(self.chunks);
+        if let Some(freed) = &self.freed {
+            freed.store(self.chunks);
+        }
+    }
+}
+
 impl<D: Device> Drop for InFlight<D> {
     fn drop(&mut self) {
-        self.output.store(self.chunks);
+        self.release_all();
+        if !self.queued {
+            // Nothing (or not everything) was queued: no stream will raise `done`.
+            self.done.store(1);
+        }
         if self.turn_held {
             self.shared.pass_turn(self.ticket);
         }
@@ -171,9 +190,181 @@ async fn until(mut ready: impl FnMut() -> bool) {
     std::future::poll_fn(|_| if ready() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }).await
 }
 
+/// Where chunk `k` of an operation lives: its row length and staging (or direct) areas.
+#[derive(Clone, Copy)]
+struct Geometry {
+    /// Element size.
+    sz: usize,
+    /// Elements per row and chunk.
+    c: usize,
+    count: usize,
+    chunks: usize,
+    slots: usize,
+    slot_elems: usize,
+    send_parts: usize,
+    /// Host address of the staging block (0 when direct).
+    base: usize,
+    /// The device buffers' own addresses when the MPI part works on them.
+    direct: Option<(usize, usize)>,
+}
+
+impl Geometry {
+    /// Elements of each row chunk `k` covers.
+    fn len_of(&self, k: usize) -> usize {
+        self.c.min(self.count - (k * self.c).min(self.count))
+    }
+
+    /// Host addresses of chunk `k`'s send and receive areas.
+    fn areas(&self, k: usize) -> (usize, usize) {
+        match self.direct {
+            Some(areas) => areas,
+            None => {
+                let slot = self.base + (k % self.slots) * self.slot_elems * self.sz;
+                (slot, slot + self.send_parts * self.len_of(k) * self.sz)
+            }
+        }
+    }
+}
+
+/// The device side of an operation: every chunk's copies and flag operations, queued at once
+/// by [`Copies::queue`] (by the calling thread for one chunk, by the proxy thread once the
+/// stream reaches the operation for more).
+struct Copies<D: Device> {
+    device: Arc<D>,
+    /// Device-to-host and host-to-device streams (the same stream for one chunk).
+    ins: D::Stream,
+    outs: D::Stream,
+    input: Option<(Region, Into)>,
+    output: Option<Region>,
+    device_reduce: Option<ReduceFns>,
+    recv_parts: usize,
+    geo: Geometry,
+    input_flag: Flag,
+    output_flag: Flag,
+    /// Raised by the output stream when a chunk's slot may be refilled (two streams only).
+    freed: Option<Flag>,
+    done: Flag,
+}
+
+impl<D: Device> Copies<D> {
+    /// Queues chunk `k`'s device-to-host copy and raises the input flag.
+    ///
+    /// # Safety
+    /// The flags and the staging block stay held until the output stream raised `done`.
+    unsafe fn stage_in(&self, k: usize) -> Result<()> {
+        let (device, ins, g) = (&*self.device, &self.ins, &self.geo);
+        let sz = g.sz;
+        if let (Some(freed), true) = (self.freed, k >= g.slots) {
+            // SAFETY: guaranteed by the caller; the output stream raises it independently.
+            unsafe { device.wait_flag(ins, freed, (k - g.slots + 1) as u32, None)? };
+        }
+        if let (Some((src, into)), None) = (&self.input, g.direct) {
+            let len = g.len_of(k);
+            let (send, recv) = g.areas(k);
+            let dst = match *into {
+                Into::Send => send,
+                Into::Recv { part } => recv + part * len * sz,
+                Into::RecvAt { offset } => recv + offset * sz,
+            };
+            // SAFETY: the source rows or pieces were checked against the device buffers'
+            // lengths when the plan was made and the buffers are kept alive (or freed in stream
+            // order); the destination is this operation's staging slot, which no one else
+            // touches until the proxy thread has seen the input flag.
+            unsafe {
+                match src {
+                    Region::Rows(src) => {
+                        let row = src.chunk_len(k, g.c) * sz;
+                        let shape =
+                            Copy2d { row_bytes: row, rows: src.parts, src_pitch: src.pitch * sz, dst_pitch: len * sz };
+                        let from = src.ptr.offset(k * g.c * sz);
+                        device.copy_d2h(ins, dst as *mut u8, from, shape, src.keep.clone())?
+                    }
+                    Region::Pieces { pieces, keep } => {
+                        device.pack_d2h(ins, dst as *mut u8, pieces.clone(), keep.clone())?
+                    }
+                }
+            }
+        }
+        // SAFETY: guaranteed by the caller.
+        unsafe { device.write_flag(ins, self.input_flag, (k + 1) as u32) }
+    }
+
+    /// Queues the wait for chunk `k`'s output flag and its host-to-device copy (or device
+    /// reduction), then frees its slot.
+    ///
+    /// # Safety
+    /// As [`Copies::stage_in`].
+    unsafe fn stage_out(&self, k: usize) -> Result<()> {
+        let (device, outs, g) = (&*self.device, &self.outs, &self.geo);
+        let sz = g.sz;
+        // SAFETY: guaranteed by the caller; the proxy thread raises the output flag.
+        unsafe { device.wait_flag(outs, self.output_flag, (k + 1) as u32, None)? };
+        if let (Some(dst), None) = (&self.output, g.direct) {
+            let len = g.len_of(k);
+            let (_, recv) = g.areas(k);
+            // SAFETY: as in `stage_in`, the other way round; the proxy thread finished with the
+            // slot before raising the output flag.
+            unsafe {
+                match (dst, self.device_reduce) {
+                    (Region::Rows(dst), Some(fns)) => {
+                        let to = dst.ptr.offset(k * g.c * sz);
+                        device.reduce_h2d(outs, to, recv as *const u8, self.recv_parts, len, fns)?
+                    }
+                    (Region::Rows(dst), None) => {
+                        let row = dst.chunk_len(k, g.c) * sz;
+                        let shape =
+                            Copy2d { row_bytes: row, rows: dst.parts, src_pitch: len * sz, dst_pitch: dst.pitch * sz };
+                        let to = dst.ptr.offset(k * g.c * sz);
+                        device.copy_h2d(outs, to, recv as *const u8, shape, dst.keep.clone())?
+                    }
+                    (Region::Pieces { pieces, keep }, _) => {
+                        device.unpack_h2d(outs, pieces.clone(), recv as *const u8, keep.clone())?
+                    }
+                }
+            }
+        }
+        if let Some(freed) = self.freed {
+            // SAFETY: guaranteed by the caller.
+            unsafe { device.write_flag(outs, freed, (k + 1) as u32)? };
+        }
+        Ok(())
+    }
+
+    /// Queues every chunk, `depth` slots ahead, then raises `done` on the output stream once
+    /// both streams are through.
+    ///
+    /// # Safety
+    /// As [`Copies::stage_in`].
+    unsafe fn queue(&self) -> Result<()> {
+        let (chunks, slots) = (self.geo.chunks, self.geo.slots);
+        // SAFETY: forwarded from the caller throughout.
+        unsafe {
+            for k in 0..slots {
+                self.stage_in(k)?;
+            }
+            for k in 0..chunks {
+                self.stage_out(k)?;
+                if k + slots < chunks {
+                    self.stage_in(k + slots)?;
+                }
+            }
+            if self.freed.is_some() {
+                self.device.join(&self.outs, &self.ins)?;
+            }
+            self.device.write_flag(&self.outs, self.done, 1)
+        }
+    }
+}
+
 impl<D: Device> Communicator<D> {
     /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
     /// stream raises to 1 when the operation has completed on it.
+    ///
+    /// One chunk is queued by the calling thread. Pipelined operations cost the calling thread
+    /// two flag operations whatever their size: the stream raises a *start* flag and waits for
+    /// *done*; the proxy thread, once it sees *start*, queues the chunks' copies on the two
+    /// internal copy streams (device-to-host on one, host-to-device on the other, so both
+    /// directions overlap each other and the MPI work).
     pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>) -> Result<Arc<FlagSlot<D>>> {
         let sz = size_of::<T>().max(1);
         let device = &*self.shared.device;
@@ -192,129 +383,56 @@ impl<D: Device> Communicator<D> {
         let staging = if direct.is_some() { None } else { Some(self.shared.pools.take(slots * slot_elems * sz)?) };
         let pools = &self.shared.pools;
         let (input, output, done) = (pools.flag()?, pools.flag()?, Arc::new(pools.flag()?));
-        // Pipelined staging copies in both directions at once: device-to-host copies on one
-        // internal stream, host-to-device copies on another, both ordered after `stream` (and
-        // the buffers' own streams) and `stream` after them. A slot is refilled once the other
-        // stream has raised `freed` for the chunk that used it.
+        let geo = Geometry {
+            sz,
+            c,
+            count: plan.count,
+            chunks,
+            slots,
+            slot_elems,
+            send_parts: plan.send_parts,
+            base: staging.as_ref().map_or(0, |s| s.ptr() as usize),
+            direct,
+        };
         let keeps = plan.keep_alives();
+        let in_place = !matches!(plan.input, Some((_, Into::Send)));
         device.acquire(stream, &keeps)?;
         let two = direct.is_none() && chunks > 1;
-        let (ins, outs, freed) = if two {
-            let (i, o) = self.copy_streams()?;
-            device.join(i, stream)?;
-            device.join(o, stream)?;
-            (i, o, Some(pools.flag()?))
-        } else {
-            (stream, stream, None)
+        let (freed, start) = if two { (Some(pools.flag()?), Some(pools.flag()?)) } else { (None, None) };
+        let (ins, outs) = match self.copy_streams_if(two)? {
+            Some((i, o)) => (i.clone(), o.clone()),
+            None => (stream.clone(), stream.clone()),
         };
-        let base = staging.as_ref().map_or(0, |s| s.ptr() as usize);
-        let (count, send_parts) = (plan.count, plan.send_parts);
-        let len_of = move |k: usize| c.min(count - (k * c).min(count));
-        // Host addresses of chunk k's send and receive areas.
-        let areas = move |k: usize| match direct {
-            Some(areas) => areas,
+        let copies = Copies {
+            device: Arc::clone(&self.shared.device),
+            ins,
+            outs,
+            input: plan.input.take(),
+            output: plan.output.take(),
+            device_reduce: plan.device_reduce,
+            recv_parts: plan.recv_parts,
+            geo,
+            input_flag: input.flag(),
+            output_flag: output.flag(),
+            freed: freed.as_ref().map(FlagSlot::flag),
+            done: done.flag(),
+        };
+        let deferred = match &start {
+            Some(start) => {
+                // SAFETY: both slots are held until the stream has seen `done` (by the
+                // operation, below).
+                unsafe {
+                    device.write_flag(stream, start.flag(), 1)?;
+                    device.wait_flag(stream, done.flag(), 1, None)?;
+                }
+                Some(copies)
+            }
             None => {
-                let slot = base + (k % slots) * slot_elems * sz;
-                (slot, slot + send_parts * len_of(k) * sz)
+                // SAFETY: the flags and staging are held by the operation until `done`.
+                unsafe { copies.queue()? };
+                None
             }
         };
-
-        let stage_in = |k: usize| -> Result<()> {
-            if let (Some(freed), true) = (&freed, k >= slots) {
-                // SAFETY: the flag slot is held until the stream raised `done`, after this wait,
-                // and the output stream raises it independently of this one.
-                unsafe { device.wait_flag(ins, freed.flag(), (k - slots + 1) as u32, None)? };
-            }
-            if let (Some((src, into)), None) = (&plan.input, direct) {
-                let len = len_of(k);
-                let (send, recv) = areas(k);
-                let dst = match *into {
-                    Into::Send => send,
-                    Into::Recv { part } => recv + part * len * sz,
-                    Into::RecvAt { offset } => recv + offset * sz,
-                };
-                // SAFETY: the source rows or pieces were checked against the device buffers'
-                // lengths when the plan was made and the buffers are kept alive (or freed in
-                // stream order); the destination is this operation's staging slot, which no one
-                // else touches until the proxy thread has seen the input flag.
-                unsafe {
-                    match src {
-                        Region::Rows(src) => {
-                            let row = src.chunk_len(k, c) * sz;
-                            let shape = Copy2d {
-                                row_bytes: row,
-                                rows: src.parts,
-                                src_pitch: src.pitch * sz,
-                                dst_pitch: len * sz,
-                            };
-                            let from = src.ptr.offset(k * c * sz);
-                            device.copy_d2h(ins, dst as *mut u8, from, shape, src.keep.clone())?
-                        }
-                        Region::Pieces { pieces, keep } => {
-                            device.pack_d2h(ins, dst as *mut u8, pieces.clone(), keep.clone())?
-                        }
-                    }
-                }
-            }
-            // SAFETY: the flag slot is held until the stream raised `done`, after this write.
-            unsafe { device.write_flag(ins, input.flag(), (k + 1) as u32) }
-        };
-        let stage_out = |k: usize| -> Result<()> {
-            // SAFETY: as for the input flag; the proxy thread raises the output flag.
-            unsafe { device.wait_flag(outs, output.flag(), (k + 1) as u32, None)? };
-            if let (Some(dst), None) = (&plan.output, direct) {
-                let len = len_of(k);
-                let (_, recv) = areas(k);
-                // SAFETY: as in `stage_in`, the other way round; the proxy thread finished with
-                // the slot before raising the output flag.
-                unsafe {
-                    match dst {
-                        Region::Rows(dst) if plan.device_reduce.is_some() => {
-                            let fns = plan.device_reduce.ok_or(Error::Progress("device reduction"))?;
-                            let to = dst.ptr.offset(k * c * sz);
-                            device.reduce_h2d(outs, to, recv as *const u8, plan.recv_parts, len, fns)?
-                        }
-                        Region::Rows(dst) => {
-                            let row = dst.chunk_len(k, c) * sz;
-                            let shape = Copy2d {
-                                row_bytes: row,
-                                rows: dst.parts,
-                                src_pitch: len * sz,
-                                dst_pitch: dst.pitch * sz,
-                            };
-                            let to = dst.ptr.offset(k * c * sz);
-                            device.copy_h2d(outs, to, recv as *const u8, shape, dst.keep.clone())?
-                        }
-                        Region::Pieces { pieces, keep } => {
-                            device.unpack_h2d(outs, pieces.clone(), recv as *const u8, keep.clone())?
-                        }
-                    }
-                }
-            }
-            if let Some(freed) = &freed {
-                // SAFETY: as for the input flag.
-                unsafe { device.write_flag(outs, freed.flag(), (k + 1) as u32)? };
-            }
-            Ok(())
-        };
-        for k in 0..slots {
-            stage_in(k)?;
-        }
-        for k in 0..chunks {
-            stage_out(k)?;
-            if k + slots < chunks {
-                stage_in(k + slots)?;
-            }
-        }
-        if two {
-            device.join(outs, ins)?;
-        }
-        // SAFETY: `done` is held by the operation until it has seen this store, and by the
-        // request (if any) as long as it exists.
-        unsafe { device.write_flag(outs, done.flag(), 1)? };
-        if two {
-            device.join(stream, outs)?;
-        }
         device.release(stream, &keeps)?;
 
         let ticket = self.next_ticket();
@@ -325,23 +443,30 @@ impl<D: Device> Communicator<D> {
             chunks: chunks32,
             input,
             output,
-            _freed: freed,
+            freed,
+            start,
+            queued: deferred.is_none(),
             done: Arc::clone(&done),
             staging,
             keep: if direct.is_some() { keeps } else { Vec::new() },
         };
         let recv_parts = plan.recv_parts;
-        let in_place = !matches!(plan.input, Some((_, Into::Send)));
         let fut: OpFuture = Box::pin(async move {
+            let mut result = Ok(());
+            if let (Some(copies), Some(start)) = (&deferred, &op.start) {
+                until(|| reached(start.load(), 1)).await;
+                // SAFETY: the operation holds the flags and staging until `done`.
+                result = unsafe { copies.queue() };
+                op.queued = result.is_ok();
+            }
             until(|| op.shared.has_turn(ticket)).await;
             op.turn_held = true;
-            let mut result = Ok(());
-            for k in 0..chunks {
+            for k in 0..if op.queued { chunks } else { 0 } {
                 until(|| reached(op.input.load(), (k + 1) as u32)).await;
                 if result.is_ok() {
-                    let len = len_of(k);
-                    let (send, recv) = areas(k);
-                    let send = RawBuf::from_raw(send as *mut T, send_parts * len);
+                    let len = geo.len_of(k);
+                    let (send, recv) = geo.areas(k);
+                    let send = RawBuf::from_raw(send as *mut T, geo.send_parts * len);
                     let recv = RawBuf::from_raw(recv as *mut T, recv_parts * len);
                     let bufs = ChunkBufs { send: (!in_place).then_some(send), recv };
                     let job = {
@@ -359,6 +484,14 @@ impl<D: Device> Communicator<D> {
             op.turn_held = false;
             if let Err(e) = result {
                 op.shared.errors.record(e);
+            }
+            if let (Some(copies), false) = (&deferred, op.queued) {
+                // Queueing failed part-way: let what was queued run through, then release the
+                // stream (its output is unspecified; the error is recorded).
+                op.release_all();
+                let _ = copies.device.synchronize(&copies.ins);
+                let _ = copies.device.synchronize(&copies.outs);
+                op.done.store(1);
             }
             until(|| reached(op.done.load(), 1)).await;
             drop(op);
