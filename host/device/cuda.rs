@@ -110,7 +110,7 @@ impl CudaDevice {
             FlagPath::Auto => {
                 let mut version = 0;
                 // SAFETY: writes one int; the library is loaded (a context exists).
-                let ok = unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS;
+                let ok = unsafe { sys::cuDriverGetVersion(&mut version) }.result().is_ok();
                 if ok && version >= 12000 { FlagPath::StreamMemOps } else { FlagPath::Kernels }
             }
             other => other,
@@ -209,13 +209,12 @@ impl CudaDevice {
         super::reaper::start("cuLaunchHostFunc")?;
         let payload = Box::into_raw(Box::new(keep));
         // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
-        let r = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release), payload.cast()) };
-        if r != sys::CUresult::CUDA_SUCCESS {
+        let queued = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release), payload.cast()) }.result();
+        if queued.is_err() {
             // SAFETY: the host function was not queued, so the box is still ours.
             drop(unsafe { Box::from_raw(payload) });
-            return Err(Error::Device { call: "cuLaunchHostFunc", message: format!("{r:?}") });
         }
-        Ok(())
+        queued.map_err(driver("cuLaunchHostFunc"))
     }
 
     /// One 2-D (or 1-D) copy.
@@ -240,54 +239,51 @@ impl CudaDevice {
             if to_host { (shape.dst_pitch, shape.src_pitch) } else { (shape.src_pitch, shape.dst_pitch) };
         let s = stream.cu_stream();
         let contiguous = shape.rows == 1 || (host_pitch == shape.row_bytes && device_pitch == shape.row_bytes);
-        // Rows further apart than the driver's 2-D limit go one by one.
-        let rows: Vec<(usize, usize, usize)> = if contiguous {
-            vec![(0, 0, shape.bytes())]
-        } else if host_pitch.max(device_pitch) <= self.inner.max_pitch {
-            Vec::new()
-        } else {
-            (0..shape.rows).map(|r| (r * host_pitch, r * device_pitch, shape.row_bytes)).collect()
-        };
-        // SAFETY: the caller guarantees both sides are valid for the shape until the copy has
-        // run; the host side is pinned memory, so the copies are asynchronous.
-        let r = unsafe {
-            if rows.is_empty() {
-                let mut p: sys::CUDA_MEMCPY2D = std::mem::zeroed();
-                p.WidthInBytes = shape.row_bytes;
-                p.Height = shape.rows;
+        // One contiguous run `(host offset, device offset, bytes)`.
+        let run = |h: usize, d: usize, bytes: usize| {
+            // SAFETY: the caller guarantees both sides are valid for the shape until the copy
+            // has run; the host side is pinned memory, so the copy is asynchronous.
+            unsafe {
                 if to_host {
-                    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    p.srcDevice = device.0;
-                    p.srcPitch = device_pitch;
-                    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
-                    p.dstHost = host.cast();
-                    p.dstPitch = host_pitch;
+                    sys::cuMemcpyDtoHAsync_v2(host.add(h).cast(), device.0 + d as u64, bytes, s)
+                        .result()
+                        .map_err(driver("cuMemcpyDtoHAsync"))
                 } else {
-                    p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
-                    p.srcHost = host as *const c_void;
-                    p.srcPitch = host_pitch;
-                    p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                    p.dstDevice = device.0;
-                    p.dstPitch = device_pitch;
+                    sys::cuMemcpyHtoDAsync_v2(device.0 + d as u64, host.add(h) as *const c_void, bytes, s)
+                        .result()
+                        .map_err(driver("cuMemcpyHtoDAsync"))
                 }
-                sys::cuMemcpy2DAsync_v2(&p, s)
-            } else {
-                let mut r = sys::CUresult::CUDA_SUCCESS;
-                for (h, d, bytes) in rows {
-                    r = if to_host {
-                        sys::cuMemcpyDtoHAsync_v2(host.add(h).cast(), device.0 + d as u64, bytes, s)
-                    } else {
-                        sys::cuMemcpyHtoDAsync_v2(device.0 + d as u64, host.add(h) as *const c_void, bytes, s)
-                    };
-                    if r != sys::CUresult::CUDA_SUCCESS {
-                        break;
-                    }
-                }
-                r
             }
         };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(Error::Device { call: "cuMemcpy2DAsync", message: format!("{r:?}") });
+        if contiguous {
+            run(0, 0, shape.bytes())?;
+        } else if host_pitch.max(device_pitch) <= self.inner.max_pitch {
+            // SAFETY: a zeroed CUDA_MEMCPY2D is valid (null pointers, no arrays).
+            let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+            p.WidthInBytes = shape.row_bytes;
+            p.Height = shape.rows;
+            if to_host {
+                p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                p.srcDevice = device.0;
+                p.srcPitch = device_pitch;
+                p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+                p.dstHost = host.cast();
+                p.dstPitch = host_pitch;
+            } else {
+                p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
+                p.srcHost = host as *const c_void;
+                p.srcPitch = host_pitch;
+                p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                p.dstDevice = device.0;
+                p.dstPitch = device_pitch;
+            }
+            // SAFETY: as for `run`, for every row of the shape.
+            unsafe { sys::cuMemcpy2DAsync_v2(&p, s) }.result().map_err(driver("cuMemcpy2DAsync"))?;
+        } else {
+            // Rows further apart than the driver's 2-D limit go one by one.
+            for r in 0..shape.rows {
+                run(r * host_pitch, r * device_pitch, shape.row_bytes)?;
+            }
         }
         self.hold_others(stream, keep.into_iter().collect())
     }
@@ -422,10 +418,9 @@ impl Device for CudaDevice {
         self.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` lies in memory from `cuMemHostAlloc(DEVICEMAP)`; writes one address.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host.cast(), 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(Error::Device { call: "cuMemHostGetDevicePointer", message: format!("{r:?}") });
-        }
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut ptr, host.cast(), 0) }
+            .result()
+            .map_err(driver("cuMemHostGetDevicePointer"))?;
         Ok(DevicePtr(ptr))
     }
 
@@ -485,11 +480,9 @@ impl Device for CudaDevice {
                 // SAFETY: the flag is host-mapped memory held until the write has run (the
                 // caller's contract); the default flags order the write after all prior work
                 // of the stream, behind a system-wide fence.
-                let r = unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), flag.device.0, value, default) };
-                if r != sys::CUresult::CUDA_SUCCESS {
-                    return Err(Error::Device { call: "cuStreamWriteValue32", message: format!("{r:?}") });
-                }
-                Ok(())
+                unsafe { sys::cuStreamWriteValue32_v2(stream.cu_stream(), flag.device.0, value, default) }
+                    .result()
+                    .map_err(driver("cuStreamWriteValue32"))
             }
         }
     }
@@ -509,10 +502,9 @@ impl Device for CudaDevice {
                 // GEQ compares cyclically, `(int32_t)(*flag - value) >= 0`, as `reached` does.
                 let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
                 // SAFETY: as in `write_flag`; the wait holds the stream until the value arrives.
-                let r = unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), flag.device.0, value, geq) };
-                if r != sys::CUresult::CUDA_SUCCESS {
-                    return Err(Error::Device { call: "cuStreamWaitValue32", message: format!("{r:?}") });
-                }
+                unsafe { sys::cuStreamWaitValue32_v2(stream.cu_stream(), flag.device.0, value, geq) }
+                    .result()
+                    .map_err(driver("cuStreamWaitValue32"))?;
             }
         }
         self.hold(stream, keep.into_iter().collect())
@@ -537,10 +529,9 @@ impl Device for CudaDevice {
         let finish = op.finish.map(|f| self.function(f.as_str())).transpose()?;
         // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len` of
         // pinned memory, both valid until the work has run.
-        let r = unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), row, stream.cu_stream()) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(Error::Device { call: "cuMemcpyHtoDAsync", message: format!("{r:?}") });
-        }
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst.0, src.cast(), row, stream.cu_stream()) }
+            .result()
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
         let cfg = self.grid(len);
         for r in 1..rows {
             // SAFETY: row `r` lies inside the caller's pinned allocation.
