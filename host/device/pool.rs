@@ -4,13 +4,17 @@
 //! are kept and reused: sizes are rounded up to a power of two (at least [`MIN_BLOCK`]) and
 //! freed blocks wait in per-size free lists. The pool has a cap on what it holds in total; a
 //! request that would pass it first releases idle blocks of other sizes, then fails with
-//! [`Error::PoolExhausted`] instead of blocking. Flags come from pinned pages of
+//! [`Error::PoolExhausted`] instead of blocking. A block can be handed back ahead of the device
+//! work that uses it ([`PinnedBlock::retire_on`]): it is free again as soon as that work raises
+//! its flag, so an operation queued right after a synchronize finds it. Flags come from pinned pages of
 //! [`FLAGS_PER_PAGE`] slots; a slot is zeroed when taken. Both pools count what is in use, so
 //! tests can check that every operation gave everything back.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use duralumin_kernels::flag::reached;
 
 use super::{Device, DevicePtr, Flag};
 use crate::error::{Error, Result};
@@ -40,6 +44,8 @@ pub struct PoolStats {
 
 struct Counters {
     free: BTreeMap<usize, Vec<usize>>,
+    /// Blocks handed back early: `(address, size, flag)`, free once the flag reads at least 1.
+    retiring: Vec<(usize, usize, Flag)>,
     stats: PoolStats,
     flag_pages: Vec<(usize, DevicePtr)>,
     free_flags: Vec<(usize, usize)>,
@@ -65,6 +71,7 @@ impl<D: Device> Pools<D> {
             device,
             state: Mutex::new(Counters {
                 free: BTreeMap::new(),
+                retiring: Vec::new(),
                 stats,
                 flag_pages: Vec::new(),
                 free_flags: Vec::new(),
@@ -77,9 +84,11 @@ impl<D: Device> Pools<D> {
         &self.device
     }
 
-    /// The counters now.
+    /// The counters now (retired blocks whose flag has been raised count as returned).
     pub fn stats(&self) -> PoolStats {
-        self.lock().stats
+        let mut st = self.lock();
+        st.reclaim_raised();
+        st.stats
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
@@ -93,6 +102,7 @@ impl<D: Device> Pools<D> {
             .checked_next_power_of_two()
             .ok_or(Error::CountOverflow { what: "staging block", value: bytes as u128 })?;
         let mut st = self.lock();
+        st.reclaim_raised();
         let reused = st.free.get_mut(&size).and_then(Vec::pop);
         let ptr = match reused {
             Some(p) => p,
@@ -120,7 +130,7 @@ impl<D: Device> Pools<D> {
         st.stats.in_use_bytes += size;
         st.stats.blocks_in_use += 1;
         st.stats.high_water_bytes = st.stats.high_water_bytes.max(st.stats.in_use_bytes);
-        Ok(PinnedBlock { pools: Arc::clone(self), ptr, size })
+        Ok(PinnedBlock { pools: Arc::clone(self), ptr, size, retired: false })
     }
 
     /// A flag slot, set to zero.
@@ -152,6 +162,31 @@ impl<D: Device> Pools<D> {
     }
 }
 
+impl Counters {
+    /// Moves a block from in use to the free list.
+    fn give_back(&mut self, ptr: usize, size: usize) {
+        self.stats.in_use_bytes -= size;
+        self.stats.blocks_in_use -= 1;
+        self.free.entry(size).or_default().push(ptr);
+    }
+
+    /// Frees every retired block whose flag has been raised.
+    fn reclaim_raised(&mut self) {
+        let mut i = 0;
+        while i < self.retiring.len() {
+            let (ptr, size, flag) = self.retiring[i];
+            // SAFETY: a retiring entry's flag slot is held by its `Retired` guard, which removes
+            // the entry before letting the slot go.
+            if reached(unsafe { flag.atomic() }.load(Ordering::Acquire), 1) {
+                self.retiring.swap_remove(i);
+                self.give_back(ptr, size);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
 impl<D: Device> Drop for Pools<D> {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
@@ -173,6 +208,8 @@ pub struct PinnedBlock<D: Device> {
     pools: Arc<Pools<D>>,
     ptr: usize,
     size: usize,
+    /// Handed to [`PinnedBlock::retire_on`]: the retiring list returns it.
+    retired: bool,
 }
 
 impl<D: Device> std::fmt::Debug for PinnedBlock<D> {
@@ -191,14 +228,48 @@ impl<D: Device> PinnedBlock<D> {
     pub fn size(&self) -> usize {
         self.size
     }
+
+    /// Hands the block back once `done` is raised to at least 1, without anyone having to
+    /// watch for it: the pool's next [`Pools::take`] or [`Pools::stats`] that finds `done`
+    /// raised frees it, and so does dropping the returned guard (whatever `done` reads then).
+    /// For memory that queued device work uses until it raises `done`: a caller that
+    /// synchronized with that work can have the block again at once.
+    pub fn retire_on(mut self, done: Arc<FlagSlot<D>>) -> Retired<D> {
+        self.pools.lock().retiring.push((self.ptr, self.size, done.flag()));
+        self.retired = true;
+        Retired { pools: Arc::clone(&self.pools), ptr: self.ptr, _done: done }
+    }
 }
 
 impl<D: Device> Drop for PinnedBlock<D> {
     fn drop(&mut self) {
+        if !self.retired {
+            self.pools.lock().give_back(self.ptr, self.size);
+        }
+    }
+}
+
+/// A block handed back by [`PinnedBlock::retire_on`]; frees it on drop if its flag has not
+/// done so yet. Holds the flag slot, so the flag stays this block's until then.
+pub struct Retired<D: Device> {
+    pools: Arc<Pools<D>>,
+    ptr: usize,
+    _done: Arc<FlagSlot<D>>,
+}
+
+impl<D: Device> std::fmt::Debug for Retired<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retired").finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Drop for Retired<D> {
+    fn drop(&mut self) {
         let mut st = self.pools.lock();
-        st.stats.in_use_bytes -= self.size;
-        st.stats.blocks_in_use -= 1;
-        st.free.entry(self.size).or_default().push(self.ptr);
+        if let Some(i) = st.retiring.iter().position(|r| r.0 == self.ptr) {
+            let (ptr, size, _) = st.retiring.swap_remove(i);
+            st.give_back(ptr, size);
+        }
     }
 }
 

@@ -23,13 +23,19 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     direct.comm.synchronize().expect("synchronize after the direct sweep");
     assert_idle(&direct.comm, "after the direct sweep");
     drop(direct);
-    let ht = HostTransfer::new(world, small_chunks());
-    crate::sweep::run(&ht);
-    ht.comm.synchronize().expect("synchronize after the sweep");
-    assert_idle(&ht.comm, "after the sweep");
+    // Staged in small chunks through a pool of one smallest block (each operation holds
+    // `depth` chunks, and the block is back in the pool when the stream is through with it).
+    let staged = HostTransfer::new(world, small_chunks());
+    crate::sweep::run(&staged);
+    staged.comm.synchronize().expect("synchronize after the sweep");
+    assert_idle(&staged.comm, "after the sweep");
+    drop(staged);
+    // The sweep's pool holds one operation's staging; the tests below queue several at once.
+    let ht = HostTransfer::new(world, HostTransferConfig { pool_cap_bytes: 1 << 20, ..small_chunks() });
     ordering(&ht);
     p2p(&ht);
     many_outstanding(world);
+    beyond_pool(world);
     bad_input(&ht, world);
     proxy_error(&ht);
     assert_idle(&ht.comm, "at the end");
@@ -172,6 +178,103 @@ fn many_outstanding(world: &SimpleCommunicator) {
         c.synchronize().unwrap();
         assert_idle(c, "after many outstanding operations");
     }
+}
+
+/// Every kind of staging (rows, pieces, point-to-point; in place and not) with messages four
+/// times the pool's cap: each operation pipelines through `depth` chunks of pinned memory, and
+/// the pool never holds more than its cap.
+fn beyond_pool(world: &SimpleCommunicator) {
+    let dev = HostDevice::new(0);
+    let cap = duralumin::device::pool::MIN_BLOCK;
+    let config =
+        HostTransferConfig { chunk_bytes: 512, depth: 2, direct: false, pool_cap_bytes: cap, ..Default::default() };
+    let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
+    let (me, n) = (c.rank(), c.size());
+    let len = 4 * cap / size_of::<u32>();
+    let val = |r: usize, i: usize| (r * 1_000_000 + i) as u32;
+    let of = |r: usize, count: usize| (0..count).map(|i| val(r, i)).collect::<Vec<u32>>();
+    let mine = dev.upload(&of(me, len)).unwrap();
+    let check = |what: &str, got: &duralumin::device::host::HostBuffer<u32>, want: Vec<u32>| {
+        c.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = dev.download(got).unwrap();
+        assert!(got == want, "{what}: wrong result");
+        assert!(c.pool_stats().high_water_bytes <= cap, "{what}: {:?}", c.pool_stats());
+    };
+
+    let mut sum = dev.alloc_zeroed::<u32>(len).unwrap();
+    c.allreduce(&mine, &mut sum, Sum).unwrap();
+    check("allreduce", &sum, (0..len).map(|i| (0..n).map(|r| val(r, i)).sum()).collect());
+    let mut all = dev.alloc_zeroed::<u32>(n * len).unwrap();
+    c.allgather(&mine, &mut all).unwrap();
+    check("allgather", &all, (0..n).flat_map(|r| of(r, len)).collect());
+
+    // Uneven blocks: rank r has `len + r` elements.
+    let counts: Vec<usize> = (0..n).map(|r| len + r).collect();
+    let displs: Vec<usize> = counts.iter().scan(0, |a, &x| Some(std::mem::replace(a, *a + x))).collect();
+    let total: usize = counts.iter().sum();
+    let gathered: Vec<u32> = (0..n).flat_map(|r| of(r, counts[r])).collect();
+    let mine_v = dev.upload(&of(me, counts[me])).unwrap();
+    let mut v = dev.alloc_zeroed::<u32>(total).unwrap();
+    c.allgatherv(&mine_v, &mut v, &counts, &displs).unwrap();
+    check("allgatherv", &v, gathered.clone());
+    let mut v = dev.upload(&vec![0; total]).unwrap();
+    let mut own = vec![0; total];
+    own[displs[me]..displs[me] + counts[me]].copy_from_slice(&of(me, counts[me]));
+    let mut v_in = dev.upload(&own).unwrap();
+    c.allgatherv_in_place(&mut v_in, &counts, &displs).unwrap();
+    check("allgatherv in place", &v_in, gathered.clone());
+    let root = n - 1;
+    c.gatherv(&mine_v, &mut v, &counts, &displs, root).unwrap();
+    check("gatherv", &v, if me == root { gathered.clone() } else { vec![0; total] });
+    // Scatterv from the root's gathered blocks: rank r gets its own block back.
+    let source = dev.upload(&gathered).unwrap();
+    let mut back = dev.alloc_zeroed::<u32>(counts[me]).unwrap();
+    c.scatterv(&source, &counts, &displs, &mut back, root).unwrap();
+    check("scatterv", &back, of(me, counts[me]));
+    let mut whole = dev.upload(&if me == root { gathered.clone() } else { vec![0; counts[me]] }).unwrap();
+    c.scatterv_in_place(&mut whole, &counts, &displs, root).unwrap();
+    check("scatterv in place", &whole, if me == root { gathered.clone() } else { of(me, counts[me]) });
+    // Alltoallv: rank r sends `len + r + j` elements to rank j.
+    let sc: Vec<usize> = (0..n).map(|j| len + me + j).collect();
+    let rc: Vec<usize> = (0..n).map(|i| len + i + me).collect();
+    let packed = |x: &[usize]| x.iter().scan(0, |a, &y| Some(std::mem::replace(a, *a + y))).collect::<Vec<_>>();
+    let (sd, rd) = (packed(&sc), packed(&rc));
+    let send: Vec<u32> = (0..n).flat_map(|j| (0..sc[j]).map(move |i| val(me, j * 7 + i))).collect();
+    let want: Vec<u32> = (0..n).flat_map(|i| (0..rc[i]).map(move |x| val(i, me * 7 + x))).collect();
+    let send = dev.upload(&send).unwrap();
+    let mut recv = dev.alloc_zeroed::<u32>(rc.iter().sum()).unwrap();
+    c.alltoallv(&send, &sc, &sd, &mut recv, &rc, &rd).unwrap();
+    check("alltoallv", &recv, want);
+    let mut rs = dev.alloc_zeroed::<u32>(counts[me]).unwrap();
+    let contrib = dev.upload(&gathered).unwrap();
+    c.reduce_scatterv(&contrib, &mut rs, &counts, Sum).unwrap();
+    check("reduce_scatterv", &rs, of(me, counts[me]).iter().map(|x| x * n as u32).collect());
+
+    // Point-to-point around the ring.
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let mut got = dev.alloc_zeroed::<u32>(len).unwrap();
+    c.sendrecv(&mine, right, &mut got, left, 1).unwrap();
+    check("sendrecv", &got, of(left, len));
+    let mut buf = dev.upload(&of(me, len)).unwrap();
+    c.sendrecv_in_place(&mut buf, right, left, 2).unwrap();
+    check("sendrecv_in_place", &buf, of(left, len));
+    let (mut a, mut b) = (dev.alloc_zeroed::<u32>(len).unwrap(), dev.alloc_zeroed::<u32>(len).unwrap());
+    c.multi_sendrecv(&[(&mine, right), (&mine, left)], &mut [(&mut a, left), (&mut b, right)], 3).unwrap();
+    check("multi_sendrecv from the left", &a, of(left, len));
+    check("multi_sendrecv from the right", &b, of(right, len));
+    // A multi-peer send met by a plain receive: both sides cut the message alike.
+    if n > 1 {
+        if me == 0 {
+            c.multi_sendrecv::<u32, _, duralumin::device::host::HostBuffer<u32>>(&[(&mine, 1)], &mut [], 4).unwrap();
+            c.synchronize().unwrap();
+        } else if me == 1 {
+            let mut got = dev.alloc_zeroed::<u32>(len).unwrap();
+            c.recv(&mut got, 0, 4).unwrap();
+            check("recv of a multi_sendrecv message", &got, of(0, len));
+        }
+    }
+    c.synchronize().unwrap();
+    assert_idle(&c, "after operations beyond the pool");
 }
 
 /// Each input error, on every rank at once: the typed error, nothing queued, and the next

@@ -7,12 +7,13 @@ use duralumin_kernels::{Element, ReduceOp};
 
 use super::Communicator;
 use super::request::DeviceRequest;
-use super::staging::{ChunkBufs, Into, Plan, Region, Rows};
-use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Mode};
+use super::staging::{ChunkBufs, Into, Plan, Region, Rows, carries, cut};
+use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Mode, exchange};
 use crate::buffer::RawBuf;
 use crate::check;
 use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
+use crate::transport::MpiTransport;
 
 /// `parts` rows of `pitch` elements of `buf` from element `offset`, back to back.
 fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitch: usize) -> Region {
@@ -28,7 +29,7 @@ fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitc
 /// The blocks `[displs[i], displs[i] + counts[i])` of `buf` as pieces, in rank order.
 fn blocks<D: Device, B: DeviceSlice<D>>(buf: &B, counts: &[usize], displs: &[usize]) -> Region {
     let sz = size_of::<B::Elem>();
-    let pieces = counts.iter().zip(displs).map(|(&c, &d)| (buf.device_ptr().offset(d * sz), c * sz)).collect();
+    let pieces = counts.iter().zip(displs).map(|(&c, &d)| (buf.device_ptr().offset(d * sz), c)).collect();
     Region::Pieces { pieces, keep: buf.keep_alive().into_iter().collect() }
 }
 
@@ -44,8 +45,8 @@ impl<T> ChunkBufs<T> {
         unsafe { (self.send.map(|s| s.as_slice()), self.recv.as_mut_slice()) }
     }
 
-    /// The first `send` and `recv` elements of the areas (plans staged whole, whose areas are
-    /// sized for the larger of the two).
+    /// The first `send` and `recv` elements of the areas (chunks of blocks of different
+    /// lengths, packed from the start of each area).
     ///
     /// # Safety
     /// As [`ChunkBufs::slices`].
@@ -154,7 +155,7 @@ impl<D: Device> Communicator<D> {
             (buf: &'a mut B, op: O) => plan_reduce_scatter(None::<&B>, buf, op);
 
         /// Allgatherv: rank `i`'s `send` (`counts[i]` elements) lands at
-        /// `recv[displs[i]..]` on every rank. Staged in one piece (the blocks differ in size).
+        /// `recv[displs[i]..]` on every rank.
         fn allgatherv / iallgatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
             (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize])
             => plan_allgatherv(Some(send), recv, counts, displs);
@@ -203,6 +204,13 @@ impl<D: Device> Communicator<D> {
         fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32)
             => plan_p2p(Some((buf, dest)), None::<(&mut B, usize)>, tag, "send");
         /// Receives exactly `buf.len()` elements from `source` with `tag`.
+        ///
+        /// A message longer than one chunk travels as one MPI message per chunk, cut the same
+        /// way by every point-to-point call (so a `multi_sendrecv` message meets a `recv`). The
+        /// lengths must match, as MPI requires: a shorter message is reported here
+        /// ([`Error::CountMismatch`]) and a longer one as MPI's truncation error, but the
+        /// sender of a message longer than the receive by a whole chunk or more is left
+        /// waiting for a receiver of its last chunks.
         fn recv / irecv <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, source: usize, tag: i32)
             => plan_p2p(None::<(&B, usize)>, Some((buf, source)), tag, "recv");
         /// Sends `send` to `dest` and receives `recv` from `source` at once; either peer may be
@@ -215,7 +223,8 @@ impl<D: Device> Communicator<D> {
         fn sendrecv_in_place / isendrecv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
             (buf: &'a mut B, dest: usize, source: usize, tag: i32) => plan_sendrecv_in_place(buf, dest, source, tag);
         /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
-        /// `recvs`, all at once (Aluminum's MultiSendRecv), staged through one pinned block.
+        /// `recvs`, all at once (Aluminum's MultiSendRecv), each message cut into chunks as by
+        /// [`recv`](Self::recv), one pack launch per chunk and direction.
         fn multi_sendrecv / imulti_sendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
             (sends: &[(&'a S, usize)], recvs: &mut [(&'a mut R, usize)], tag: i32) => plan_multi(sends, recvs, tag);
     }
@@ -239,7 +248,6 @@ impl<D: Device> Communicator<D> {
         Plan {
             count: 0,
             width: 1,
-            whole: false,
             send_parts: 0,
             recv_parts: 0,
             input: None,
@@ -275,7 +283,6 @@ impl<D: Device> Communicator<D> {
             return Ok(Plan {
                 count: n,
                 width: size,
-                whole: false,
                 send_parts: 1,
                 recv_parts: size,
                 input: Some((input.0, Into::Send)),
@@ -291,7 +298,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count: n,
             width: 1,
-            whole: false,
             send_parts: usize::from(send.is_some()),
             recv_parts: 1,
             input: Some(input),
@@ -336,7 +342,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count: n,
             width: 1,
-            whole: false,
             send_parts: usize::from(send.is_some()),
             recv_parts: usize::from(staged_recv),
             input: Some(input),
@@ -358,7 +363,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count: n,
             width: 1,
-            whole: false,
             send_parts: 0,
             recv_parts: 1,
             input: is_root.then(|| (rows(buf, 0, 1, n), Into::Recv { part: 0 })),
@@ -394,7 +398,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count,
             width: n,
-            whole: false,
             send_parts: usize::from(send.is_some()),
             recv_parts: n,
             input: Some(input),
@@ -427,7 +430,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count,
             width: n,
-            whole: false,
             send_parts: if send.is_some() { n } else { 0 },
             recv_parts: n,
             input: Some(input),
@@ -477,7 +479,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count,
             width: n,
-            whole: false,
             send_parts: usize::from(send.is_some()),
             recv_parts,
             input: Some(input),
@@ -520,7 +521,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count,
             width: n,
-            whole: false,
             send_parts,
             recv_parts,
             input,
@@ -556,7 +556,6 @@ impl<D: Device> Communicator<D> {
         Ok(Plan {
             count,
             width: n,
-            whole: false,
             send_parts: if send.is_some() { n } else { 0 },
             recv_parts: if send.is_some() { 1 } else { n },
             input: Some(input),
@@ -570,8 +569,9 @@ impl<D: Device> Communicator<D> {
         })
     }
 
-    /// Point-to-point: one message each way at most, staged whole (the two sides' lengths
-    /// need not agree, so the message is not cut into chunks).
+    /// Point-to-point: one message each way at most. A message longer than a chunk goes as
+    /// one message per chunk (at the chunk size of one row, on both sides of every pair), so
+    /// sender and receiver, who know the same length, cut it the same way.
     fn plan_p2p<T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>(
         &self,
         send: Option<(&S, usize)>,
@@ -595,23 +595,30 @@ impl<D: Device> Communicator<D> {
         }
         let send_len = send.as_ref().map_or(0, |s| s.0.len());
         let recv_len = recv.as_ref().map_or(0, |r| r.0.len());
-        // One chunk holding both messages: rows of the longer length.
-        let count = send_len.max(recv_len);
         let dest = send.as_ref().map(|s| s.1);
         let source = recv.as_ref().map(|r| r.1);
         Ok(Plan {
-            count,
+            count: send_len.max(recv_len),
             width: 1,
-            whole: true,
             send_parts: usize::from(send.is_some()),
             recv_parts: usize::from(recv.is_some()),
             input: send.map(|(s, _)| (rows(s, 0, 1, send_len), Into::Send)),
             output: recv.map(|(r, _)| rows(r, 0, 1, recv_len)),
             device_reduce: None,
             chunk: Box::new(move |c, b| {
-                let sends: Vec<_> = b.send.map(|s| (s.block(0, send_len), dest.unwrap_or(0))).into_iter().collect();
-                let recvs: Vec<_> = source.map(|src| (b.recv.block(0, recv_len), src)).into_iter().collect();
-                c.plan_p2p(&sends, &recvs, tag, name, Mode::NonBlocking)
+                let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;
+                let sends = match (dest, b.send) {
+                    (Some(d), Some(s)) if carries(send_len, b.k, b.c) => vec![(s.block(0, cut(send_len, b.k, b.c)), d)],
+                    _ => Vec::new(),
+                };
+                let recvs = match source {
+                    Some(src) if carries(recv_len, b.k, b.c) => vec![(b.recv.block(0, cut(recv_len, b.k, b.c)), src)],
+                    _ => Vec::new(),
+                };
+                // SAFETY: the blocks lie in this chunk's staging slot (or the device buffers,
+                // held by the operation), which only this chunk's MPI part uses until it
+                // completes; the send and receive areas are disjoint.
+                Ok(unsafe { exchange(x, sends, recvs) })
             }),
         })
     }
@@ -637,25 +644,32 @@ impl<D: Device> Communicator<D> {
         counts: &[usize],
         displs: &[usize],
     ) -> Result<Plan<T>> {
-        let me = self.rank();
-        let total = self.check_blocks("allgatherv receive blocks", recv, counts, displs, true)?;
-        let packed = check::packed_displs(counts);
-        let (send_len, input) = match send {
+        let (n, me) = (self.size(), self.rank());
+        self.check_blocks("allgatherv receive blocks", recv, counts, displs, true)?;
+        let input = match send {
             Some(s) => {
                 self.check_buffer("allgatherv send buffer", s)?;
                 check::len("allgatherv send buffer", s.len(), counts[me])?;
-                (s.len(), (rows(s, 0, 1, s.len()), Into::Send))
+                (rows(s, 0, 1, s.len()), Into::Send)
             }
-            None => (0, (blocks(recv, &counts[me..=me], &displs[me..=me]), Into::RecvAt { offset: packed[me] })),
+            None => (rows(recv, displs[me], 1, counts[me]), Into::Recv { part: me }),
         };
         let counts = counts.to_vec();
         Ok(Plan {
+            count: longest(&counts),
+            width: n,
+            send_parts: usize::from(send.is_some()),
+            recv_parts: n,
+            input: Some(input),
             output: Some(blocks(recv, &counts, displs)),
-            ..whole(send_len.max(total), send.is_some(), true, Some(input), move |c, b| {
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                // Every rank knows every count, so every rank runs the same chunks.
+                let lens = cuts(&b, &counts);
                 // SAFETY: as in `plan_allreduce`.
-                let (s, r) = unsafe { b.prefixes(send_len, total) };
-                c.plan_allgatherv(s, r, &counts, &packed, Mode::NonBlocking)
-            })
+                let (s, r) = unsafe { b.prefixes(lens[me], lens.iter().sum()) };
+                c.plan_allgatherv(s, r, &lens, &check::packed_displs(&lens), Mode::NonBlocking)
+            }),
         })
     }
 
@@ -669,17 +683,32 @@ impl<D: Device> Communicator<D> {
         recv_counts: &[usize],
         recv_displs: &[usize],
     ) -> Result<Plan<T>> {
-        let stot = self.check_blocks("alltoallv send blocks", send, send_counts, send_displs, false)?;
-        let rtot = self.check_blocks("alltoallv receive blocks", recv, recv_counts, recv_displs, true)?;
+        let (n, me) = (self.size(), self.rank());
+        self.check_blocks("alltoallv send blocks", send, send_counts, send_displs, false)?;
+        self.check_blocks("alltoallv receive blocks", recv, recv_counts, recv_displs, true)?;
+        check::len("alltoallv receive count from this rank itself", recv_counts[me], send_counts[me])?;
         let (sc, rc) = (send_counts.to_vec(), recv_counts.to_vec());
-        let (sd, rd) = (check::packed_displs(&sc), check::packed_displs(&rc));
+        let mut tag = OpTag::default();
         Ok(Plan {
+            count: longest(&sc).max(longest(&rc)),
+            width: n,
+            send_parts: n,
+            recv_parts: n,
+            input: Some((blocks(send, &sc, send_displs), Into::Send)),
             output: Some(blocks(recv, &rc, recv_displs)),
-            ..whole(stot.max(rtot), true, true, Some((blocks(send, &sc, send_displs), Into::Send)), move |c, b| {
-                // SAFETY: as in `plan_allreduce`.
-                let (s, r) = unsafe { b.prefixes(stot, rtot) };
-                c.plan_alltoallv(s.unwrap_or_default(), &sc, &sd, r, &rc, &rd, Mode::NonBlocking)
-            })
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                let x = tag.transport::<T>(c)?;
+                let source = b.send.ok_or(Error::Progress("alltoallv chunk without a send area"))?;
+                let (sb, rb) = (packed(source, &cuts(&b, &sc)), packed(b.recv, &cuts(&b, &rc)));
+                // SAFETY: the send and receive areas of the slot are disjoint and belong to
+                // this chunk's MPI part.
+                unsafe { rb[me].copy_from(sb[me]) };
+                let sends = peers(n, me, |j| carries(sc[j], b.k, b.c).then(|| sb[j]));
+                let recvs = peers(n, me, |i| carries(rc[i], b.k, b.c).then(|| rb[i]));
+                // SAFETY: as in `plan_p2p`.
+                Ok(unsafe { exchange(x, sends, recvs) })
+            }),
         })
     }
 
@@ -691,40 +720,69 @@ impl<D: Device> Communicator<D> {
         displs: &[usize],
         root: usize,
     ) -> Result<Plan<T>> {
-        let me = self.rank();
+        let (n, me) = (self.size(), self.rank());
         self.check_root("gatherv root", root)?;
-        let is_root = me == root;
-        let (total, counts, packed) = if is_root {
-            let total = self.check_blocks("gatherv receive blocks", recv, counts, displs, true)?;
-            (total, counts.to_vec(), check::packed_displs(counts))
-        } else {
-            (0, Vec::new(), Vec::new())
-        };
-        let (send_len, recv_len, input) = match (send, is_root) {
-            (Some(s), _) => {
-                self.check_buffer("gatherv send buffer", s)?;
-                if is_root {
+        let mut tag = OpTag::default();
+        if me == root {
+            // Every block lands in the receive area packed, this rank's own included (staged
+            // from `send`, or from its place in `recv` in place); the others arrive from their
+            // ranks, chunk by chunk.
+            self.check_blocks("gatherv receive blocks", recv, counts, displs, true)?;
+            let own = match send {
+                Some(s) => {
+                    self.check_buffer("gatherv send buffer", s)?;
                     check::len("gatherv send buffer", s.len(), counts[root])?;
+                    rows(s, 0, 1, s.len())
                 }
-                (s.len(), total, (rows(s, 0, 1, s.len()), Into::Send))
+                None => rows(recv, displs[me], 1, counts[me]),
+            };
+            let counts = counts.to_vec();
+            return Ok(Plan {
+                count: longest(&counts),
+                width: n,
+                send_parts: 0,
+                recv_parts: n,
+                input: Some((own, Into::Recv { part: root })),
+                output: Some(blocks(recv, &counts, displs)),
+                device_reduce: None,
+                chunk: Box::new(move |c, b| {
+                    let x = tag.transport::<T>(c)?;
+                    let rb = packed(b.recv, &cuts(&b, &counts));
+                    let recvs = peers(n, me, |i| carries(counts[i], b.k, b.c).then(|| rb[i]));
+                    // SAFETY: as in `plan_p2p`.
+                    Ok(unsafe { exchange(x, Vec::new(), recvs) })
+                }),
+            });
+        }
+        let contribution = send.map_or(recv.len(), |s| s.len());
+        let input = match send {
+            Some(s) => {
+                self.check_buffer("gatherv send buffer", s)?;
+                (rows(s, 0, 1, contribution), Into::Send)
             }
-            (None, true) => {
-                let own = blocks(recv, &counts[me..=me], &displs[me..=me]);
-                (0, total, (own, Into::RecvAt { offset: packed[me] }))
-            }
-            (None, false) => {
+            None => {
                 self.check_buffer("gatherv buffer", recv)?;
-                (0, recv.len(), (rows(recv, 0, 1, recv.len()), Into::Recv { part: 0 }))
+                (rows(recv, 0, 1, contribution), Into::Recv { part: 0 })
             }
         };
-        let output = is_root.then(|| blocks(recv, &counts, displs));
         Ok(Plan {
-            output,
-            ..whole(send_len.max(recv_len), send.is_some(), is_root || send.is_none(), Some(input), move |c, b| {
-                // SAFETY: as in `plan_allreduce`.
-                let (s, r) = unsafe { b.prefixes(send_len, recv_len) };
-                c.plan_gatherv(s, r, &counts, &packed, root, Mode::NonBlocking)
-            })
+            count: contribution,
+            width: n,
+            send_parts: usize::from(send.is_some()),
+            recv_parts: usize::from(send.is_none()),
+            input: Some(input),
+            output: None,
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                let x = tag.transport::<T>(c)?;
+                let sends = if carries(contribution, b.k, b.c) {
+                    vec![(b.send.unwrap_or(b.recv).block(0, cut(contribution, b.k, b.c)), root)]
+                } else {
+                    Vec::new()
+                };
+                // SAFETY: as in `plan_p2p`.
+                Ok(unsafe { exchange(x, sends, Vec::new()) })
+            }),
         })
     }
 
@@ -736,41 +794,64 @@ impl<D: Device> Communicator<D> {
         recv: &mut R,
         root: usize,
     ) -> Result<Plan<T>> {
-        let me = self.rank();
+        let (n, me) = (self.size(), self.rank());
         self.check_root("scatterv root", root)?;
-        let is_root = me == root;
-        let (input, total, counts, packed) = match (send, is_root) {
-            (Some(s), true) => {
-                let total = self.check_blocks("scatterv send blocks", s, counts, displs, false)?;
-                self.check_buffer("scatterv receive buffer", recv)?;
-                check::len("scatterv receive buffer", recv.len(), counts[root])?;
-                (Some((blocks(s, counts, displs), Into::Send)), total, counts.to_vec(), check::packed_displs(counts))
-            }
-            (None, true) => {
-                let total = self.check_blocks("scatterv buffer", recv, counts, displs, false)?;
-                let all = blocks(recv, counts, displs);
-                (Some((all, Into::RecvAt { offset: 0 })), total, counts.to_vec(), check::packed_displs(counts))
-            }
-            (_, false) => {
-                self.check_buffer("scatterv receive buffer", recv)?;
-                (None, 0, Vec::new(), Vec::new())
-            }
-        };
-        let (send_len, recv_len) = match (send.is_some() && is_root, is_root) {
-            (true, _) => (total, recv.len()),
-            (false, true) => (0, total),
-            (false, false) => (0, recv.len()),
-        };
-        // In place, the root's own block stays where it is.
-        let output = (!is_root || send.is_some()).then(|| rows(recv, 0, 1, recv.len()));
-        let staged_send = send.is_some() && is_root;
+        self.check_buffer("scatterv receive buffer", recv)?;
+        let mut tag = OpTag::default();
+        if me == root {
+            // Every block is staged packed in the send area; this rank's own is copied to the
+            // receive area (out of place) or stays where it is (in place).
+            let all = match send {
+                Some(s) => {
+                    self.check_blocks("scatterv send blocks", s, counts, displs, false)?;
+                    check::len("scatterv receive buffer", recv.len(), counts[root])?;
+                    blocks(s, counts, displs)
+                }
+                None => {
+                    self.check_blocks("scatterv buffer", recv, counts, displs, false)?;
+                    blocks(recv, counts, displs)
+                }
+            };
+            let out_of_place = send.is_some();
+            let counts = counts.to_vec();
+            return Ok(Plan {
+                count: longest(&counts),
+                width: n,
+                send_parts: n,
+                recv_parts: usize::from(out_of_place),
+                input: Some((all, Into::Send)),
+                output: out_of_place.then(|| rows(recv, 0, 1, counts[root])),
+                device_reduce: None,
+                chunk: Box::new(move |c, b| {
+                    let x = tag.transport::<T>(c)?;
+                    let source = b.send.ok_or(Error::Progress("scatterv chunk without a send area"))?;
+                    let sb = packed(source, &cuts(&b, &counts));
+                    if out_of_place {
+                        // SAFETY: as in `plan_alltoallv`.
+                        unsafe { b.recv.block(0, sb[me].len()).copy_from(sb[me]) };
+                    }
+                    let sends = peers(n, me, |i| carries(counts[i], b.k, b.c).then(|| sb[i]));
+                    // SAFETY: as in `plan_p2p`.
+                    Ok(unsafe { exchange(x, sends, Vec::new()) })
+                }),
+            });
+        }
+        let len = recv.len();
         Ok(Plan {
-            output,
-            ..whole(send_len.max(recv_len), staged_send, true, input, move |c, b| {
-                // SAFETY: as in `plan_allreduce`.
-                let (s, r) = unsafe { b.prefixes(send_len, recv_len) };
-                c.plan_scatterv(s, &counts, &packed, r, root, Mode::NonBlocking)
-            })
+            count: len,
+            width: n,
+            send_parts: 0,
+            recv_parts: 1,
+            input: None,
+            output: Some(rows(recv, 0, 1, len)),
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                let x = tag.transport::<T>(c)?;
+                let recvs =
+                    if carries(len, b.k, b.c) { vec![(b.recv.block(0, cut(len, b.k, b.c)), root)] } else { Vec::new() };
+                // SAFETY: as in `plan_p2p`.
+                Ok(unsafe { exchange(x, Vec::new(), recvs) })
+            }),
         })
     }
 
@@ -781,31 +862,40 @@ impl<D: Device> Communicator<D> {
         counts: &[usize],
         op: O,
     ) -> Result<Plan<T>> {
-        let me = self.rank();
+        let (n, me) = (self.size(), self.rank());
         self.check_buffer("reduce_scatterv receive buffer", recv)?;
-        check::per_rank("reduce_scatterv counts", counts, self.size())?;
+        check::per_rank("reduce_scatterv counts", counts, n)?;
         let total = check::total("reduce_scatterv counts", counts)?;
+        let packed_at = check::packed_displs(counts);
         let input = match send {
             Some(s) => {
                 self.check_buffer("reduce_scatterv send buffer", s)?;
                 check::len("reduce_scatterv send buffer", s.len(), total)?;
                 check::len("reduce_scatterv receive buffer", recv.len(), counts[me])?;
-                (rows(s, 0, 1, total), Into::Send)
+                (blocks(s, counts, &packed_at), Into::Send)
             }
             None => {
                 check::len("reduce_scatterv buffer", recv.len(), total)?;
-                (rows(recv, 0, 1, total), Into::Recv { part: 0 })
+                (blocks(recv, counts, &packed_at), Into::Recv { part: 0 })
             }
         };
-        let (mine, counts) = (counts[me], counts.to_vec());
-        let recv_len = if send.is_some() { mine } else { total };
+        let (out_of_place, counts) = (send.is_some(), counts.to_vec());
         Ok(Plan {
-            output: Some(rows(recv, 0, 1, mine)),
-            ..whole(total, send.is_some(), true, Some(input), move |c, b| {
+            count: longest(&counts),
+            width: n,
+            send_parts: if out_of_place { n } else { 0 },
+            recv_parts: if out_of_place { 1 } else { n },
+            input: Some(input),
+            output: Some(rows(recv, 0, 1, counts[me])),
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                // Every rank knows every count, so every rank runs the same chunks.
+                let lens = cuts(&b, &counts);
+                let total: usize = lens.iter().sum();
                 // SAFETY: as in `plan_allreduce`.
-                let (s, r) = unsafe { b.prefixes(total, recv_len) };
-                c.plan_reduce_scatterv(s, r, &counts, op, Mode::NonBlocking)
-            })
+                let (s, r) = unsafe { b.prefixes(total, if out_of_place { lens[me] } else { total }) };
+                c.plan_reduce_scatterv(s, r, &lens, op, Mode::NonBlocking)
+            }),
         })
     }
 
@@ -822,11 +912,25 @@ impl<D: Device> Communicator<D> {
         self.check_buffer("sendrecv buffer", buf)?;
         let len = buf.len();
         Ok(Plan {
+            count: len,
+            width: 1,
+            send_parts: 1,
+            recv_parts: 1,
+            input: Some((rows(buf, 0, 1, len), Into::Send)),
             output: Some(rows(buf, 0, 1, len)),
-            ..whole(len, true, true, Some((rows(buf, 0, 1, len), Into::Send)), move |c, b| {
-                let sends = [(b.send.unwrap_or(b.recv).block(0, len), dest)];
-                c.plan_p2p(&sends, &[(b.recv.block(0, len), source)], tag, "sendrecv_in_place", Mode::NonBlocking)
-            })
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                let n = cut(len, b.k, b.c);
+                let (s, r) = (b.send.unwrap_or(b.recv).block(0, n), b.recv.block(0, n));
+                if std::ptr::eq(s.ptr(), r.ptr()) {
+                    // Working on the device buffer itself: MPI_Sendrecv_replace's copy aside.
+                    // SAFETY: as in `plan_allreduce`.
+                    return c.plan_sendrecv_replace(unsafe { r.as_mut_slice() }, dest, source, tag, Mode::NonBlocking);
+                }
+                let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;
+                // SAFETY: as in `plan_p2p`.
+                Ok(unsafe { exchange(x, vec![(s, dest)], vec![(r, source)]) })
+            }),
         })
     }
 
@@ -855,58 +959,86 @@ impl<D: Device> Communicator<D> {
         {
             return Err(Error::SelfMessage { op: "multi_sendrecv" });
         }
-        let sz = size_of::<T>();
         let send_lens: Vec<(usize, usize)> = sends.iter().map(|(b, p)| (b.len(), *p)).collect();
         let recv_lens: Vec<(usize, usize)> = recvs.iter().map(|(b, p)| (b.len(), *p)).collect();
         let pieces = |list: &mut dyn Iterator<Item = (DevicePtr, usize, Option<KeepAlive>)>| {
             let (mut pieces, mut keep) = (Vec::new(), Vec::new());
             for (ptr, len, k) in list {
-                pieces.push((ptr, len * sz));
+                pieces.push((ptr, len));
                 keep.extend(k);
             }
             Region::Pieces { pieces, keep }
         };
         let input = pieces(&mut sends.iter().map(|(b, _)| (b.device_ptr(), b.len(), b.keep_alive())));
         let output = pieces(&mut recvs.iter().map(|(b, _)| (b.device_ptr(), b.len(), b.keep_alive())));
-        let stot: usize = send_lens.iter().map(|s| s.0).sum();
-        let rtot: usize = recv_lens.iter().map(|r| r.0).sum();
+        let lens = |l: &[(usize, usize)]| l.iter().map(|p| p.0).collect::<Vec<_>>();
+        let (sl, rl) = (lens(&send_lens), lens(&recv_lens));
         Ok(Plan {
+            // Cut like single messages (one row per chunk), so a message matches a plain
+            // send or receive on the other side.
+            count: longest(&sl).max(longest(&rl)),
+            width: 1,
+            send_parts: sends.len(),
+            recv_parts: recvs.len(),
+            input: (!sends.is_empty()).then_some((input, Into::Send)),
             output: Some(output),
-            ..whole(stot.max(rtot), true, true, Some((input, Into::Send)), move |c, b| {
-                let split = |buf: RawBuf<T>, lens: &[(usize, usize)]| {
-                    let mut at = 0;
-                    lens.iter()
-                        .map(|&(len, peer)| {
-                            at += len;
-                            (buf.block(at - len, len), peer)
-                        })
+            device_reduce: None,
+            chunk: Box::new(move |c, b| {
+                let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;
+                let list = |area: RawBuf<T>, l: &[(usize, usize)], lens: &[usize]| {
+                    packed(area, &cuts(&b, lens))
+                        .into_iter()
+                        .zip(l)
+                        .filter(|(_, (len, _))| carries(*len, b.k, b.c))
+                        .map(|(blk, &(_, peer))| (blk, peer))
                         .collect::<Vec<_>>()
                 };
-                let s = split(b.send.unwrap_or(b.recv), &send_lens);
-                c.plan_p2p(&s, &split(b.recv, &recv_lens), tag, "multi_sendrecv", Mode::NonBlocking)
-            })
+                let s = list(b.send.unwrap_or(b.recv), &send_lens, &sl);
+                let r = list(b.recv, &recv_lens, &rl);
+                // SAFETY: as in `plan_p2p`.
+                Ok(unsafe { exchange(x, s, r) })
+            }),
         })
     }
 }
 
-/// A plan staged in one chunk: `count` elements in each area, a send area only if
-/// `send`, a receive area only if `recv`, no output (set it with struct update syntax).
-fn whole<T>(
-    count: usize,
-    send: bool,
-    recv: bool,
-    input: Option<(Region, Into)>,
-    chunk: impl FnMut(&crate::Communicator, ChunkBufs<T>) -> Result<crate::backends::mpi::Job<T>> + Send + 'static,
-) -> Plan<T> {
-    Plan {
-        count,
-        width: 1,
-        whole: true,
-        send_parts: usize::from(send),
-        recv_parts: usize::from(recv),
-        input,
-        output: None,
-        device_reduce: None,
-        chunk: Box::new(chunk),
+/// The longest of `lens` (0 if none).
+fn longest(lens: &[usize]) -> usize {
+    lens.iter().copied().max().unwrap_or(0)
+}
+
+/// Chunk `b.k`'s share of each of `lens`.
+fn cuts<T>(b: &ChunkBufs<T>, lens: &[usize]) -> Vec<usize> {
+    lens.iter().map(|&n| cut(n, b.k, b.c)).collect()
+}
+
+/// Blocks of `lens` elements packed back to back from the start of `area`.
+fn packed<T>(area: RawBuf<T>, lens: &[usize]) -> Vec<RawBuf<T>> {
+    let mut at = 0;
+    lens.iter()
+        .map(|&n| {
+            at += n;
+            area.block(at - n, n)
+        })
+        .collect()
+}
+
+/// `(block, peer)` for every other rank whose block `f` gives.
+fn peers<T>(n: usize, me: usize, f: impl Fn(usize) -> Option<RawBuf<T>>) -> Vec<(RawBuf<T>, usize)> {
+    (0..n).filter(|&p| p != me).filter_map(|p| f(p).map(|b| (b, p))).collect()
+}
+
+/// The message tag of an operation whose ranks may run different numbers of chunks: taken by
+/// its first chunk (which every rank runs, so every rank takes one, in operation order) and
+/// kept for the others. Messages of one pair then match chunk by chunk, in order.
+#[derive(Default)]
+struct OpTag(Option<MpiTransport>);
+
+impl OpTag {
+    fn transport<T: Element>(&mut self, c: &crate::Communicator) -> Result<MpiTransport> {
+        match self.0 {
+            Some(x) => Ok(x),
+            None => Ok(*self.0.insert(c.transport::<T>(Mode::NonBlocking)?)),
+        }
     }
 }

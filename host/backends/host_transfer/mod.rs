@@ -43,13 +43,20 @@ use crate::request::DeferredError;
 /// values (they decide how operations are cut into chunks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostTransferConfig {
-    /// Bytes per chunk (per staging slot, send and receive parts together, rounded to whole
-    /// elements). Operations larger than one chunk are pipelined.
+    /// Bytes per chunk and direction, rounded down to whole elements: reductions and
+    /// point-to-point messages are cut into chunks of this size; collectives over per-rank
+    /// blocks (v-collectives included) cut each block into chunks of this size over the number
+    /// of ranks. Operations larger than one chunk are pipelined. A staging slot holds one
+    /// chunk of the send side and one of the receive side (`multi_sendrecv`: one chunk of
+    /// each message).
     pub chunk_bytes: usize,
     /// Staging slots per operation: how many chunks can be between "copied to the host" and
     /// "copied back" at once. At least 1.
     pub depth: usize,
-    /// Cap on the pinned staging memory the communicator's pool holds.
+    /// Cap on the pinned staging memory the communicator's pool holds. An operation holds
+    /// `depth` slots whatever its size, so messages larger than the cap work; an operation
+    /// queued while earlier ones hold the rest of the pool fails with
+    /// [`Error::PoolExhausted`](crate::Error::PoolExhausted) before anything is queued.
     pub pool_cap_bytes: usize,
     /// On devices whose memory the host can address (the host device), run the MPI part on
     /// the device buffers themselves instead of staging copies (v-collectives and multi-peer

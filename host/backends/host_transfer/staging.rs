@@ -6,6 +6,14 @@
 //! is again the same collective on smaller blocks, which the plan's `chunk` function builds
 //! with the Mpi backend's planners on the staging slot. Rows move between device and host in
 //! one 2-D copy per chunk and direction.
+//!
+//! Blocks of different lengths (v-collectives, point-to-point lists) are *pieces*, cut the same
+//! way: chunk `k` holds elements `[k C, (k + 1) C)` of every piece, packed back to back by one
+//! pack launch. Each rank then runs as many chunks as its own longest piece needs; operations
+//! whose ranks may disagree on that (gatherv, scatterv, alltoallv, point-to-point) exchange
+//! their chunks as point-to-point messages, which match pair by pair in order, since both
+//! sides of a pair know the pair's length. So every operation, whatever its size, holds
+//! `depth` slots of one chunk of pinned memory.
 
 use std::sync::Arc;
 
@@ -15,7 +23,7 @@ use duralumin_kernels::flag::reached;
 use super::{Communicator, Shared};
 use crate::backends::mpi::Job;
 use crate::buffer::RawBuf;
-use crate::device::pool::{FlagSlot, PinnedBlock};
+use crate::device::pool::{FlagSlot, PinnedBlock, Retired};
 use crate::device::{Copy2d, Device, DevicePtr, Flag, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
 use crate::progress::{OpFuture, Task};
@@ -37,33 +45,56 @@ impl Rows {
     }
 }
 
-/// Device data of an operation: rows (cut into chunks), or a list of pieces `(address, bytes)`
-/// packed back to back in staging (v-collectives and multi-peer point-to-point, whose blocks
-/// differ in size; only in plans staged whole).
+/// Elements of a `len`-element row or piece that chunk `k` covers, at `c` elements per chunk.
+pub(crate) fn cut(len: usize, k: usize, c: usize) -> usize {
+    c.min(len.saturating_sub(k.saturating_mul(c)))
+}
+
+/// Whether chunk `k` carries a message for a `len`-element piece: every chunk with elements of
+/// it, and chunk 0 always (an empty piece is one empty message, so both sides of a pair agree
+/// on the number of messages, and an empty message meeting a non-empty receive is a count
+/// error rather than a receive waiting forever).
+pub(crate) fn carries(len: usize, k: usize, c: usize) -> bool {
+    k == 0 || cut(len, k, c) > 0
+}
+
+/// The pieces of chunk `k` as `(address, bytes)`, empty ones left out.
+fn chunk_pieces(pieces: &[(DevicePtr, usize)], k: usize, c: usize, sz: usize) -> Vec<(DevicePtr, usize)> {
+    pieces
+        .iter()
+        .filter_map(|&(ptr, len)| {
+            let n = cut(len, k, c);
+            (n > 0).then(|| (ptr.offset(k * c * sz), n * sz))
+        })
+        .collect()
+}
+
+/// Device data of an operation: rows (cut into chunks), or a list of pieces `(address,
+/// elements)` of different lengths, each cut into chunks the same way and packed back to back
+/// in staging (v-collectives and point-to-point lists).
 pub(crate) enum Region {
     Rows(Rows),
     Pieces { pieces: Vec<(DevicePtr, usize)>, keep: Vec<KeepAlive> },
 }
 
-/// Where staged input goes: the send area, or rows of the receive area starting at `part`
-/// (in-place operations).
+/// Where staged input goes: the send area, or the receive area from its row (or output piece)
+/// `part` on (in-place operations).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Into {
     Send,
-    Recv {
-        part: usize,
-    },
-    /// At this element offset of the receive area (plans staged whole).
-    RecvAt {
-        offset: usize,
-    },
+    Recv { part: usize },
 }
 
 /// The staging buffers of one chunk: `send_parts × len` and `recv_parts × len` elements (`len`
-/// the chunk's row length), rows contiguous. `send` is `None` where the operation stages in place.
+/// the chunk's row length), rows contiguous, or the chunk's pieces packed. `send` is `None`
+/// where the operation stages in place.
 pub(crate) struct ChunkBufs<T> {
     pub(crate) send: Option<RawBuf<T>>,
     pub(crate) recv: RawBuf<T>,
+    /// The chunk's index.
+    pub(crate) k: usize,
+    /// Elements per row (or piece) and chunk: chunk `k` covers `cut(len, k, c)` of each.
+    pub(crate) c: usize,
 }
 
 /// Builds the MPI part of one chunk on its staging buffers.
@@ -74,10 +105,9 @@ pub(crate) struct Plan<T> {
     /// Elements per row, the same on every rank.
     pub(crate) count: usize,
     /// Rows that the chunk size is divided among: the same on every rank (the communicator
-    /// size for block collectives, 1 for reductions), so every rank cuts the same chunks.
+    /// size for block collectives and v-collectives, 1 for reductions and point-to-point), so
+    /// every rank cuts the same chunks.
     pub(crate) width: usize,
-    /// Stage the operation in one chunk (point-to-point, where the sides' lengths may differ).
-    pub(crate) whole: bool,
     pub(crate) send_parts: usize,
     pub(crate) recv_parts: usize,
     /// Device rows copied in before each chunk's MPI part.
@@ -117,7 +147,6 @@ impl<T> Plan<T> {
         let recv = match (output, input) {
             (Some(p), _) => p,
             (None, Some((p, Into::Recv { part }))) => p - part * self.count * sz,
-            (None, Some((_, Into::RecvAt { .. }))) => return None,
             _ => 0,
         };
         Some((send, recv))
@@ -152,6 +181,8 @@ struct InFlight<D: Device> {
     queued: bool,
     done: Arc<FlagSlot<D>>,
     staging: Option<PinnedBlock<D>>,
+    /// The staging block once handed back for the stream's `done` to free.
+    retired: Option<Retired<D>>,
     /// The device buffers, held while the MPI part works on them directly.
     keep: Vec<KeepAlive>,
 }
@@ -181,6 +212,7 @@ impl<D: Device> Drop for InFlight<D> {
             backoff.snooze();
         }
         self.staging.take();
+        self.retired.take();
         self.keep.clear();
     }
 }
@@ -263,8 +295,7 @@ impl<D: Device> Copies<D> {
             let (send, recv) = g.areas(k);
             let dst = match *into {
                 Into::Send => send,
-                Into::Recv { part } => recv + part * len * sz,
-                Into::RecvAt { offset } => recv + offset * sz,
+                Into::Recv { part } => recv + self.recv_offset(part, k) * sz,
             };
             // SAFETY: the source rows or pieces were checked against the device buffers'
             // lengths when the plan was made and the buffers are kept alive (or freed in stream
@@ -280,13 +311,24 @@ impl<D: Device> Copies<D> {
                         device.copy_d2h(ins, dst as *mut u8, from, shape, src.keep.clone())?
                     }
                     Region::Pieces { pieces, keep } => {
-                        device.pack_d2h(ins, dst as *mut u8, pieces.clone(), keep.clone())?
+                        let list = chunk_pieces(pieces, k, g.c, sz);
+                        if !list.is_empty() {
+                            device.pack_d2h(ins, dst as *mut u8, list, keep.clone())?
+                        }
                     }
                 }
             }
         }
         // SAFETY: guaranteed by the caller.
         unsafe { device.write_flag(ins, self.input_flag, (k + 1) as u32) }
+    }
+
+    /// Where row (or output piece) `part` of chunk `k` starts in the receive area, in elements.
+    fn recv_offset(&self, part: usize, k: usize) -> usize {
+        match &self.output {
+            Some(Region::Pieces { pieces, .. }) => pieces.iter().take(part).map(|p| cut(p.1, k, self.geo.c)).sum(),
+            _ => part * self.geo.len_of(k),
+        }
     }
 
     /// Queues the wait for chunk `k`'s output flag and its host-to-device copy (or device
@@ -318,7 +360,10 @@ impl<D: Device> Copies<D> {
                         device.copy_h2d(outs, to, recv as *const u8, shape, dst.keep.clone())?
                     }
                     (Region::Pieces { pieces, keep }, _) => {
-                        device.unpack_h2d(outs, pieces.clone(), recv as *const u8, keep.clone())?
+                        let list = chunk_pieces(pieces, k, g.c, sz);
+                        if !list.is_empty() {
+                            device.unpack_h2d(outs, list, recv as *const u8, keep.clone())?
+                        }
                     }
                 }
             }
@@ -370,7 +415,7 @@ impl<D: Device> Communicator<D> {
         let device = &*self.shared.device;
         // Device memory the host can address needs no staging: the MPI part runs on it.
         let direct = (self.config.direct && device.host_accessible()).then(|| plan.direct_areas(sz)).flatten();
-        let c = if plan.whole || direct.is_some() {
+        let c = if direct.is_some() {
             plan.count.max(1)
         } else {
             (self.config.chunk_bytes / (sz * plan.width.max(1))).max(1)
@@ -448,6 +493,7 @@ impl<D: Device> Communicator<D> {
             queued: deferred.is_none(),
             done: Arc::clone(&done),
             staging,
+            retired: None,
             keep: if direct.is_some() { keeps } else { Vec::new() },
         };
         let recv_parts = plan.recv_parts;
@@ -468,7 +514,7 @@ impl<D: Device> Communicator<D> {
                     let (send, recv) = geo.areas(k);
                     let send = RawBuf::from_raw(send as *mut T, geo.send_parts * len);
                     let recv = RawBuf::from_raw(recv as *mut T, recv_parts * len);
-                    let bufs = ChunkBufs { send: (!in_place).then_some(send), recv };
+                    let bufs = ChunkBufs { send: (!in_place).then_some(send), recv, k, c };
                     let job = {
                         let mpi = op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         (plan.chunk)(&mpi, bufs).map(|job| mpi.job_future(job))
@@ -477,6 +523,12 @@ impl<D: Device> Communicator<D> {
                         Ok(f) => f.await,
                         Err(e) => Err(e),
                     };
+                }
+                if k + 1 == chunks {
+                    // Only the stream's last copies back use the staging now: it is free once
+                    // `done` is raised, so an operation queued after a synchronize can have it
+                    // before this thread sees `done`.
+                    op.retired = op.staging.take().map(|b| b.retire_on(Arc::clone(&op.done)));
                 }
                 op.output.store((k + 1) as u32);
             }

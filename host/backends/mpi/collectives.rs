@@ -140,7 +140,7 @@ impl Communicator {
         n <= self.tuning.max_message_elements
     }
 
-    pub(super) fn transport<T: Element>(&self, mode: Mode) -> Result<MpiTransport> {
+    pub(crate) fn transport<T: Element>(&self, mode: Mode) -> Result<MpiTransport> {
         Ok(MpiTransport {
             comm: self.core.algo,
             dt: datatype::<T>()?,

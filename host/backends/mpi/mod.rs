@@ -27,6 +27,7 @@ use crate::request::DeferredError;
 
 pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
 pub(crate) use job::{Job, Mode};
+pub(crate) use p2p::exchange;
 
 /// Size thresholds of the automatic algorithm choice, and pipelining granularity.
 ///

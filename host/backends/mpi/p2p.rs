@@ -20,8 +20,22 @@ use crate::error::{Error, Result};
 use crate::request::{Request, Scope};
 use crate::transport::{MpiTransport, Transport};
 
+/// A job that posts `sends` and `recvs` (block, peer) on `x` and completes when all have.
+///
+/// # Safety
+/// As [`Transport::post`]: the blocks stay valid (and the receive blocks untouched by anyone
+/// else) until the job completes or is dropped; receive blocks overlap nothing else.
+pub(crate) unsafe fn exchange<T: Element>(
+    x: MpiTransport,
+    sends: Vec<(RawBuf<T>, usize)>,
+    recvs: Vec<(RawBuf<T>, usize)>,
+) -> Job<T> {
+    // SAFETY: guaranteed by the caller, for as long as the future lives.
+    Job::Future(Box::pin(async move { unsafe { x.post(&sends, &recvs) }?.await }))
+}
+
 impl Communicator {
-    fn p2p_transport<T: Element>(&self, tag: i32, mode: Mode) -> Result<MpiTransport> {
+    pub(crate) fn p2p_transport<T: Element>(&self, tag: i32, mode: Mode) -> Result<MpiTransport> {
         check::tag(tag, self.core.tag_ub)?;
         Ok(MpiTransport {
             comm: self.core.p2p,
@@ -91,10 +105,9 @@ impl Communicator {
             return Err(Error::SelfMessage { op: name });
         }
         let x = self.p2p_transport::<T>(tag, mode)?;
-        let (sends, recvs) = (sends.to_vec(), recvs.to_vec());
         // SAFETY: the public method borrows every buffer for the whole operation; receive
         // buffers are distinct `&mut` slices, so they cannot overlap each other or the sends.
-        Ok(Job::Future(Box::pin(async move { unsafe { x.post(&sends, &recvs) }?.await })))
+        Ok(unsafe { exchange(x, sends.to_vec(), recvs.to_vec()) })
     }
 
     pub(crate) fn plan_sendrecv_replace<T: Element>(
