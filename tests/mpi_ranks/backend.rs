@@ -295,9 +295,7 @@ pub fn small_chunks() -> HostTransferConfig {
         direct: false,
         // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.
         device_reduce_max_bytes: 64,
-        // One smallest staging block: every operation of the sweep, whose largest messages
-        // (300 elements per rank, up to 5 ranks) are larger than that, must work within it.
-        pool_cap_bytes: duralumin::device::pool::MIN_BLOCK,
+        ..HostTransferConfig::default()
     }
 }
 

@@ -981,7 +981,7 @@ impl<D: Device> Communicator<D> {
             send_parts: sends.len(),
             recv_parts: recvs.len(),
             input: (!sends.is_empty()).then_some((input, Into::Send)),
-            output: Some(output),
+            output: (!recvs.is_empty()).then_some(output),
             device_reduce: None,
             chunk: Box::new(move |c, b| {
                 let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;

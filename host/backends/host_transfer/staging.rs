@@ -273,9 +273,13 @@ struct Copies<D: Device> {
     geo: Geometry,
     input_flag: Flag,
     output_flag: Flag,
-    /// Raised by the output stream when a chunk's slot may be refilled (two streams only).
+    /// Raised when a chunk's slot may be refilled (two streams only): by the output stream,
+    /// or by the proxy thread for operations released early.
     freed: Option<Flag>,
     done: Flag,
+    /// The operation only sends from staging (no output, not direct): the stream is released
+    /// once the last chunk is staged, without waiting for the MPI part (a bcast root, a send).
+    early: bool,
 }
 
 impl<D: Device> Copies<D> {
@@ -384,6 +388,12 @@ impl<D: Device> Copies<D> {
         let (chunks, slots) = (self.geo.chunks, self.geo.slots);
         // SAFETY: forwarded from the caller throughout.
         unsafe {
+            if self.early {
+                for k in 0..chunks {
+                    self.stage_in(k)?;
+                }
+                return self.device.write_flag(&self.ins, self.done, 1);
+            }
             for k in 0..slots {
                 self.stage_in(k)?;
             }
@@ -443,6 +453,9 @@ impl<D: Device> Communicator<D> {
         let in_place = !matches!(plan.input, Some((_, Into::Send)));
         device.acquire(stream, &keeps)?;
         let two = direct.is_none() && chunks > 1;
+        // Send-only operations staged through pinned memory: once the data is staged, the device
+        // buffers are free, so the stream need not wait for the MPI part.
+        let early = direct.is_none() && plan.output.is_none() && plan.input.is_some();
         let (freed, start) = if two { (Some(pools.flag()?), Some(pools.flag()?)) } else { (None, None) };
         let (ins, outs) = match self.copy_streams_if(two)? {
             Some((i, o)) => (i.clone(), o.clone()),
@@ -461,6 +474,7 @@ impl<D: Device> Communicator<D> {
             output_flag: output.flag(),
             freed: freed.as_ref().map(FlagSlot::flag),
             done: done.flag(),
+            early,
         };
         let deferred = match &start {
             Some(start) => {
@@ -523,6 +537,10 @@ impl<D: Device> Communicator<D> {
                         Ok(f) => f.await,
                         Err(e) => Err(e),
                     };
+                }
+                if let (true, Some(freed)) = (early, &op.freed) {
+                    // No copy back: the slot is free for chunk `k + depth` now.
+                    freed.store((k + 1) as u32);
                 }
                 if k + 1 == chunks {
                     // Only the stream's last copies back use the staging now: it is free once
