@@ -13,7 +13,11 @@
 //!    into the device buffer, then stages chunk `k + depth` into the freed slot.
 //!
 //! Chunks are pipelined: while MPI works on chunk `k`, the stream copies the results of earlier
-//! chunks back and stages later ones. Pinned memory held by an operation is `depth` slots of one
+//! chunks back and stages later ones. Operations with nothing to copy back (a bcast root, a
+//! send, a reduce or gather off the root) release the stream once their input is staged: the
+//! stream does not wait for the MPI part, which sends from pinned memory the operation keeps
+//! until it is through (its request completes with the stream; an MPI error is then reported by
+//! the communicator's next call). Pinned memory held by an operation is `depth` slots of one
 //! chunk each, whatever the message size ([`HostTransferConfig`]). The proxy thread starts the
 //! MPI parts of one communicator's operations in the order they were queued (a ticket per
 //! operation), which is the same order on every rank, as MPI requires.

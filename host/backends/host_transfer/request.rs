@@ -17,7 +17,9 @@ use crate::progress::Backoff;
 /// work on them until it is done. [`DeviceRequest::wait`] blocks the host until the operation
 /// has completed; [`DeviceRequest::stream_wait`] makes another stream wait for it on the device
 /// without blocking the host. Dropping an unfinished request waits for it (its error is then
-/// reported by the communicator's next call).
+/// reported by the communicator's next call). A send-only operation (a bcast root, a send)
+/// completes once its data is staged, while MPI may still be sending it from pinned memory; an
+/// MPI error after that point is reported by the communicator's next call.
 #[must_use = "a request must be waited on (dropping it waits and defers its error)"]
 pub struct DeviceRequest<'a, D: Device> {
     done: Arc<FlagSlot<D>>,
