@@ -4,7 +4,7 @@
 //! The library's build script compiles `duralumin-kernels` (feature `builtin-kernels`) to PTX and
 //! AMD code objects and embeds them ([`builtin`]). A program with its own element types or
 //! operators builds a kernel crate the same way, with
-//! [`KernelBuilder`](duralumin_kernels::builder::KernelBuilder) in its build script, and registers
+//! `duralumin_kernels::builder::KernelBuilder` (feature `builder`) in its build script, and registers
 //! the result:
 //!
 //! ```ignore

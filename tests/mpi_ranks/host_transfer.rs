@@ -32,7 +32,8 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     ordering(&ht);
     p2p(&ht);
     many_outstanding(world);
-    beyond_pool(world);
+    beyond_pool(world, false);
+    beyond_pool(world, true);
     early_release(world);
     bad_input(&ht, world);
     proxy_error(&ht);
@@ -225,12 +226,13 @@ fn early_release(world: &SimpleCommunicator) {
 
 /// Every kind of staging (rows, pieces, point-to-point; in place and not) with messages four
 /// times the pool's cap: each operation pipelines through `depth` chunks of pinned memory, and
-/// the pool never holds more than its cap.
-fn beyond_pool(world: &SimpleCommunicator) {
+/// the pool never holds more than its cap. With `direct`, the operations the host device runs
+/// on its buffers meet staged ones on other ranks (a gatherv's root stages, its senders would
+/// not), and must still cut their messages alike.
+fn beyond_pool(world: &SimpleCommunicator, direct: bool) {
     let dev = HostDevice::new(0);
     let cap = duralumin::device::pool::MIN_BLOCK;
-    let config =
-        HostTransferConfig { chunk_bytes: 512, depth: 2, direct: false, pool_cap_bytes: cap, ..Default::default() };
+    let config = HostTransferConfig { chunk_bytes: 512, depth: 2, direct, pool_cap_bytes: cap, ..Default::default() };
     let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
     let (me, n) = (c.rank(), c.size());
     let len = 4 * cap / size_of::<u32>();

@@ -253,6 +253,7 @@ impl<D: Device> Communicator<D> {
             input: None,
             output: None,
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(|c, _| c.plan_barrier()),
         }
     }
@@ -288,6 +289,7 @@ impl<D: Device> Communicator<D> {
                 input: Some((input.0, Into::Send)),
                 output: Some(rows(recv, 0, 1, n)),
                 device_reduce: Some(ReduceFns::of::<T, O>(size as u32)),
+                exchange: false,
                 chunk: Box::new(move |c, b| {
                     // SAFETY: as below.
                     let (s, r) = unsafe { b.slices() };
@@ -303,6 +305,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: Some(rows(recv, 0, 1, n)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: the staging engine hands each chunk's slot to its MPI part alone.
                 let (s, r) = unsafe { b.slices() };
@@ -347,6 +350,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: is_root.then(|| rows(recv, 0, 1, n)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -369,6 +373,7 @@ impl<D: Device> Communicator<D> {
             // The root's buffer does not change: nothing to copy back.
             output: (!is_root).then(|| rows(buf, 0, 1, n)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (_, r) = unsafe { b.slices() };
@@ -403,6 +408,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: Some(rows(recv, 0, n, count)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -435,6 +441,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: Some(rows(recv, 0, n, count)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -484,6 +491,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: is_root.then(|| rows(recv, 0, n, count)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -526,6 +534,7 @@ impl<D: Device> Communicator<D> {
             input,
             output,
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -561,6 +570,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: Some(rows(recv, 0, 1, count)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // SAFETY: as in `plan_allreduce`.
                 let (s, r) = unsafe { b.slices() };
@@ -605,6 +615,7 @@ impl<D: Device> Communicator<D> {
             input: send.map(|(s, _)| (rows(s, 0, 1, send_len), Into::Send)),
             output: recv.map(|(r, _)| rows(r, 0, 1, recv_len)),
             device_reduce: None,
+            exchange: true,
             chunk: Box::new(move |c, b| {
                 let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;
                 let sends = match (dest, b.send) {
@@ -663,6 +674,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: Some(blocks(recv, &counts, displs)),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // Every rank knows every count, so every rank runs the same chunks.
                 let lens = cuts(&b, &counts);
@@ -697,6 +709,7 @@ impl<D: Device> Communicator<D> {
             input: Some((blocks(send, &sc, send_displs), Into::Send)),
             output: Some(blocks(recv, &rc, recv_displs)),
             device_reduce: None,
+            exchange: true,
             chunk: Box::new(move |c, b| {
                 let x = tag.transport::<T>(c)?;
                 let source = b.send.ok_or(Error::Progress("alltoallv chunk without a send area"))?;
@@ -745,6 +758,7 @@ impl<D: Device> Communicator<D> {
                 input: Some((own, Into::Recv { part: root })),
                 output: Some(blocks(recv, &counts, displs)),
                 device_reduce: None,
+                exchange: true,
                 chunk: Box::new(move |c, b| {
                     let x = tag.transport::<T>(c)?;
                     let rb = packed(b.recv, &cuts(&b, &counts));
@@ -773,6 +787,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: None,
             device_reduce: None,
+            exchange: true,
             chunk: Box::new(move |c, b| {
                 let x = tag.transport::<T>(c)?;
                 let sends = if carries(contribution, b.k, b.c) {
@@ -822,6 +837,7 @@ impl<D: Device> Communicator<D> {
                 input: Some((all, Into::Send)),
                 output: out_of_place.then(|| rows(recv, 0, 1, counts[root])),
                 device_reduce: None,
+                exchange: true,
                 chunk: Box::new(move |c, b| {
                     let x = tag.transport::<T>(c)?;
                     let source = b.send.ok_or(Error::Progress("scatterv chunk without a send area"))?;
@@ -845,6 +861,7 @@ impl<D: Device> Communicator<D> {
             input: None,
             output: Some(rows(recv, 0, 1, len)),
             device_reduce: None,
+            exchange: true,
             chunk: Box::new(move |c, b| {
                 let x = tag.transport::<T>(c)?;
                 let recvs =
@@ -888,6 +905,7 @@ impl<D: Device> Communicator<D> {
             input: Some(input),
             output: Some(rows(recv, 0, 1, counts[me])),
             device_reduce: None,
+            exchange: false,
             chunk: Box::new(move |c, b| {
                 // Every rank knows every count, so every rank runs the same chunks.
                 let lens = cuts(&b, &counts);
@@ -919,14 +937,12 @@ impl<D: Device> Communicator<D> {
             input: Some((rows(buf, 0, 1, len), Into::Send)),
             output: Some(rows(buf, 0, 1, len)),
             device_reduce: None,
+            exchange: true,
             chunk: Box::new(move |c, b| {
+                // Staged (exchanges never work on the device buffer), so the send and receive
+                // areas are distinct.
                 let n = cut(len, b.k, b.c);
                 let (s, r) = (b.send.unwrap_or(b.recv).block(0, n), b.recv.block(0, n));
-                if std::ptr::eq(s.ptr(), r.ptr()) {
-                    // Working on the device buffer itself: MPI_Sendrecv_replace's copy aside.
-                    // SAFETY: as in `plan_allreduce`.
-                    return c.plan_sendrecv_replace(unsafe { r.as_mut_slice() }, dest, source, tag, Mode::NonBlocking);
-                }
                 let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;
                 // SAFETY: as in `plan_p2p`.
                 Ok(unsafe { exchange(x, vec![(s, dest)], vec![(r, source)]) })
@@ -983,6 +999,7 @@ impl<D: Device> Communicator<D> {
             input: (!sends.is_empty()).then_some((input, Into::Send)),
             output: (!recvs.is_empty()).then_some(output),
             device_reduce: None,
+            exchange: true,
             chunk: Box::new(move |c, b| {
                 let x = c.p2p_transport::<T>(tag, Mode::NonBlocking)?;
                 let list = |area: RawBuf<T>, l: &[(usize, usize)], lens: &[usize]| {

@@ -60,11 +60,12 @@ pub struct HostTransferConfig {
     /// Cap on the pinned staging memory the communicator's pool holds. An operation holds
     /// `depth` slots whatever its size, so messages larger than the cap work; an operation
     /// queued while earlier ones hold the rest of the pool fails with
-    /// [`Error::PoolExhausted`](crate::Error::PoolExhausted) before anything is queued.
+    /// [`Error::PoolExhausted`] before anything is queued.
     pub pool_cap_bytes: usize,
     /// On devices whose memory the host can address (the host device), run the MPI part on
-    /// the device buffers themselves instead of staging copies (v-collectives and multi-peer
-    /// operations still stage, to pack their blocks).
+    /// the device buffers themselves instead of staging copies. V-collectives and
+    /// point-to-point operations still stage: they pack blocks, or send their chunks as
+    /// point-to-point messages, which every rank must cut alike.
     pub direct: bool,
     /// Allreduces of at most this many bytes reduce on the device: the ranks' contributions
     /// are allgathered into staging and the device combines them in rank order (with the

@@ -117,6 +117,11 @@ pub(crate) struct Plan<T> {
     /// Reduce the receive area's `recv_parts` rows into the output rows on the device (with
     /// the #3 kernels on a GPU) instead of copying them back.
     pub(crate) device_reduce: Option<ReduceFns>,
+    /// The chunks go as point-to-point messages (gatherv, scatterv, alltoallv, point-to-point),
+    /// matched pair by pair: every rank must cut them alike, so the plan is always staged at
+    /// the configured chunk size, never run on the device buffers in one piece (a direct
+    /// sender's one message would meet a staged receiver's chunks).
+    pub(crate) exchange: bool,
     pub(crate) chunk: ChunkFn<T>,
 }
 
@@ -424,7 +429,8 @@ impl<D: Device> Communicator<D> {
         let sz = size_of::<T>().max(1);
         let device = &*self.shared.device;
         // Device memory the host can address needs no staging: the MPI part runs on it.
-        let direct = (self.config.direct && device.host_accessible()).then(|| plan.direct_areas(sz)).flatten();
+        let direct =
+            (self.config.direct && !plan.exchange && device.host_accessible()).then(|| plan.direct_areas(sz)).flatten();
         let c = if direct.is_some() {
             plan.count.max(1)
         } else {

@@ -6,8 +6,8 @@
 //!
 //! Builtin (element, operator) pairs MPI supports go straight to the MPI library; other
 //! elements travel as bytes and other operators become MPI user operations
-//! ([`crate::datatype`]). Large allreduces and broadcasts run Duralumin's own algorithms
-//! ([`crate::algorithms`]) where they beat the library's; the choice is automatic by size and
+//! (`datatype.rs`). Large allreduces and broadcasts run Duralumin's own algorithms
+//! (`algorithms/`) where they beat the library's; the choice is automatic by size and
 //! can be forced per call ([`AllreduceAlgorithm`], [`BcastAlgorithm`]).
 
 mod collectives;
