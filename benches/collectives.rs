@@ -482,7 +482,7 @@ fn custom_op_rows(b: &mut Bench) {
 /// HostTransfer on the host device against the Mpi backend: direct on the device memory (the
 /// host device's default: the stream machinery's overhead alone), staged in pipelined chunks
 /// (what a GPU does), and staged whole (Aluminum's method); and the host thread's enqueue time
-/// per pipelined operation.
+/// per pipelined operation; and alltoallv staged in chunks.
 fn host_transfer_rows(b: &mut Bench) {
     use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
     use duralumin::device::host::HostDevice;
@@ -528,6 +528,26 @@ fn host_transfer_rows(b: &mut Bench) {
         let mut worst = [0.0f64];
         b.world.all_reduce_into(&[enqueue / iters as f64], &mut worst[..], SystemOperation::max());
         b.push("ht-allreduce/enqueue", bytes, "host", worst[0], None, 0.0);
+    }
+    // V-collectives staged in chunks (their blocks cut and packed per chunk, the chunks sent as
+    // point-to-point messages): alltoallv with uneven blocks, against the Mpi backend's.
+    let me = c.rank();
+    for bytes in sizes(b.max_bytes).filter(|&s| s >= 4 * n) {
+        let base = bytes / 4 / n;
+        let sc: Vec<usize> = (0..n).map(|j| base + (me + j) % 2).collect();
+        let rc: Vec<usize> = (0..n).map(|i| base + (i + me) % 2).collect();
+        let displs = |x: &[usize]| x.iter().scan(0, |a, &y| Some(std::mem::replace(a, *a + y))).collect::<Vec<_>>();
+        let (sd, rd) = (displs(&sc), displs(&rc));
+        let host: Vec<f32> = vec![1.0; sc.iter().sum()];
+        let mut recv = vec![0.0f32; rc.iter().sum()];
+        let send = dev.upload(&host).expect("upload");
+        let mut out = dev.alloc_zeroed::<f32>(recv.len()).expect("alloc");
+        let mpi = b.time(bytes, || c.alltoallv(&host, &sc, &sd, &mut recv, &rc, &rd).unwrap());
+        let ours = b.time(bytes, || {
+            pipelined.alltoallv(&send, &sc, &sd, &mut out, &rc, &rd).unwrap();
+            pipelined.synchronize().unwrap();
+        });
+        b.push("ht-alltoallv/staged", bytes, "stream", ours, Some(mpi), (n - 1) as f64 / n as f64);
     }
     if c.rank() == 0 {
         let stats = pipelined.pool_stats();
