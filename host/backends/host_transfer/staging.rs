@@ -102,7 +102,8 @@ pub(crate) type ChunkFn<T> = Box<dyn FnMut(&crate::Communicator, ChunkBufs<T>) -
 
 /// A staged operation.
 pub(crate) struct Plan<T> {
-    /// Elements per row, the same on every rank.
+    /// Elements per row (the longest piece's for pieces): the same on every rank, except in
+    /// plans that [`exchange`](Plan::exchange) their chunks, where each rank runs its own.
     pub(crate) count: usize,
     /// Rows that the chunk size is divided among: the same on every rank (the communicator
     /// size for block collectives and v-collectives, 1 for reductions and point-to-point), so
