@@ -78,7 +78,9 @@ pub enum Error {
     #[error("{what}: could not allocate {bytes} bytes")]
     OutOfMemory { what: &'static str, bytes: usize },
 
-    /// The pinned staging pool reached its configured cap.
+    /// A pinned staging block does not fit under the pool's configured cap: a HostTransfer
+    /// operation whose `depth` slots alone exceed it, or [`Pools::take`](crate::device::pool::Pools::take)
+    /// while the blocks in use leave no room.
     #[error(
         "the pinned staging pool is full: {requested} more bytes would exceed its cap of {cap} bytes ({in_use} in use)"
     )]

@@ -161,6 +161,8 @@ struct Queue {
     shutdown: bool,
     /// The proxy thread waits without a timeout: a submission must wake it.
     parked: bool,
+    /// A device raised a flag since the proxy thread last polled: it must not sleep.
+    nudged: bool,
 }
 
 struct Shared {
@@ -191,6 +193,9 @@ static QUEUE: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
 pub(crate) fn nudge() {
     let shared = QUEUE.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
     if let Some(shared) = shared {
+        // Set under the lock, so a proxy thread about to sleep either sees it or is already
+        // waiting (and gets the notification).
+        shared.queue.lock().unwrap_or_else(PoisonError::into_inner).nudged = true;
         shared.wake.notify_one();
     }
 }
@@ -260,6 +265,7 @@ fn run(shared: &Shared) {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
             let mut dozes = 0;
             loop {
+                q.nudged = false;
                 active.append(&mut q.incoming);
                 active.retain(|t| !t.is_done());
                 if !active.is_empty() {
@@ -287,10 +293,11 @@ fn run(shared: &Shared) {
             // Sleeping on the condition variable lets a submission or a device's flag write
             // ([`nudge`]) cut the sleep short.
             backoff.snooze_with(|d| {
-                let q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                if q.incoming.is_empty() {
-                    let _ = shared.wake.wait_timeout(q, d);
+                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                if q.incoming.is_empty() && !q.nudged {
+                    q = shared.wake.wait_timeout(q, d).unwrap_or_else(PoisonError::into_inner).0;
                 }
+                q.nudged = false;
             });
         }
     }

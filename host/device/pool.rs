@@ -3,8 +3,9 @@
 //! Pinned allocations are slow (they lock pages and map them for the device), so staging buffers
 //! are kept and reused: sizes are rounded up to a power of two (at least [`MIN_BLOCK`]) and
 //! freed blocks wait in per-size free lists. The pool has a cap on what it holds in total; a
-//! request that would pass it first releases idle blocks of other sizes, then fails with
-//! [`Error::PoolExhausted`] instead of blocking. A block can be handed back ahead of the device
+//! request that would pass it first releases idle blocks of other sizes, then reports that it
+//! must wait ([`Pools::try_take`]) or fails with [`Error::PoolExhausted`] ([`Pools::take`]):
+//! the pool never blocks. A block can be handed back ahead of the device
 //! work that uses it ([`PinnedBlock::retire_on`]): it is free again as soon as that work raises
 //! its flag, so an operation queued right after a synchronize finds it. Flags come from pinned pages of
 //! [`FLAGS_PER_PAGE`] slots; a slot is zeroed when taken. Both pools count what is in use, so
@@ -95,12 +96,27 @@ impl<D: Device> Pools<D> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A staging block of at least `bytes` bytes (contents unspecified).
+    /// A staging block of at least `bytes` bytes (contents unspecified), or
+    /// [`Error::PoolExhausted`] if the blocks in use leave no room for it now.
     pub fn take(self: &Arc<Self>, bytes: usize) -> Result<PinnedBlock<D>> {
-        let size = bytes
-            .max(MIN_BLOCK)
-            .checked_next_power_of_two()
-            .ok_or(Error::CountOverflow { what: "staging block", value: bytes as u128 })?;
+        match self.try_take(bytes)? {
+            Some(block) => Ok(block),
+            None => {
+                let st = self.lock();
+                Err(Error::PoolExhausted {
+                    requested: Self::block_size(bytes)?,
+                    in_use: st.stats.in_use_bytes,
+                    cap: st.stats.cap_bytes,
+                })
+            }
+        }
+    }
+
+    /// A staging block of at least `bytes` bytes if the cap leaves room for it now; `None` if
+    /// it will once blocks in use come back; [`Error::PoolExhausted`] if it never can (the
+    /// block is larger than the cap).
+    pub fn try_take(self: &Arc<Self>, bytes: usize) -> Result<Option<PinnedBlock<D>>> {
+        let size = self.check_fits(bytes)?;
         let mut st = self.lock();
         st.reclaim_raised();
         let reused = st.free.get_mut(&size).and_then(Vec::pop);
@@ -116,11 +132,7 @@ impl<D: Device> Pools<D> {
                     st.stats.held_bytes -= s;
                 }
                 if st.stats.held_bytes + size > st.stats.cap_bytes {
-                    return Err(Error::PoolExhausted {
-                        requested: size,
-                        in_use: st.stats.in_use_bytes,
-                        cap: st.stats.cap_bytes,
-                    });
+                    return Ok(None);
                 }
                 let p = self.device.alloc_pinned(size)? as usize;
                 st.stats.held_bytes += size;
@@ -130,7 +142,30 @@ impl<D: Device> Pools<D> {
         st.stats.in_use_bytes += size;
         st.stats.blocks_in_use += 1;
         st.stats.high_water_bytes = st.stats.high_water_bytes.max(st.stats.in_use_bytes);
-        Ok(PinnedBlock { pools: Arc::clone(self), ptr, size, retired: false })
+        Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr, size, retired: false }))
+    }
+
+    /// The size of the block [`Pools::take`] hands out for `bytes`, or
+    /// [`Error::PoolExhausted`] if that is more than the cap (no block of it can ever be had).
+    pub fn check_fits(&self, bytes: usize) -> Result<usize> {
+        let size = Self::block_size(bytes)?;
+        let st = self.lock();
+        if size > st.stats.cap_bytes {
+            return Err(Error::PoolExhausted {
+                requested: size,
+                in_use: st.stats.in_use_bytes,
+                cap: st.stats.cap_bytes,
+            });
+        }
+        Ok(size)
+    }
+
+    /// Block sizes are powers of two, at least [`MIN_BLOCK`].
+    fn block_size(bytes: usize) -> Result<usize> {
+        bytes
+            .max(MIN_BLOCK)
+            .checked_next_power_of_two()
+            .ok_or(Error::CountOverflow { what: "staging block", value: bytes as u128 })
     }
 
     /// A flag slot, set to zero.

@@ -1,8 +1,8 @@
 //! HostTransfer on a CUDA GPU: the whole sweep (the same body as on the host device) on both
 //! flag paths, staged in small chunks (every "big" operation pipelines and reuses its slots,
 //! and small allreduces reduce on the GPU with the reduction kernels) and with the default
-//! settings; then ordering against kernels on the stream, and a buffer whose home stream is not
-//! the communicator's. Run by the `cuda_np*` trials, which are ignored without a CUDA device.
+//! settings; then ordering against kernels on the stream, a buffer whose home stream is not
+//! the communicator's, and more operations queued than the pinned pool can stage at once. Run by the `cuda_np*` trials, which are ignored without a CUDA device.
 
 use std::sync::Arc;
 
@@ -31,6 +31,7 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
             }
             foreign_home(&ht, &ctx);
         }
+        crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"));
     }
 }
 

@@ -13,7 +13,7 @@ use duralumin::device::host::HostDevice;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::*;
 
-use crate::backend::{HostTransfer, small_chunks};
+use crate::backend::{HostTransfer, TestDevice, small_chunks};
 
 pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     // The sweep twice: staged through pinned memory in small chunks (what a GPU does), and
@@ -34,6 +34,8 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     many_outstanding(world);
     beyond_pool(world, false);
     beyond_pool(world, true);
+    let dev = HostDevice::new(0);
+    waits_for_the_pool(world, &dev, || dev.stream().unwrap());
     early_release(world);
     bad_input(&ht, world);
     proxy_error(&ht);
@@ -222,6 +224,67 @@ fn early_release(world: &SimpleCommunicator) {
     }
     c.synchronize().unwrap();
     drop(c);
+}
+
+/// More operations queued at once than the pool can stage together (each holds its one
+/// block): the later ones wait for the earlier ones' memory on the device, in queue order, on
+/// two streams, instead of failing; an operation that needs more than the cap by itself fails
+/// with a typed error before anything is queued. Written once for every device.
+pub fn waits_for_the_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: impl Fn() -> D::Stream) {
+    let cap = duralumin::device::pool::MIN_BLOCK;
+    let config =
+        HostTransferConfig { chunk_bytes: 512, depth: 2, direct: false, pool_cap_bytes: cap, ..Default::default() };
+    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
+    let len = cap / size_of::<u32>();
+    let val = |r: usize, i: usize, k: usize| (r * 1_000_000 + i * 10 + k) as u32;
+    let inputs: Vec<_> = (0..6).map(|k| dev.up(&s, &(0..len).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();
+    let sum = |k: usize| (0..len).map(|i| (0..n).map(|r| val(r, i, k)).sum::<u32>()).collect::<Vec<_>>();
+    let mut outs: Vec<_> = (0..6).map(|_| dev.up(&s, &vec![0u32; len])).collect();
+    let mut gathered = dev.up(&s, &vec![0u32; n * len]);
+    let root = n - 1;
+    let mut bc = dev.up(&s, &if me == root { sum(0) } else { vec![0; len] });
+    {
+        let (stream_outs, side_outs) = outs.split_at_mut(3);
+        // Three on the stream, three non-blocking on the internal stream, interleaved, then a
+        // bcast (released early at the root) and an allgather: nothing synchronizes between.
+        let mut requests = Vec::new();
+        for (k, (o, x)) in stream_outs.iter_mut().zip(side_outs.iter_mut()).enumerate() {
+            c.allreduce(&inputs[k], o, Sum).unwrap_or_else(|e| panic!("allreduce {k} while the pool is busy: {e}"));
+            requests.push(c.iallreduce(&inputs[k + 3], x, Sum).unwrap_or_else(|e| panic!("iallreduce {k}: {e}")));
+        }
+        c.bcast(&mut bc, root).unwrap();
+        c.allgather(&inputs[0], &mut gathered).unwrap();
+        for r in requests {
+            r.wait().unwrap();
+        }
+    }
+    c.synchronize().unwrap();
+    for (k, o) in outs.iter().enumerate() {
+        assert!(dev.down(&s, o) == sum(k), "allreduce {k} queued behind a full pool: wrong result");
+    }
+    assert!(dev.down(&s, &bc) == sum(0), "bcast queued behind a full pool");
+    let want: Vec<u32> = (0..n).flat_map(|r| (0..len).map(move |i| val(r, i, 0))).collect();
+    assert!(dev.down(&s, &gathered) == want, "allgather queued behind a full pool");
+    assert_idle(&c, "after operations waiting for the pool");
+    assert!(c.pool_stats().high_water_bytes <= cap, "{:?}", c.pool_stats());
+
+    // One chunk of 8 KiB and its result need more than the 4 KiB cap, whatever else is queued.
+    let big = HostTransferConfig { chunk_bytes: 8192, ..config };
+    let b = HtComm::with_config(world, dev.clone(), new_stream(), big).unwrap();
+    let x = dev.up(&s, &vec![1u32; 2048]);
+    let mut y = dev.up(&s, &vec![0u32; 2048]);
+    match b.allreduce(&x, &mut y, Sum) {
+        Err(Error::PoolExhausted { cap: got, .. }) => assert_eq!(got, cap),
+        other => panic!("an operation larger than the pool: expected PoolExhausted, got {other:?}"),
+    }
+    assert_idle(&b, "after an operation larger than the pool");
+    let one = dev.up(&s, &[me as u32]);
+    let mut total = dev.up(&s, &[0u32]);
+    b.allreduce(&one, &mut total, Sum).unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(dev.down(b.stream(), &total), [(0..n as u32).sum::<u32>()], "a small operation after the refused one");
+    assert_idle(&b, "after the refused operation");
 }
 
 /// Every kind of staging (rows, pieces, point-to-point; in place and not) with messages four

@@ -18,7 +18,10 @@
 //! stream does not wait for the MPI part, which sends from pinned memory the operation keeps
 //! until it is through (its request completes with the stream; an MPI error is then reported by
 //! the communicator's next call). Pinned memory held by an operation is `depth` slots of one
-//! chunk each, whatever the message size ([`HostTransferConfig`]). The proxy thread starts the
+//! chunk each, whatever the message size ([`HostTransferConfig`]); operations take it from the
+//! communicator's pool in the order they were queued, and one that finds the pool's cap reached
+//! waits on the device (its stream waits; the caller does not) for earlier ones to give memory
+//! back. The proxy thread starts the
 //! MPI parts of one communicator's operations in the order they were queued (a ticket per
 //! operation), which is the same order on every rank, as MPI requires.
 //!
@@ -31,6 +34,7 @@ mod request;
 mod staging;
 
 use std::cell::{Cell, OnceCell};
+use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,9 +62,11 @@ pub struct HostTransferConfig {
     /// "copied back" at once. At least 1.
     pub depth: usize,
     /// Cap on the pinned staging memory the communicator's pool holds. An operation holds
-    /// `depth` slots whatever its size, so messages larger than the cap work; an operation
-    /// queued while earlier ones hold the rest of the pool fails with
-    /// [`Error::PoolExhausted`] before anything is queued.
+    /// `depth` slots whatever its size, so messages larger than the cap work. Operations take
+    /// their staging in the order they were queued: one queued while earlier ones hold the
+    /// rest of the pool waits for their memory on the device (its stream waits; the calling
+    /// thread never blocks). Only an operation whose `depth` slots alone (rounded up to a power
+    /// of two) exceed the cap fails, with [`Error::PoolExhausted`] before anything is queued.
     pub pool_cap_bytes: usize,
     /// On devices whose memory the host can address (the host device), run the MPI part on
     /// the device buffers themselves instead of staging copies. V-collectives and
@@ -101,6 +107,41 @@ pub(crate) struct Shared<D: Device> {
     /// The MPI library's largest tag, read once (checking a tag must not wait for the proxy
     /// thread's hold on `mpi`).
     pub(crate) max_tag: i32,
+    /// Whose turn it is to take staging memory.
+    grants: Mutex<Grants>,
+}
+
+/// Staging memory is taken in the order operations were queued: operation `g` (counting the
+/// staged operations of a communicator) takes its block only after operations `0..g` have
+/// theirs. An operation therefore only ever waits for memory held by earlier ones, which
+/// never wait for it (their MPI parts come first too), so waiting cannot deadlock.
+#[derive(Debug, Default)]
+pub(crate) struct Grants {
+    /// The operation that may take memory now.
+    pub(crate) next: u64,
+    /// Later operations that gave up their turn (their future was dropped before it came).
+    abandoned: BTreeSet<u64>,
+}
+
+impl Grants {
+    /// Operation `g`, whose turn it is, has its memory (or gave up on it): the next one may
+    /// take.
+    pub(crate) fn pass(&mut self, g: u64) {
+        debug_assert_eq!(self.next, g);
+        self.next = g + 1;
+        while self.abandoned.remove(&self.next) {
+            self.next += 1;
+        }
+    }
+
+    /// Operation `g` will not take memory: its turn passes now or when it comes.
+    pub(crate) fn abandon(&mut self, g: u64) {
+        if self.next == g {
+            self.pass(g);
+        } else {
+            self.abandoned.insert(g);
+        }
+    }
 }
 
 /// A HostTransfer communicator: an MPI communicator bound to a device stream.
@@ -116,6 +157,8 @@ pub struct Communicator<D: Device> {
     /// on first use).
     copies: OnceCell<(D::Stream, D::Stream)>,
     tickets: Cell<u64>,
+    /// Staging turns handed out (see [`Grants`]).
+    grants_issued: Cell<u64>,
     config: HostTransferConfig,
     engine: Arc<Engine>,
     _not_sync: PhantomData<Cell<()>>,
@@ -178,11 +221,13 @@ impl<D: Device> Communicator<D> {
                 rank,
                 size,
                 max_tag,
+                grants: Mutex::default(),
             }),
             stream,
             side: OnceCell::new(),
             copies: OnceCell::new(),
             tickets: Cell::new(0),
+            grants_issued: Cell::new(0),
             config,
             engine: Engine::get()?,
             _not_sync: PhantomData,
@@ -267,6 +312,12 @@ impl<D: Device> Communicator<D> {
         t
     }
 
+    fn next_grant(&self) -> u64 {
+        let g = self.grants_issued.get();
+        self.grants_issued.set(g + 1);
+        g
+    }
+
     /// Checks that a buffer lives on this communicator's device.
     fn check_buffer<B: DeviceSlice<D>>(&self, what: &'static str, buf: &B) -> Result<()> {
         if buf.ordinal() != self.shared.device.ordinal() {
@@ -289,5 +340,10 @@ impl<D: Device> Shared<D> {
     /// Lets the next ticket start.
     fn pass_turn(&self, ticket: u64) {
         self.turn.store(ticket + 1, Ordering::Release);
+    }
+
+    /// The staging turns.
+    fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
+        self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }

@@ -189,11 +189,28 @@ struct InFlight<D: Device> {
     staging: Option<PinnedBlock<D>>,
     /// The staging block once handed back for the stream's `done` to free.
     retired: Option<Retired<D>>,
+    /// The operation's turn to take staging memory, while it waits for it (see
+    /// [`Grants`](super::Grants)).
+    grant: Option<u64>,
     /// The device buffers, held while the MPI part works on them directly.
     keep: Vec<KeepAlive>,
 }
 
 impl<D: Device> InFlight<D> {
+    /// Takes the operation's staging block of `bytes` once every earlier operation has had
+    /// its own and the pool has room: `None` while it must wait.
+    fn try_grant(&mut self, bytes: usize) -> Option<Result<PinnedBlock<D>>> {
+        let grant = self.grant?;
+        let mut grants = self.shared.grants();
+        if grants.next != grant {
+            return None;
+        }
+        let got = self.shared.pools.try_take(bytes).transpose()?;
+        grants.pass(grant);
+        self.grant = None;
+        Some(got)
+    }
+
     /// Lets every wait the device may have queued for this operation pass.
     fn release_all(&self) {
         self.output.store(self.chunks);
@@ -212,6 +229,9 @@ impl<D: Device> Drop for InFlight<D> {
         }
         if self.turn_held {
             self.shared.pass_turn(self.ticket);
+        }
+        if let Some(grant) = self.grant.take() {
+            self.shared.grants().abandon(grant);
         }
         let mut backoff = crate::progress::Backoff::default();
         while !reached(self.done.load(), 1) {
@@ -442,8 +462,21 @@ impl<D: Device> Communicator<D> {
             u32::try_from(chunks).map_err(|_| Error::CountOverflow { what: "chunks", value: chunks as u128 })?;
         let slots = self.config.depth.min(chunks);
         let slot_elems = (plan.send_parts + plan.recv_parts) * c.min(plan.count);
-        let staging = if direct.is_some() { None } else { Some(self.shared.pools.take(slots * slot_elems * sz)?) };
+        let bytes = slots * slot_elems * sz;
         let pools = &self.shared.pools;
+        // Staging is granted in queue order: an operation takes it now only if no earlier one
+        // is waiting for memory (else it could hold what that one waits for, while waiting for
+        // that one's MPI turn). Otherwise the proxy thread takes it when the operation's turn
+        // and the memory come, and the stream waits on the device meanwhile.
+        let staging = match direct {
+            Some(_) => None,
+            None if self.shared.grants().next == self.grants_issued.get() => pools.try_take(bytes)?,
+            None => {
+                pools.check_fits(bytes)?;
+                None
+            }
+        };
+        let waits_for_memory = direct.is_none() && staging.is_none();
         let (input, output, done) = (pools.flag()?, pools.flag()?, Arc::new(pools.flag()?));
         let geo = Geometry {
             sz,
@@ -459,7 +492,7 @@ impl<D: Device> Communicator<D> {
         let keeps = plan.keep_alives();
         let in_place = !matches!(plan.input, Some((_, Into::Send)));
         device.acquire(stream, &keeps)?;
-        let two = direct.is_none() && chunks > 1;
+        let two = direct.is_none() && (chunks > 1 || waits_for_memory);
         // Send-only operations staged through pinned memory: once the data is staged, the device
         // buffers are free, so the stream need not wait for the MPI part.
         let early = direct.is_none() && plan.output.is_none() && plan.input.is_some();
@@ -502,6 +535,10 @@ impl<D: Device> Communicator<D> {
         device.release(stream, &keeps)?;
 
         let ticket = self.next_ticket();
+        let grant = direct.is_none().then(|| self.next_grant());
+        if let (Some(g), false) = (grant, waits_for_memory) {
+            self.shared.grants().pass(g);
+        }
         let mut op = InFlight {
             shared: Arc::clone(&self.shared),
             ticket,
@@ -515,15 +552,37 @@ impl<D: Device> Communicator<D> {
             done: Arc::clone(&done),
             staging,
             retired: None,
+            grant: grant.filter(|_| waits_for_memory),
             keep: if direct.is_some() { keeps } else { Vec::new() },
         };
         let recv_parts = plan.recv_parts;
+        let mut deferred = deferred;
+        let mut geo = geo;
         let fut: OpFuture = Box::pin(async move {
             let mut result = Ok(());
-            if let (Some(copies), Some(start)) = (&deferred, &op.start) {
+            if let (Some(copies), Some(start)) = (&mut deferred, &op.start) {
                 until(|| reached(start.load(), 1)).await;
-                // SAFETY: the operation holds the flags and staging until `done`.
-                result = unsafe { copies.queue() };
+                if op.grant.is_some() {
+                    let mut got = None;
+                    until(|| {
+                        got = op.try_grant(bytes);
+                        got.is_some()
+                    })
+                    .await;
+                    match got {
+                        Some(Ok(block)) => {
+                            geo.base = block.ptr() as usize;
+                            copies.geo.base = geo.base;
+                            op.staging = Some(block);
+                        }
+                        Some(Err(e)) => result = Err(e),
+                        None => {}
+                    }
+                }
+                if result.is_ok() {
+                    // SAFETY: the operation holds the flags and staging until `done`.
+                    result = unsafe { copies.queue() };
+                }
                 op.queued = result.is_ok();
             }
             until(|| op.shared.has_turn(ticket)).await;
