@@ -99,7 +99,7 @@ impl<D: Device> Pools<D> {
     /// A staging block of at least `bytes` bytes (contents unspecified), or
     /// [`Error::PoolExhausted`] if the blocks in use leave no room for it now.
     pub fn take(self: &Arc<Self>, bytes: usize) -> Result<PinnedBlock<D>> {
-        match self.try_take(bytes)? {
+        match self.try_take(bytes, true)? {
             Some(block) => Ok(block),
             None => {
                 let st = self.lock();
@@ -113,36 +113,61 @@ impl<D: Device> Pools<D> {
     }
 
     /// A staging block of at least `bytes` bytes if the cap leaves room for it now; `None` if
-    /// it will once blocks in use come back; [`Error::PoolExhausted`] if it never can (the
-    /// block is larger than the cap).
-    pub fn try_take(self: &Arc<Self>, bytes: usize) -> Result<Option<PinnedBlock<D>>> {
+    /// it must wait for blocks in use to come back; [`Error::PoolExhausted`] if it never can
+    /// (the block is larger than the cap).
+    ///
+    /// An idle block of the size, or else of a larger size, is reused; else a new one is
+    /// allocated if the cap allows. With `free_idle`, idle blocks are freed to make room
+    /// first. Pinned memory is allocated and freed outside the pool's lock, so a slow driver
+    /// call never holds up a thread returning a block; the proxy thread passes `free_idle =
+    /// false` because freeing pinned memory may wait for the device, whose streams may be
+    /// waiting for the proxy thread.
+    pub fn try_take(self: &Arc<Self>, bytes: usize, free_idle: bool) -> Result<Option<PinnedBlock<D>>> {
         let size = self.check_fits(bytes)?;
+        let mut victims = Vec::new();
+        {
+            let mut st = self.lock();
+            st.reclaim_raised();
+            let idle = st.free.range_mut(size..).find(|(_, l)| !l.is_empty()).map(|(&s, l)| (s, l.pop()));
+            if let Some((got, Some(ptr))) = idle {
+                st.lend(got);
+                return Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr, size: got, retired: false }));
+            }
+            // Make room by releasing idle blocks (all smaller than `size` now), largest first.
+            while free_idle && st.stats.held_bytes + size > st.stats.cap_bytes {
+                let Some((&s, list)) = st.free.iter_mut().rev().find(|(_, l)| !l.is_empty()) else { break };
+                victims.push((list.pop().unwrap_or_default(), s));
+                st.stats.held_bytes -= s;
+            }
+            if st.stats.held_bytes + size > st.stats.cap_bytes {
+                // Nothing was freed: making room frees every idle block first.
+                return Ok(None);
+            }
+            // Reserved now; lent once allocated.
+            st.stats.held_bytes += size;
+        }
+        for (p, s) in victims {
+            // SAFETY: idle blocks are used by no queued work and came from this device; they
+            // left the free list above, so no one else has them.
+            unsafe { self.device.free_pinned(p as *mut u8, s) };
+        }
+        match self.device.alloc_pinned(size) {
+            Ok(p) => {
+                self.lock().lend(size);
+                Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr: p as usize, size, retired: false }))
+            }
+            Err(e) => {
+                self.lock().stats.held_bytes -= size;
+                Err(e)
+            }
+        }
+    }
+
+    /// Pinned bytes lent out and not yet returned.
+    pub fn in_use_bytes(&self) -> usize {
         let mut st = self.lock();
         st.reclaim_raised();
-        let reused = st.free.get_mut(&size).and_then(Vec::pop);
-        let ptr = match reused {
-            Some(p) => p,
-            None => {
-                // Make room by releasing idle blocks of other sizes, largest first.
-                while st.stats.held_bytes + size > st.stats.cap_bytes {
-                    let Some((&s, list)) = st.free.iter_mut().rev().find(|(_, l)| !l.is_empty()) else { break };
-                    let p = list.pop().unwrap_or_default();
-                    // SAFETY: idle blocks are used by no queued work and came from this device.
-                    unsafe { self.device.free_pinned(p as *mut u8, s) };
-                    st.stats.held_bytes -= s;
-                }
-                if st.stats.held_bytes + size > st.stats.cap_bytes {
-                    return Ok(None);
-                }
-                let p = self.device.alloc_pinned(size)? as usize;
-                st.stats.held_bytes += size;
-                p
-            }
-        };
-        st.stats.in_use_bytes += size;
-        st.stats.blocks_in_use += 1;
-        st.stats.high_water_bytes = st.stats.high_water_bytes.max(st.stats.in_use_bytes);
-        Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr, size, retired: false }))
+        st.stats.in_use_bytes
     }
 
     /// The size of the block [`Pools::take`] hands out for `bytes`, or
@@ -198,6 +223,13 @@ impl<D: Device> Pools<D> {
 }
 
 impl Counters {
+    /// Counts a block of `size` bytes as lent out.
+    fn lend(&mut self, size: usize) {
+        self.stats.in_use_bytes += size;
+        self.stats.blocks_in_use += 1;
+        self.stats.high_water_bytes = self.stats.high_water_bytes.max(self.stats.in_use_bytes);
+    }
+
     /// Moves a block from in use to the free list.
     fn give_back(&mut self, ptr: usize, size: usize) {
         self.stats.in_use_bytes -= size;

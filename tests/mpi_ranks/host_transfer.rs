@@ -285,6 +285,28 @@ pub fn waits_for_the_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, ne
     b.synchronize().unwrap();
     assert_eq!(dev.down(b.stream(), &total), [(0..n as u32).sum::<u32>()], "a small operation after the refused one");
     assert_idle(&b, "after the refused operation");
+
+    // Two one-slot operations fill an 8 KiB pool with 4 KiB blocks; a two-slot one (8 KiB)
+    // queued behind them finds, once they are through, only those idle blocks and no room: it
+    // runs through one slot (the proxy thread frees no pinned memory to make room).
+    let tight = HostTransferConfig { chunk_bytes: 2048, depth: 2, pool_cap_bytes: 2 * cap, ..config };
+    let t = HtComm::with_config(world, dev.clone(), new_stream(), tight).unwrap();
+    let small: Vec<_> = (0..2).map(|k| dev.up(&s, &(0..512).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();
+    let mut small_out: Vec<_> = (0..2).map(|_| dev.up(&s, &vec![0u32; 512])).collect();
+    let large = dev.up(&s, &(0..1024).map(|i| val(me, i, 2)).collect::<Vec<_>>());
+    let mut large_out = dev.up(&s, &vec![0u32; 1024]);
+    for (x, y) in small.iter().zip(small_out.iter_mut()) {
+        t.allreduce(x, y, Sum).unwrap();
+    }
+    t.allreduce(&large, &mut large_out, Sum).unwrap();
+    t.synchronize().unwrap_or_else(|e| panic!("an operation behind idle blocks too small for it: {e}"));
+    let summed =
+        |k: usize, count: usize| (0..count).map(|i| (0..n).map(|r| val(r, i, k)).sum::<u32>()).collect::<Vec<_>>();
+    for (k, y) in small_out.iter().enumerate() {
+        assert!(dev.down(t.stream(), y) == summed(k, 512), "one-slot allreduce {k}");
+    }
+    assert!(dev.down(t.stream(), &large_out) == summed(2, 1024), "allreduce through fewer slots");
+    assert_idle(&t, "after an operation through fewer slots");
 }
 
 /// Every kind of staging (rows, pieces, point-to-point; in place and not) with messages four

@@ -197,15 +197,39 @@ struct InFlight<D: Device> {
 }
 
 impl<D: Device> InFlight<D> {
-    /// Takes the operation's staging block of `bytes` once every earlier operation has had
-    /// its own and the pool has room: `None` while it must wait.
-    fn try_grant(&mut self, bytes: usize) -> Option<Result<PinnedBlock<D>>> {
+    /// Takes the operation's staging block, `slots` slots of `slot_bytes`, once every earlier
+    /// operation has had its own and the pool has room: `None` while it must wait; the block
+    /// and the number of slots it holds once granted.
+    ///
+    /// The proxy thread frees no pinned memory (that may wait for the device, whose streams
+    /// may be waiting for this thread). So when nothing is in use any more but only freeing
+    /// idle blocks could make room, the operation pipelines through fewer slots, as many as
+    /// the largest idle block holds, rather than wait for ever; with not even one, it fails.
+    fn try_grant(&mut self, slot_bytes: usize, slots: usize) -> Option<Result<(PinnedBlock<D>, usize)>> {
         let grant = self.grant?;
         let mut grants = self.shared.grants();
         if grants.next != grant {
             return None;
         }
-        let got = self.shared.pools.try_take(bytes).transpose()?;
+        let pools = &self.shared.pools;
+        let mut got = pools.try_take(slots * slot_bytes, false).map(|b| b.map(|b| (b, slots)));
+        if matches!(got, Ok(None)) {
+            if pools.in_use_bytes() > 0 {
+                return None;
+            }
+            for fewer in (1..slots).rev() {
+                match pools.try_take(fewer * slot_bytes, false) {
+                    Ok(None) => continue,
+                    other => {
+                        got = other.map(|b| b.map(|b| (b, fewer)));
+                        break;
+                    }
+                }
+            }
+        }
+        let got = got.and_then(|g| {
+            g.ok_or(Error::PoolExhausted { requested: slot_bytes, in_use: 0, cap: pools.stats().cap_bytes })
+        });
         grants.pass(grant);
         self.grant = None;
         Some(got)
@@ -470,7 +494,7 @@ impl<D: Device> Communicator<D> {
         // and the memory come, and the stream waits on the device meanwhile.
         let staging = match direct {
             Some(_) => None,
-            None if self.shared.grants().next == self.grants_issued.get() => pools.try_take(bytes)?,
+            None if self.shared.grants().next == self.grants_issued.get() => pools.try_take(bytes, true)?,
             None => {
                 pools.check_fits(bytes)?;
                 None
@@ -565,14 +589,15 @@ impl<D: Device> Communicator<D> {
                 if op.grant.is_some() {
                     let mut got = None;
                     until(|| {
-                        got = op.try_grant(bytes);
+                        got = op.try_grant(slot_elems * sz, slots);
                         got.is_some()
                     })
                     .await;
                     match got {
-                        Some(Ok(block)) => {
+                        Some(Ok((block, granted))) => {
                             geo.base = block.ptr() as usize;
-                            copies.geo.base = geo.base;
+                            geo.slots = granted;
+                            copies.geo = geo;
                             op.staging = Some(block);
                         }
                         Some(Err(e)) => result = Err(e),
