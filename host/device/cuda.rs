@@ -14,6 +14,12 @@
 //! * reductions of staged rows into device memory with the reduction kernels, reading the rows
 //!   through host-mapped memory.
 //!
+//! The proxy thread queues pipelined operations' copies while device streams wait for its
+//! flags, so nothing it calls may wait for the device: every built-in kernel is loaded when
+//! the device is made (lazy loading may synchronize the context on a kernel's first launch),
+//! pack segment lists go up from pageable memory on an internal stream that waits for nothing,
+//! and the staging pool never frees pinned memory from that thread.
+//!
 //! # Ordering with the buffers' own streams
 //! A cudarc buffer belongs to the stream it was allocated on (its *home*; it is freed there, in
 //! stream order). When an operation's stream is not a buffer's home, the operation's stream
@@ -83,6 +89,10 @@ struct Inner {
     flags: FlagPath,
     sms: u32,
     max_pitch: usize,
+    /// Where pack segment lists go up from pageable memory: a stream that waits for nothing,
+    /// so the driver's staging of the copy (which may synchronize with its stream) never waits
+    /// for a stream that waits for the proxy thread.
+    upload: Arc<CudaStream>,
     /// Loaded kernel modules by PTX text address, and functions by entry name.
     modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
@@ -118,8 +128,10 @@ impl CudaDevice {
         let attr = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let max_pitch = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?.max(0) as usize;
+        let upload = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let device = CudaDevice {
             inner: Arc::new(Inner {
+                upload,
                 ctx,
                 flags,
                 sms,
@@ -128,10 +140,18 @@ impl CudaDevice {
                 functions: Mutex::default(),
             }),
         };
-        if flags == FlagPath::Kernels {
-            // Fail now, not on the first operation, when the kernels are missing.
+        // Load every built-in kernel now, on the caller's thread. With lazy module loading (the
+        // default since CUDA 12.2) a kernel is otherwise loaded on its first launch, which may
+        // synchronize the context: on the proxy thread, while streams wait for its flags, that
+        // would never return. It also fails now, not on the first operation, when the kernels
+        // are missing.
+        let builtin = crate::device_code::builtin();
+        if builtin.ptx.is_some() {
+            for entry in builtin.entries {
+                device.function(entry)?;
+            }
+        } else if flags == FlagPath::Kernels {
             device.function(fixed::SIGNAL)?;
-            device.function(fixed::STREAM_WAIT)?;
         }
         Ok(device)
     }
@@ -189,8 +209,21 @@ impl CudaDevice {
         }
     }
 
+    /// Makes the device's context current on the calling thread, after reporting any error
+    /// cudarc recorded from an earlier asynchronous call (a drop, say) under its own name.
     fn bind(&self) -> Result<()> {
-        self.inner.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))
+        self.inner.ctx.check_err().map_err(driver("an earlier CUDA call (error recorded by cudarc)"))?;
+        self.make_current()
+    }
+
+    /// Makes the device's context current on the calling thread, nothing else.
+    fn make_current(&self) -> Result<()> {
+        let ctx = self.inner.ctx.cu_ctx();
+        if cudarc::driver::result::ctx::get_current().map_err(driver("cuCtxGetCurrent"))? != Some(ctx) {
+            // SAFETY: `ctx` is the live context the device holds.
+            unsafe { cudarc::driver::result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
+        }
+        Ok(())
     }
 
     /// Keeps the entries of `keep` that are not home streams alive until the work queued on
@@ -206,6 +239,7 @@ impl CudaDevice {
         if keep.is_empty() {
             return Ok(());
         }
+        self.bind()?;
         super::reaper::start("cuLaunchHostFunc")?;
         let payload = Box::into_raw(Box::new(keep));
         // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
@@ -312,8 +346,12 @@ impl CudaDevice {
         let segments: Vec<Segment> =
             nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect();
         let bytes: &[u8] = bytemuck::cast_slice(&segments);
-        // The segment list goes to device memory in stream order and is freed the same way.
-        let list: CudaSlice<u8> = stream.clone_htod(bytes).map_err(driver("cuMemcpyHtoDAsync"))?;
+        // The segment list goes up on the upload stream (a copy from pageable memory may wait
+        // for its stream, and `stream` may be waiting for the proxy thread, which may be the
+        // caller), then `stream` waits for it there.
+        let upload = &self.inner.upload;
+        let list: CudaSlice<u8> = upload.clone_htod(bytes).map_err(driver("cuMemcpyHtoDAsync"))?;
+        stream.join(upload).map_err(driver("cuStreamWaitEvent"))?;
         let count = segments.len();
         let (f, dst, src) = if to_host {
             (self.function(fixed::PACK_SEGMENTS)?, mapped.0, base.0)
@@ -328,8 +366,11 @@ impl CudaDevice {
             // a piece the caller guarantees valid, the packed side holds `total` bytes.
             unsafe { launch.launch(self.grid(total / 16 + 1)) }.map_err(driver("cuLaunchKernel"))?;
         }
-        drop(list);
-        self.hold_others(stream, keep)
+        // Freed once `stream` has run the kernel: the reaper drops it then, and its free on the
+        // upload stream waits only for that (complete) read.
+        let mut keep: Vec<KeepAlive> = keep.into_iter().filter(|k| !k.is::<Home>()).collect();
+        keep.push(Arc::new(list));
+        self.hold(stream, keep)
     }
 
     /// A one-thread launch of a flag kernel.
@@ -407,7 +448,8 @@ impl Device for CudaDevice {
     }
 
     unsafe fn free_pinned(&self, ptr: *mut u8, _bytes: usize) {
-        if self.bind().is_ok() {
+        // Not `bind`: an unrelated error cudarc recorded earlier must not leak the memory.
+        if self.make_current().is_ok() {
             // SAFETY: the caller guarantees `ptr` came from `alloc_pinned` and no queued work
             // uses it.
             let _ = unsafe { cudarc::driver::result::free_host(ptr.cast()) };

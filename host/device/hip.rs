@@ -349,6 +349,10 @@ struct Inner {
     compute_units: u32,
     max_pitch: usize,
     memory_pools: bool,
+    /// Where pack segment lists go up from pageable memory: a stream that waits for nothing,
+    /// so the runtime's staging of the copy (which may synchronize with its stream) never
+    /// waits for a stream that waits for the proxy thread. Made with the device.
+    upload: OnceLock<HipStream>,
 }
 
 impl fmt::Debug for HipDevice {
@@ -401,8 +405,18 @@ impl HipDevice {
             _ => c_int::MAX as usize,
         };
         let memory_pools = attribute(ordinal, sys::ATTR_MEMORY_POOLS_SUPPORTED).unwrap_or(0) != 0;
-        let device =
-            HipDevice { inner: Arc::new(Inner { ordinal, arch, flags, compute_units, max_pitch, memory_pools }) };
+        let device = HipDevice {
+            inner: Arc::new(Inner {
+                ordinal,
+                arch,
+                flags,
+                compute_units,
+                max_pitch,
+                memory_pools,
+                upload: OnceLock::new(),
+            }),
+        };
+        let _ = device.inner.upload.set(device.new_stream()?);
         if flags == FlagPath::Kernels {
             // Fail now, not on the first operation, when the kernels are missing.
             device.function(fixed::SIGNAL)?;
@@ -653,17 +667,23 @@ impl HipDevice {
         // Device offsets from the lowest piece; the packed side is consecutive.
         let segments: Arc<Vec<Segment>> =
             Arc::new(nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect());
-        let list = self.scratch(stream, size_of_val(segments.as_slice()))?;
+        let upload = self.inner.upload.get().ok_or_else(|| Error::Device {
+            call: "hipStreamCreate",
+            message: "the device has no upload stream".into(),
+        })?;
+        // Allocated, filled and freed on the upload stream; `stream` waits for the upload there.
+        let list = self.scratch(upload, size_of_val(segments.as_slice()))?;
         let (dst, src) = if to_host { (mapped.0, base.0) } else { (base.0, mapped.0) };
         // SAFETY: forwarded from the caller; `list` holds the segments' bytes.
-        let queued = unsafe { self.launch_pieces(stream, function, dst, src, &segments, &list, total) };
+        let queued = unsafe { self.launch_pieces(stream, upload, function, dst, src, &segments, &list, total) };
         keep.push(segments);
-        let freed = list.free(stream, &mut keep);
+        list.free_after(upload, &mut keep);
         let held = self.hold(stream, keep);
-        queued.and(freed).and(held)
+        queued.and(held)
     }
 
-    /// Queues the upload of `segments` into `list` and the pack kernel `function` over them.
+    /// Queues the upload of `segments` into `list` on `upload`, and the pack kernel `function`
+    /// over them on `stream` once the upload is through.
     ///
     /// # Safety
     /// As [`Device::pack_d2h`]: `dst` and `src` are the packed and scattered sides (device
@@ -673,6 +693,7 @@ impl HipDevice {
     unsafe fn launch_pieces(
         &self,
         stream: &HipStream,
+        upload: &HipStream,
         function: Function,
         dst: u64,
         src: u64,
@@ -685,8 +706,9 @@ impl HipDevice {
         // asynchronously), which is why the caller keeps it alive in stream order.
         // SAFETY: `list` holds `list_bytes` bytes of device memory; the source is the list.
         check("hipMemcpyAsync", unsafe {
-            sys::hipMemcpyAsync(list.ptr, segments.as_ptr().cast(), list_bytes, sys::HOST_TO_DEVICE, stream.raw())
+            sys::hipMemcpyAsync(list.ptr, segments.as_ptr().cast(), list_bytes, sys::HOST_TO_DEVICE, upload.raw())
         })?;
+        self.join(stream, upload)?;
         let (mut dst, mut src, mut list_ptr, mut count) = (dst, src, list.ptr as u64, segments.len());
         let mut args = [arg(&mut dst), arg(&mut src), arg(&mut list_ptr), arg(&mut count)];
         // SAFETY: the pack kernels take `(dst, src, segments, count)`; every segment lies in a
@@ -729,23 +751,21 @@ struct Scratch {
 }
 
 impl Scratch {
-    /// Frees the memory once the work queued on `stream` so far has run: `hipFreeAsync` from a
-    /// pool, else by a `hipFree` that `keep` runs when the reaper drops it.
-    fn free(self, stream: &HipStream, keep: &mut Vec<KeepAlive>) -> Result<()> {
-        if self.pooled {
-            // SAFETY: `ptr` came from `hipMallocAsync`; the free is ordered after its uses.
-            check("hipFreeAsync", unsafe { sys::hipFreeAsync(self.ptr, stream.raw()) })
-        } else {
-            keep.push(Arc::new(DeviceMemory { ptr: self.ptr, ordinal: self.ordinal }));
-            Ok(())
-        }
+    /// Hands the memory to `keep`, whose drop (by the reaper, once the stream `keep` is held on
+    /// has passed every use) frees it: `hipFreeAsync` on `home`, the stream it was allocated
+    /// on, if it came from a pool, else `hipFree`. The free waits for nothing still queued.
+    fn free_after(self, home: &HipStream, keep: &mut Vec<KeepAlive>) {
+        let home = self.pooled.then(|| home.clone());
+        keep.push(Arc::new(DeviceMemory { ptr: self.ptr, ordinal: self.ordinal, home }));
     }
 }
 
-/// `hipMalloc`'d memory, `hipFree`d on drop.
+/// Scratch device memory, freed on drop: `hipFreeAsync` on its home stream if it came from
+/// `hipMallocAsync` there, else `hipFree`.
 struct DeviceMemory {
     ptr: *mut c_void,
     ordinal: usize,
+    home: Option<HipStream>,
 }
 
 // SAFETY: an owned device allocation; the host never dereferences it.
@@ -755,10 +775,12 @@ unsafe impl Sync for DeviceMemory {}
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        let freed = set_device(self.ordinal).and_then(|()| {
-            // SAFETY: `ptr` came from `hipMalloc`, and this is dropped (by the reaper) only once
-            // the stream has passed its last use.
-            check("hipFree", unsafe { sys::hipFree(self.ptr) })
+        let freed = set_device(self.ordinal).and_then(|()| match &self.home {
+            // SAFETY: `ptr` came from `hipMallocAsync` on `home`, and this is dropped (by the
+            // reaper) only once the stream that used it has passed its last use.
+            Some(home) => check("hipFreeAsync", unsafe { sys::hipFreeAsync(self.ptr, home.raw()) }),
+            // SAFETY: `ptr` came from `hipMalloc`; dropped as above.
+            None => check("hipFree", unsafe { sys::hipFree(self.ptr) }),
         });
         record(self.ordinal, freed);
     }
