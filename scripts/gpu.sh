@@ -83,6 +83,12 @@ run() {
     "$b/mpi_ranks" cuda --nocapture 2>&1 | tee -a "$log" || status=1
     echo "| cuda sweep np 1..3 | $((SECONDS - t0)) s |" | tee -a "$log"
     if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi
+    # Every stream on one hardware queue: a stream waiting on a flag must not hold up the copy
+    # stream that raises it (a hang here is a deadlock the sweep above cannot show).
+    echo "== mpi_ranks cuda_np2 with CUDA_DEVICE_MAX_CONNECTIONS=1"
+    t0=$SECONDS
+    CUDA_DEVICE_MAX_CONNECTIONS=1 "$b/mpi_ranks" cuda_np2 --nocapture 2>&1 | tee -a "$log" || status=1
+    echo "| cuda sweep np 2, one hardware queue | $((SECONDS - t0)) s |" | tee -a "$log"
     echo "== host_transfer_gpu (benchmark)"
     "$b/host_transfer_gpu" --np 1,2 2>&1 | tee -a "$log" || status=1
     echo
