@@ -163,13 +163,6 @@ impl<D: Device> Pools<D> {
         }
     }
 
-    /// Pinned bytes lent out and not yet returned.
-    pub fn in_use_bytes(&self) -> usize {
-        let mut st = self.lock();
-        st.reclaim_raised();
-        st.stats.in_use_bytes
-    }
-
     /// The size of the block [`Pools::take`] hands out for `bytes`, or
     /// [`Error::PoolExhausted`] if that is more than the cap (no block of it can ever be had).
     pub fn check_fits(&self, bytes: usize) -> Result<usize> {

@@ -214,7 +214,7 @@ impl<D: Device> InFlight<D> {
         let pools = &self.shared.pools;
         let mut got = pools.try_take(slots * slot_bytes, false).map(|b| b.map(|b| (b, slots)));
         if matches!(got, Ok(None)) {
-            if pools.in_use_bytes() > 0 {
+            if pools.stats().in_use_bytes > 0 {
                 return None;
             }
             for fewer in (1..slots).rev() {
