@@ -125,6 +125,7 @@ impl<D: Device> Pools<D> {
     pub fn try_take(self: &Arc<Self>, bytes: usize, free_idle: bool) -> Result<Option<PinnedBlock<D>>> {
         let size = self.check_fits(bytes)?;
         let mut victims = Vec::new();
+        let room;
         {
             let mut st = self.lock();
             st.reclaim_raised();
@@ -139,17 +140,19 @@ impl<D: Device> Pools<D> {
                 victims.push((list.pop().unwrap_or_default(), s));
                 st.stats.held_bytes -= s;
             }
-            if st.stats.held_bytes + size > st.stats.cap_bytes {
-                // Nothing was freed: making room frees every idle block first.
-                return Ok(None);
+            room = st.stats.held_bytes + size <= st.stats.cap_bytes;
+            if room {
+                // Reserved now; lent once allocated.
+                st.stats.held_bytes += size;
             }
-            // Reserved now; lent once allocated.
-            st.stats.held_bytes += size;
         }
         for (p, s) in victims {
             // SAFETY: idle blocks are used by no queued work and came from this device; they
             // left the free list above, so no one else has them.
             unsafe { self.device.free_pinned(p as *mut u8, s) };
+        }
+        if !room {
+            return Ok(None);
         }
         match self.device.alloc_pinned(size) {
             Ok(p) => {
@@ -371,5 +374,33 @@ impl<D: Device> Drop for FlagSlot<D> {
         let mut st = self.pools.lock();
         st.stats.flags_in_use -= 1;
         st.free_flags.push((self.page, self.index));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::{MIN_BLOCK, Pools};
+    use crate::device::host::HostDevice;
+
+    #[test]
+    fn idle_blocks_freed_to_make_room_are_freed_even_when_it_is_not_enough() {
+        let dev = HostDevice::new(0);
+        let pools = Pools::new(Arc::new(dev.clone()), 4 * MIN_BLOCK);
+        let held = pools.take(2 * MIN_BLOCK).unwrap();
+        drop(pools.take(MIN_BLOCK).unwrap());
+        assert_eq!(dev.pinned_bytes(), 3 * MIN_BLOCK);
+        // The idle block goes, and the one in use still leaves no room.
+        assert!(pools.try_take(4 * MIN_BLOCK, true).unwrap().is_none());
+        assert_eq!(dev.pinned_bytes(), 2 * MIN_BLOCK);
+        assert_eq!(pools.stats().held_bytes, 2 * MIN_BLOCK);
+        // Without `free_idle` nothing goes; a larger idle block serves a smaller request.
+        drop(held);
+        let small = pools.try_take(MIN_BLOCK, false).unwrap().expect("the idle 8 KiB block");
+        assert_eq!(small.size(), 2 * MIN_BLOCK);
+        drop(small);
+        drop(pools);
+        assert_eq!(dev.pinned_bytes(), 0);
     }
 }
