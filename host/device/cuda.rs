@@ -332,7 +332,7 @@ impl CudaDevice {
         to_host: bool,
         host: *mut u8,
         pieces: Vec<(DevicePtr, usize)>,
-        keep: Vec<KeepAlive>,
+        mut keep: Vec<KeepAlive>,
     ) -> Result<()> {
         self.check_stream(stream)?;
         let total: usize = pieces.iter().map(|p| p.1).sum();
@@ -368,9 +368,8 @@ impl CudaDevice {
         }
         // Freed once `stream` has run the kernel: the reaper drops it then, and its free on the
         // upload stream waits only for that (complete) read.
-        let mut keep: Vec<KeepAlive> = keep.into_iter().filter(|k| !k.is::<Home>()).collect();
         keep.push(Arc::new(list));
-        self.hold(stream, keep)
+        self.hold_others(stream, keep)
     }
 
     /// A one-thread launch of a flag kernel.

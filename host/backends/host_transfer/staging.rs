@@ -502,7 +502,7 @@ impl<D: Device> Communicator<D> {
         };
         let waits_for_memory = direct.is_none() && staging.is_none();
         let (input, output, done) = (pools.flag()?, pools.flag()?, Arc::new(pools.flag()?));
-        let geo = Geometry {
+        let mut geo = Geometry {
             sz,
             c,
             count: plan.count,
@@ -540,7 +540,7 @@ impl<D: Device> Communicator<D> {
             done: done.flag(),
             early,
         };
-        let deferred = match &start {
+        let mut deferred = match &start {
             Some(start) => {
                 // SAFETY: both slots are held until the stream has seen `done` (by the
                 // operation, below).
@@ -580,8 +580,6 @@ impl<D: Device> Communicator<D> {
             keep: if direct.is_some() { keeps } else { Vec::new() },
         };
         let recv_parts = plan.recv_parts;
-        let mut deferred = deferred;
-        let mut geo = geo;
         let fut: OpFuture = Box::pin(async move {
             let mut result = Ok(());
             if let (Some(copies), Some(start)) = (&mut deferred, &op.start) {
