@@ -516,6 +516,25 @@ fn host_transfer_rows(b: &mut Bench) {
             });
             b.push(name, bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
         }
+        // Eight allreduces queued back to back, then one synchronize: with the default pool,
+        // and with a pool whose cap holds one operation's staging (each waits for the one
+        // before it to give its block back). Time per operation.
+        let config = pipelined.config();
+        let c_elems = (config.chunk_bytes / 4).max(1);
+        let slots = config.depth.min(len.div_ceil(c_elems).max(1));
+        let one_op = (slots * 2 * c_elems.min(len) * 4).max(duralumin::device::pool::MIN_BLOCK).next_power_of_two();
+        // Fresh communicators, so the pinned high-water mark reported below stays one operation's.
+        let (roomy, tight) = (comm(config), comm(HostTransferConfig { pool_cap_bytes: one_op, ..config }));
+        for (name, ht) in [("ht-allreduce/queued8", &roomy), ("ht-allreduce/queued8-one-op-pool", &tight)] {
+            let ours = b.time(8 * bytes, || {
+                for _ in 0..8 {
+                    ht.allreduce(&send, &mut out, Sum).unwrap();
+                }
+                ht.synchronize().unwrap();
+            }) / 8.0;
+            b.push(name, bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
+        }
+        drop((roomy, tight));
         // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile).
         let iters = Bench::iters(bytes).clamp(5, 200);
         let mut enqueue = 0.0;
