@@ -26,6 +26,14 @@
 //! waits for the home stream's work queued so far before the operation starts, and the home
 //! stream waits for the operation's end. So the buffer may be dropped, or used by kernels on
 //! its home stream, right after the call returns.
+//!
+//! cudarc's own dependency tracking (its per-buffer read and write events, on by default once
+//! a context has several streams) sees every operation too: before an operation is queued the
+//! home stream waits for the buffer's tracked writes (and, for a buffer the operation writes,
+//! its tracked reads), and after it the buffer's read or write event is recorded on the home
+//! stream. So cudarc work queued afterwards on *any* stream (a kernel launch, a copy) that uses
+//! the buffer waits for the operation, and the operation waits for cudarc work queued before it
+//! on any stream, as cudarc orders its own launches.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -40,7 +48,7 @@ use duralumin_kernels::Element;
 use duralumin_kernels::names::fixed;
 use duralumin_kernels::pack::Segment;
 
-use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, ReduceFns, sealed};
+use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
 
 /// Whether a CUDA driver library can be loaded (checked before any other call: cudarc panics
@@ -622,8 +630,9 @@ impl Device for CudaDevice {
 }
 
 /// Implements [`DeviceSlice`] for cudarc's buffer types: the address is read with cudarc's
-/// `DevicePtr` on the buffer's home stream (so its event tracking sees a read there), and the
-/// keep-alive carries the home stream for the ordering described in the module docs.
+/// `DevicePtr` on the buffer's home stream, so the home stream (and through `acquire` the
+/// operation) waits for the writes cudarc tracked on other streams; the keep-alive carries the
+/// home stream for the ordering described in the module docs.
 macro_rules! cuda_slice {
     ($($ty:ty),*) => {$(
         impl<T: Element> sealed::Sealed for $ty {}
@@ -633,6 +642,7 @@ macro_rules! cuda_slice {
 
             fn device_ptr(&self) -> DevicePtr {
                 let home = cudarc::driver::DeviceSlice::stream(self);
+                // Dropping the guard records the buffer's read event on the home stream.
                 let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(self, home);
                 DevicePtr(ptr)
             }
@@ -648,8 +658,31 @@ macro_rules! cuda_slice {
             fn keep_alive(&self) -> Option<KeepAlive> {
                 Some(Arc::new(Home(Arc::clone(cudarc::driver::DeviceSlice::stream(self)))))
             }
+
+            fn track_read(&self) {
+                // The home stream is ordered after the operation (`release`), so the read
+                // event recorded there now covers it.
+                let home = cudarc::driver::DeviceSlice::stream(self);
+                drop(cudarc::driver::DevicePtr::device_ptr(self, home));
+            }
         }
     )*};
 }
 
 cuda_slice!(CudaSlice<T>, CudaView<'_, T>, CudaViewMut<'_, T>);
+
+/// Implements [`DeviceSliceMut`] for cudarc's writable buffer types with `DevicePtrMut` on the
+/// home stream: it makes the home stream wait for the buffer's read and write events and then
+/// records its write event there.
+macro_rules! cuda_slice_mut {
+    ($($ty:ty),*) => {$(
+        impl<T: Element> DeviceSliceMut<CudaDevice> for $ty {
+            fn track_write(&mut self) {
+                let home = Arc::clone(cudarc::driver::DeviceSlice::stream(self));
+                drop(cudarc::driver::DevicePtrMut::device_ptr_mut(self, &home));
+            }
+        }
+    )*};
+}
+
+cuda_slice_mut!(CudaSlice<T>, CudaViewMut<'_, T>);

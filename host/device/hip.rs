@@ -64,7 +64,7 @@ use duralumin_kernels::flag::reached;
 use duralumin_kernels::names::fixed;
 use duralumin_kernels::pack::Segment;
 
-use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, ReduceFns, sealed};
+use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
 
 /// The HIP runtime calls this module makes.
@@ -980,6 +980,8 @@ impl<T: Element> DeviceSlice<HipDevice> for HipBuffer<T> {
         None
     }
 }
+
+impl<T: Element> DeviceSliceMut<HipDevice> for HipBuffer<T> {}
 
 impl sealed::Sealed for HipDevice {}
 

@@ -20,7 +20,7 @@ use duralumin_kernels::Element;
 use duralumin_kernels::flag::reached;
 use duralumin_kernels::grid::HostGrid;
 
-use super::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, KeepAlive, ReduceFns, sealed};
+use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
 use crate::progress::Backoff;
 
@@ -236,6 +236,8 @@ impl<T: Element> DeviceSlice<HostDevice> for HostBuffer<T> {
         Some(Arc::clone(&self.mem) as KeepAlive)
     }
 }
+
+impl<T: Element> DeviceSliceMut<HostDevice> for HostBuffer<T> {}
 
 type Work = Box<dyn FnOnce() + Send>;
 

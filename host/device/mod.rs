@@ -331,4 +331,22 @@ pub trait DeviceSlice<D: Device>: sealed::Sealed {
     fn ordinal(&self) -> usize;
     /// What queued work must hold to keep the memory alive.
     fn keep_alive(&self) -> Option<KeepAlive>;
+    /// Called after an operation that reads the buffer is queued (and its stream ordered
+    /// before the buffer's own): tells the buffer's own dependency tracking that the work
+    /// queued so far reads it. cudarc buffers record their read event on their home stream, so
+    /// a kernel that cudarc later queues on any stream to write the buffer waits for the
+    /// operation. Nothing by default.
+    fn track_read(&self) {}
+}
+
+/// A [`DeviceSlice`] that operations may write (rsmpi's `BufferMut`): owned buffers and
+/// mutable views, not shared views.
+pub trait DeviceSliceMut<D: Device>: DeviceSlice<D> {
+    /// Called before an operation that writes the buffer is queued, and again after: tells
+    /// the buffer's own dependency tracking about the write. For cudarc buffers, the first
+    /// call makes the home stream (and so the operation) wait for the reads and writes cudarc
+    /// tracked on other streams; the second records the write event on the home stream, after
+    /// the operation, so later cudarc work on any stream that uses the buffer waits for it.
+    /// Nothing by default.
+    fn track_write(&mut self) {}
 }

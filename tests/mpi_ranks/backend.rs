@@ -7,7 +7,7 @@ use duralumin::backends::host_transfer::{self, HostTransferConfig};
 #[cfg(feature = "cuda")]
 use duralumin::device::cuda::CudaDevice;
 use duralumin::device::host::{HostBuffer, HostDevice, HostStream};
-use duralumin::device::{Device, DeviceSlice};
+use duralumin::device::{Device, DeviceSliceMut};
 use duralumin::scope;
 use duralumin::*;
 
@@ -239,7 +239,7 @@ impl Backend for Communicator {
 /// A device the HostTransfer sweep runs on: how to move host vectors in and out of its
 /// buffers (synchronously; the tests' own business, not the library's).
 pub trait TestDevice: Device + Clone {
-    type Buf<T: Element>: DeviceSlice<Self, Elem = T>;
+    type Buf<T: Element>: DeviceSliceMut<Self, Elem = T>;
     fn up<T: Element>(&self, stream: &Self::Stream, v: &[T]) -> Self::Buf<T>;
     fn down<T: Element>(&self, stream: &Self::Stream, b: &Self::Buf<T>) -> Vec<T>;
 }

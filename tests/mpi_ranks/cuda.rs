@@ -2,11 +2,15 @@
 //! flag paths, staged in small chunks (every "big" operation pipelines and reuses its slots,
 //! and small allreduces reduce on the GPU with the reduction kernels) and with the default
 //! settings; then ordering against kernels on the stream, a buffer whose home stream is not
-//! the communicator's, and more operations queued than the pinned pool can stage at once. Run by the `cuda_np*` trials, which are ignored without a CUDA device.
+//! the communicator's, cudarc work on a third stream that uses the buffers, and more
+//! operations queued than the pinned pool can stage at once. Run by the `cuda_np*` trials,
+//! which are ignored without a CUDA device.
 
+use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, sys};
 use duralumin::backends::host_transfer::HostTransferConfig;
 use duralumin::device::cuda::{CudaDevice, FlagPath};
 use duralumin::mpi::topology::SimpleCommunicator;
@@ -30,6 +34,7 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
                 println!("cuda sweep {path:?} chunk {} B: ok in {:.2?}", config.chunk_bytes, t.elapsed());
             }
             foreign_home(&ht, &ctx);
+            third_stream(&ht, &ctx);
         }
         crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"));
     }
@@ -47,4 +52,69 @@ fn foreign_home(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
     let got = ht.dev.down(&home, &buf);
     assert_eq!(got, vec![n * (n - 1) / 2; len], "allreduce on a buffer of another stream");
     ht.comm.synchronize().expect("synchronize");
+}
+
+/// The host callback of [`delay`].
+///
+/// # Safety
+/// Called by the driver with the null user data of [`delay`]; it touches nothing.
+unsafe extern "C" fn sleep_a_while(_: *mut c_void) {
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+/// Holds `stream` up for 100 ms on the device (a host function in its queue), so work queued
+/// after it runs late unless something orders it.
+fn delay(ctx: &Arc<CudaContext>, stream: &CudaStream) {
+    ctx.bind_to_thread().expect("bind");
+    // SAFETY: a live stream of the bound context; the callback makes no CUDA call and ignores
+    // its (null) user data.
+    let status = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep_a_while), std::ptr::null_mut()) };
+    assert_eq!(status, sys::CUresult::CUDA_SUCCESS, "cuLaunchHostFunc");
+}
+
+/// cudarc's own dependency tracking sees the operations: cudarc work queued on a third stream
+/// before an operation (writing its input, reading its output buffer's old contents) runs
+/// before it, and a copy cudarc queues on the third stream right after the call reads the
+/// result. The third stream and the communicator's are each held up in turn, so the checks
+/// fail when the ordering is missing.
+fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
+    let (home, third) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
+    let (me, n) = (ht.comm.rank() as u64, ht.comm.size() as u64);
+    let len = 1 << 20;
+    let sentinel = u64::MAX;
+    let mut send: CudaSlice<u64> = home.alloc_zeros(len).expect("alloc");
+    let mut recv = ht.dev.up(&home, &vec![sentinel; len]);
+    let source = ht.dev.up(&third, &vec![me + 1; len]);
+    let mut old: CudaSlice<u64> = third.alloc_zeros(len).expect("alloc");
+    home.synchronize().expect("synchronize");
+
+    // Before: the third stream, held up, writes the input and reads the output's old contents.
+    delay(ctx, &third);
+    third.memcpy_dtod(&source, &mut send).expect("copy on the third stream");
+    third.memcpy_dtod(&recv, &mut old).expect("copy on the third stream");
+    ht.comm.allreduce(&send, &mut recv, Sum).expect("allreduce");
+    assert_eq!(
+        third.clone_dtoh(&old).expect("download"),
+        vec![sentinel; len],
+        "the operation wrote its output before a read queued earlier on another stream"
+    );
+    assert_eq!(
+        third.clone_dtoh(&recv).expect("download"),
+        vec![n * (n + 1) / 2; len],
+        "the operation read its input before a write queued earlier on another stream"
+    );
+    ht.comm.synchronize().expect("synchronize");
+
+    // After: the communicator's stream is held up; a copy queued on the third stream right
+    // after the call must still see the new result.
+    let send = ht.dev.up(&home, &vec![me + 1000; len]);
+    delay(ctx, ht.comm.stream());
+    ht.comm.allreduce(&send, &mut recv, Sum).expect("allreduce");
+    assert_eq!(
+        third.clone_dtoh(&recv).expect("download"),
+        vec![n * (n - 1) / 2 + 1000 * n; len],
+        "a copy queued on another stream after the operation ran before it"
+    );
+    ht.comm.synchronize().expect("synchronize");
+    third.synchronize().expect("synchronize");
 }

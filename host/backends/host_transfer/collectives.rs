@@ -11,7 +11,7 @@ use super::staging::{ChunkBufs, Into, Plan, Region, Rows, carries, cut};
 use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Mode, exchange};
 use crate::buffer::RawBuf;
 use crate::check;
-use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive, ReduceFns};
+use crate::device::{Device, DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
 use crate::transport::MpiTransport;
 
@@ -28,8 +28,8 @@ fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitc
 
 /// The blocks `[displs[i], displs[i] + counts[i])` of `buf` as pieces, in rank order.
 fn blocks<D: Device, B: DeviceSlice<D>>(buf: &B, counts: &[usize], displs: &[usize]) -> Region {
-    let sz = size_of::<B::Elem>();
-    let pieces = counts.iter().zip(displs).map(|(&c, &d)| (buf.device_ptr().offset(d * sz), c)).collect();
+    let (sz, base) = (size_of::<B::Elem>(), buf.device_ptr());
+    let pieces = counts.iter().zip(displs).map(|(&c, &d)| (base.offset(d * sz), c)).collect();
     Region::Pieces { pieces, keep: buf.keep_alive().into_iter().collect() }
 }
 
@@ -57,11 +57,13 @@ impl<T> ChunkBufs<T> {
 }
 
 /// Emits the stream-ordered and the non-blocking method of an operation from its plan.
+/// `uses(...)` names the buffers the operation reads (`read`, `reads` for a list) and writes
+/// (`write`, `writes`), for the buffers' own dependency tracking (see [`uses`]).
 macro_rules! stream_ordered_and_nonblocking {
     ($(
         $(#[$doc:meta])*
         fn $name:ident / $iname:ident <$($g:ident : $bound:path),*> ($($arg:ident : $ty:ty),* $(,)?)
-            => $plan:ident ($($pa:expr),* $(,)?);
+            uses($($kind:ident $buf:ident),*) => $plan:ident ($($pa:expr),* $(,)?);
     )*) => {$(
         $(#[$doc])*
         ///
@@ -72,7 +74,10 @@ macro_rules! stream_ordered_and_nonblocking {
         pub fn $name<'a, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
             self.shared.errors.check()?;
             let plan = self.$plan($($pa),*)?;
-            self.enqueue(&self.stream, plan).map(drop)
+            $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
+            self.enqueue(&self.stream, plan)?;
+            $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
+            Ok(())
         }
 
         #[doc = concat!("Non-blocking [`", stringify!($name), "`](Self::", stringify!($name), "): runs on the \
@@ -83,125 +88,165 @@ macro_rules! stream_ordered_and_nonblocking {
             self.shared.errors.check()?;
             let plan = self.$plan($($pa),*)?;
             let side = self.side_stream()?;
+            $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
             let done = self.enqueue(side, plan)?;
+            $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
             Ok(DeviceRequest::new(done, Arc::clone(&self.shared)))
         }
     )*};
+}
+
+/// Tells the buffers' own dependency tracking (cudarc's read and write events) about an
+/// operation: before it is queued, written buffers make their home stream wait for tracked
+/// reads and writes elsewhere (reads already waited for tracked writes when the plan took their
+/// addresses); after it is queued (and the home streams were ordered after it), every buffer
+/// records its read or write on its home stream.
+mod uses {
+    use crate::device::{Device, DeviceSlice, DeviceSliceMut};
+
+    /// Before or after the operation is queued.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Stage {
+        Before,
+        After,
+    }
+
+    pub(super) fn read<D: Device, S: DeviceSlice<D>>(buf: &S, at: Stage) {
+        if at == Stage::After {
+            buf.track_read();
+        }
+    }
+
+    pub(super) fn write<D: Device, R: DeviceSliceMut<D>>(buf: &mut R, _: Stage) {
+        buf.track_write();
+    }
+
+    pub(super) fn reads<D: Device, S: DeviceSlice<D>>(bufs: &[(&S, usize)], at: Stage) {
+        for (buf, _) in bufs {
+            read::<D, S>(*buf, at);
+        }
+    }
+
+    pub(super) fn writes<D: Device, R: DeviceSliceMut<D>>(bufs: &mut [(&mut R, usize)], at: Stage) {
+        for (buf, _) in bufs {
+            write::<D, R>(*buf, at);
+        }
+    }
 }
 
 impl<D: Device> Communicator<D> {
     stream_ordered_and_nonblocking! {
         /// Allreduce: `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every rank (equal
         /// lengths everywhere).
-        fn allreduce / iallreduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, op: O) => plan_allreduce(Some(send), recv, op);
+        fn allreduce / iallreduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, op: O) uses(read send, write recv) => plan_allreduce(Some(send), recv, op);
         /// In-place allreduce: `buf` is the input and receives the result.
-        fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, op: O) => plan_allreduce(None::<&B>, buf, op);
+        fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, op: O) uses(write buf) => plan_allreduce(None::<&B>, buf, op);
 
         /// Reduce to `root`: at the root `recv` (the length of `send`) receives the reduction;
         /// elsewhere `recv` is not used.
-        fn reduce / ireduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, root: usize, op: O) => plan_reduce(Some(send), recv, root, op);
+        fn reduce / ireduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, root: usize, op: O) uses(read send, write recv) => plan_reduce(Some(send), recv, root, op);
         /// In-place reduce: `buf` is every rank's input; the root's receives the result.
-        fn reduce_in_place / ireduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, root: usize, op: O) => plan_reduce(None::<&B>, buf, root, op);
+        fn reduce_in_place / ireduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, root: usize, op: O) uses(write buf) => plan_reduce(None::<&B>, buf, root, op);
 
         /// Broadcast of the root's `buf` into every rank's `buf` (equal lengths). The root's
         /// stream does not wait for the other ranks' copies back.
-        fn bcast / ibcast <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, root: usize)
+        fn bcast / ibcast <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize) uses(write buf)
             => plan_bcast(buf, root);
 
         /// Allgather: rank `i`'s `send` (`c` elements) lands at `recv[i*c..]` on every rank.
-        fn allgather / iallgather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R) => plan_allgather(Some(send), recv);
+        fn allgather / iallgather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R) uses(read send, write recv) => plan_allgather(Some(send), recv);
         /// In-place allgather: this rank's block is already at `buf[rank*c..]`.
-        fn allgather_in_place / iallgather_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B)
+        fn allgather_in_place / iallgather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B) uses(write buf)
             => plan_allgather(None::<&B>, buf);
 
         /// All-to-all: block `j` of `send` goes to rank `j`, block `i` of `recv` comes from
         /// rank `i` (`size * c` elements each).
-        fn alltoall / ialltoall <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R) => plan_alltoall(Some(send), recv);
+        fn alltoall / ialltoall <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R) uses(read send, write recv) => plan_alltoall(Some(send), recv);
         /// In-place all-to-all on `buf`.
-        fn alltoall_in_place / ialltoall_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B)
+        fn alltoall_in_place / ialltoall_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B) uses(write buf)
             => plan_alltoall(None::<&B>, buf);
 
         /// Gather to `root`: rank `i`'s `send` lands at `recv[i*c..]` on the root; `recv` is
         /// not used elsewhere.
-        fn gather / igather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, root: usize) => plan_gather(Some(send), recv, root);
+        fn gather / igather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, root: usize) uses(read send, write recv) => plan_gather(Some(send), recv, root);
         /// In-place gather: at the root `buf` has `size * c` elements with its own block in
         /// place; elsewhere `buf` is the `c`-element contribution.
-        fn gather_in_place / igather_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, root: usize)
+        fn gather_in_place / igather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize) uses(write buf)
             => plan_gather(None::<&B>, buf, root);
 
         /// Scatter from `root`: block `i` of the root's `send` lands in rank `i`'s `recv`;
         /// `send` is not used elsewhere.
-        fn scatter / iscatter <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, root: usize) => plan_scatter(Some(send), recv, root);
+        fn scatter / iscatter <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, root: usize) uses(read send, write recv) => plan_scatter(Some(send), recv, root);
         /// In-place scatter: at the root `buf` holds all blocks and keeps its own; elsewhere
         /// `buf` receives the block.
-        fn scatter_in_place / iscatter_in_place <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, root: usize)
+        fn scatter_in_place / iscatter_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize) uses(write buf)
             => plan_scatter(None::<&B>, buf, root);
 
         /// Reduce-scatter with equal blocks: `send` has `size * c` elements, rank `i` receives
         /// the reduction of block `i` in `recv` (`c` elements).
-        fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, op: O) => plan_reduce_scatter(Some(send), recv, op);
+        fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, op: O) uses(read send, write recv) => plan_reduce_scatter(Some(send), recv, op);
         /// In-place reduce-scatter: `buf` (`size * c`) is the input; the result goes to
         /// `buf[..c]`.
-        fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, op: O) => plan_reduce_scatter(None::<&B>, buf, op);
+        fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, op: O) uses(write buf) => plan_reduce_scatter(None::<&B>, buf, op);
 
         /// Allgatherv: rank `i`'s `send` (`counts[i]` elements) lands at
         /// `recv[displs[i]..]` on every rank.
-        fn allgatherv / iallgatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize])
+        fn allgatherv / iallgatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize]) uses(read send, write recv)
             => plan_allgatherv(Some(send), recv, counts, displs);
         /// In-place allgatherv: this rank's block is already at `buf[displs[rank]..]`.
-        fn allgatherv_in_place / iallgatherv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], displs: &[usize]) => plan_allgatherv(None::<&B>, buf, counts, displs);
+        fn allgatherv_in_place / iallgatherv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], displs: &[usize]) uses(write buf) => plan_allgatherv(None::<&B>, buf, counts, displs);
 
         /// Alltoallv: `send[send_displs[j]..][..send_counts[j]]` goes to rank `j`, and what
         /// rank `i` sends lands at `recv[recv_displs[i]..][..recv_counts[i]]`.
-        fn alltoallv / ialltoallv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, send_counts: &[usize], send_displs: &[usize], recv: &'a mut R, recv_counts: &[usize], recv_displs: &[usize])
+        fn alltoallv / ialltoallv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, send_counts: &[usize], send_displs: &[usize], recv: &'a mut R, recv_counts: &[usize], recv_displs: &[usize]) uses(read send, write recv)
             => plan_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
 
         /// Gatherv to `root`: rank `i`'s `send` lands at `recv[displs[i]..][..counts[i]]` on
         /// the root; `counts`, `displs` and `recv` are used at the root only.
-        fn gatherv / igatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize], root: usize)
+        fn gatherv / igatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize], root: usize) uses(read send, write recv)
             => plan_gatherv(Some(send), recv, counts, displs, root);
         /// In-place gatherv: the root's own block is already in place; elsewhere `buf` is the
         /// contribution.
-        fn gatherv_in_place / igatherv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize)
+        fn gatherv_in_place / igatherv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize) uses(write buf)
             => plan_gatherv(None::<&B>, buf, counts, displs, root);
 
         /// Scatterv from `root`: `send[displs[i]..][..counts[i]]` lands in rank `i`'s `recv`;
         /// `send`, `counts` and `displs` are used at the root only.
-        fn scatterv / iscatterv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, counts: &[usize], displs: &[usize], recv: &'a mut R, root: usize)
+        fn scatterv / iscatterv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, counts: &[usize], displs: &[usize], recv: &'a mut R, root: usize) uses(read send, write recv)
             => plan_scatterv(Some(send), counts, displs, recv, root);
         /// In-place scatterv: at the root `buf` is the send buffer and keeps its own block;
         /// elsewhere `buf` receives the block.
-        fn scatterv_in_place / iscatterv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize)
+        fn scatterv_in_place / iscatterv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize) uses(write buf)
             => plan_scatterv(None::<&B>, counts, displs, buf, root);
 
         /// Reduce-scatter with per-rank counts: `send` holds the blocks back to back, rank `i`
         /// receives the reduction of block `i` (`counts[i]` elements).
-        fn reduce_scatterv / ireduce_scatterv <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, counts: &[usize], op: O) => plan_reduce_scatterv(Some(send), recv, counts, op);
+        fn reduce_scatterv / ireduce_scatterv <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, counts: &[usize], op: O) uses(read send, write recv) => plan_reduce_scatterv(Some(send), recv, counts, op);
         /// In-place reduce-scatterv: the result goes to `buf[..counts[rank]]`.
-        fn reduce_scatterv_in_place / ireduce_scatterv_in_place <T: Element, O: ReduceOp<T>, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], op: O) => plan_reduce_scatterv(None::<&B>, buf, counts, op);
+        fn reduce_scatterv_in_place / ireduce_scatterv_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, counts: &[usize], op: O) uses(write buf) => plan_reduce_scatterv(None::<&B>, buf, counts, op);
 
         /// Sends `buf` to `dest` with `tag`. Sending to this rank itself is refused
         /// ([`Error::SelfMessage`]): the stream would wait forever.
-        fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32)
+        fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32) uses(read buf)
             => plan_p2p(Some((buf, dest)), None::<(&mut B, usize)>, tag, "send");
         /// Receives exactly `buf.len()` elements from `source` with `tag`.
         ///
@@ -211,22 +256,22 @@ impl<D: Device> Communicator<D> {
         /// ([`Error::CountMismatch`]) and a longer one as MPI's truncation error, but the
         /// sender of a message longer than the receive by a whole chunk or more is left
         /// waiting for a receiver of its last chunks.
-        fn recv / irecv <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a mut B, source: usize, tag: i32)
+        fn recv / irecv <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, source: usize, tag: i32) uses(write buf)
             => plan_p2p(None::<(&B, usize)>, Some((buf, source)), tag, "recv");
         /// Sends `send` to `dest` and receives `recv` from `source` at once; either peer may be
         /// this rank.
-        fn sendrecv / isendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (send: &'a S, dest: usize, recv: &'a mut R, source: usize, tag: i32)
+        fn sendrecv / isendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, dest: usize, recv: &'a mut R, source: usize, tag: i32) uses(read send, write recv)
             => plan_p2p(Some((send, dest)), Some((recv, source)), tag, "sendrecv");
         /// Sends `buf` to `dest` and replaces it with the same number of elements from
         /// `source`.
-        fn sendrecv_in_place / isendrecv_in_place <T: Element, B: DeviceSlice<D, Elem = T>>
-            (buf: &'a mut B, dest: usize, source: usize, tag: i32) => plan_sendrecv_in_place(buf, dest, source, tag);
+        fn sendrecv_in_place / isendrecv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, dest: usize, source: usize, tag: i32) uses(write buf) => plan_sendrecv_in_place(buf, dest, source, tag);
         /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
         /// `recvs`, all at once (Aluminum's MultiSendRecv), each message cut into chunks as by
         /// [`recv`](Self::recv), one pack launch per chunk and direction.
-        fn multi_sendrecv / imulti_sendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSlice<D, Elem = T>>
-            (sends: &[(&'a S, usize)], recvs: &mut [(&'a mut R, usize)], tag: i32) => plan_multi(sends, recvs, tag);
+        fn multi_sendrecv / imulti_sendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (sends: &[(&'a S, usize)], recvs: &mut [(&'a mut R, usize)], tag: i32) uses(reads sends, writes recvs) => plan_multi(sends, recvs, tag);
     }
 
     /// Barrier, ordered on the stream: work queued after it starts once every rank's stream
