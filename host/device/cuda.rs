@@ -28,12 +28,16 @@
 //! its home stream, right after the call returns.
 //!
 //! cudarc's own dependency tracking (its per-buffer read and write events, on by default once
-//! a context has several streams) sees every operation too: before an operation is queued the
-//! home stream waits for the buffer's tracked writes (and, for a buffer the operation writes,
-//! its tracked reads), and after it the buffer's read or write event is recorded on the home
-//! stream. So cudarc work queued afterwards on *any* stream (a kernel launch, a copy) that uses
-//! the buffer waits for the operation, and the operation waits for cudarc work queued before it
-//! on any stream, as cudarc orders its own launches.
+//! a context has several streams) sees every operation too. Taking a buffer's address makes the
+//! home stream wait for the buffer's tracked write; before an operation is queued, a buffer it
+//! writes also makes the home stream wait for its tracked read; after it is queued (the home
+//! stream now waits for it), the buffer's read or write event is recorded on the home stream.
+//! So cudarc work queued afterwards on *any* stream (a kernel launch, a copy) that uses the
+//! buffer waits for the operation, and the operation waits for cudarc work queued before it on
+//! any stream, as cudarc orders its own launches, with cudarc's limits: one read event per
+//! buffer (reads on two other streams, then an operation that writes the buffer, order it
+//! after the later read only), and nothing at all when tracking is off. Errors of these calls
+//! are kept by cudarc and reported by the device's next call.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -642,8 +646,12 @@ macro_rules! cuda_slice {
 
             fn device_ptr(&self) -> DevicePtr {
                 let home = cudarc::driver::DeviceSlice::stream(self);
-                // Dropping the guard records the buffer's read event on the home stream.
-                let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(self, home);
+                let (ptr, record) = cudarc::driver::DevicePtr::device_ptr(self, home);
+                // Not dropped: that would record the buffer's read event on the home stream now,
+                // replacing a read another stream recorded, which a write by the operation must
+                // still wait for (`track_write`). The guard only borrows; forgetting it leaks
+                // nothing.
+                std::mem::forget(record);
                 DevicePtr(ptr)
             }
 

@@ -72,47 +72,56 @@ fn delay(ctx: &Arc<CudaContext>, stream: &CudaStream) {
     assert_eq!(status, sys::CUresult::CUDA_SUCCESS, "cuLaunchHostFunc");
 }
 
-/// cudarc's own dependency tracking sees the operations: cudarc work queued on a third stream
-/// before an operation (writing its input, reading its output buffer's old contents) runs
-/// before it, and a copy cudarc queues on the third stream right after the call reads the
-/// result. The third stream and the communicator's are each held up in turn, so the checks
-/// fail when the ordering is missing.
+/// cudarc's own dependency tracking sees the operations: a read of the output buffer that
+/// cudarc queued earlier on a third stream runs before the operation overwrites it, a write of
+/// the input queued there runs before the operation reads it, and a copy cudarc queues there
+/// right after the call reads the result. The third stream and the communicator's are each held
+/// up in turn, so each check fails when its ordering is missing.
 fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
     let (home, third) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
     let (me, n) = (ht.comm.rank() as u64, ht.comm.size() as u64);
     let len = 1 << 20;
     let sentinel = u64::MAX;
-    let mut send: CudaSlice<u64> = home.alloc_zeros(len).expect("alloc");
+    let sum = |base: u64| n * (n - 1) / 2 + base * n;
     let mut recv = ht.dev.up(&home, &vec![sentinel; len]);
-    let source = ht.dev.up(&third, &vec![me + 1; len]);
     let mut old: CudaSlice<u64> = third.alloc_zeros(len).expect("alloc");
+    let source = ht.dev.up(&third, &vec![me + 100; len]);
+    let send = ht.dev.up(&home, &vec![me; len]);
+    let mut written: CudaSlice<u64> = home.alloc_zeros(len).expect("alloc");
     home.synchronize().expect("synchronize");
+    third.synchronize().expect("synchronize");
 
-    // Before: the third stream, held up, writes the input and reads the output's old contents.
+    // Write after read: the held-up third stream reads the output's old contents, and only
+    // that; the operation's input is not touched elsewhere, so nothing else orders them.
     delay(ctx, &third);
-    third.memcpy_dtod(&source, &mut send).expect("copy on the third stream");
     third.memcpy_dtod(&recv, &mut old).expect("copy on the third stream");
     ht.comm.allreduce(&send, &mut recv, Sum).expect("allreduce");
     assert_eq!(
         third.clone_dtoh(&old).expect("download"),
         vec![sentinel; len],
-        "the operation wrote its output before a read queued earlier on another stream"
-    );
-    assert_eq!(
-        third.clone_dtoh(&recv).expect("download"),
-        vec![n * (n + 1) / 2; len],
-        "the operation read its input before a write queued earlier on another stream"
+        "the operation overwrote its output before a read queued earlier on another stream"
     );
     ht.comm.synchronize().expect("synchronize");
+    assert_eq!(ht.dev.down(&home, &recv), vec![sum(0); len], "allreduce (write after read)");
+
+    // Read after write: the held-up third stream writes the input.
+    delay(ctx, &third);
+    third.memcpy_dtod(&source, &mut written).expect("copy on the third stream");
+    ht.comm.allreduce(&written, &mut recv, Sum).expect("allreduce");
+    ht.comm.synchronize().expect("synchronize");
+    assert_eq!(
+        ht.dev.down(&home, &recv),
+        vec![sum(100); len],
+        "the operation read its input before a write queued earlier on another stream"
+    );
 
     // After: the communicator's stream is held up; a copy queued on the third stream right
     // after the call must still see the new result.
-    let send = ht.dev.up(&home, &vec![me + 1000; len]);
     delay(ctx, ht.comm.stream());
     ht.comm.allreduce(&send, &mut recv, Sum).expect("allreduce");
     assert_eq!(
         third.clone_dtoh(&recv).expect("download"),
-        vec![n * (n - 1) / 2 + 1000 * n; len],
+        vec![sum(0); len],
         "a copy queued on another stream after the operation ran before it"
     );
     ht.comm.synchronize().expect("synchronize");
