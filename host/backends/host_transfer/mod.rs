@@ -21,9 +21,15 @@
 //! chunk each, whatever the message size ([`HostTransferConfig`]); operations take it from the
 //! communicator's pool in the order they were queued, and one that finds the pool's cap reached
 //! waits on the device (its stream waits; the caller does not) for earlier ones to give memory
-//! back. The proxy thread starts the
-//! MPI parts of one communicator's operations in the order they were queued (a ticket per
-//! operation), which is the same order on every rank, as MPI requires.
+//! back. The proxy thread starts the MPI parts of one communicator's operations in the order
+//! they were queued (a ticket per operation), which is the same order on every rank, as MPI
+//! requires.
+//!
+//! Buffers an operation reads are [`DeviceSlice`]s; buffers it writes (outputs, in-place
+//! buffers) are [`crate::device::DeviceSliceMut`]s, as in rsmpi's `Buffer`/`BufferMut`: a
+//! shared view (cudarc's `CudaView`) can be sent from but not received into. On CUDA, each
+//! operation also takes part in cudarc's per-buffer event tracking (see the `cuda` device's
+//! module docs).
 //!
 //! Errors in the MPI part are recorded and returned by the communicator's next call or by the
 //! operation's request; the stream is released either way (the output then holds unspecified
