@@ -101,14 +101,7 @@ impl<D: Device> Pools<D> {
     pub fn take(self: &Arc<Self>, bytes: usize) -> Result<PinnedBlock<D>> {
         match self.try_take(bytes, true)? {
             Some(block) => Ok(block),
-            None => {
-                let st = self.lock();
-                Err(Error::PoolExhausted {
-                    requested: Self::block_size(bytes)?,
-                    in_use: st.stats.in_use_bytes,
-                    cap: st.stats.cap_bytes,
-                })
-            }
+            None => Err(self.lock().exhausted(Self::block_size(bytes)?)),
         }
     }
 
@@ -172,11 +165,7 @@ impl<D: Device> Pools<D> {
         let size = Self::block_size(bytes)?;
         let st = self.lock();
         if size > st.stats.cap_bytes {
-            return Err(Error::PoolExhausted {
-                requested: size,
-                in_use: st.stats.in_use_bytes,
-                cap: st.stats.cap_bytes,
-            });
+            return Err(st.exhausted(size));
         }
         Ok(size)
     }
@@ -219,6 +208,11 @@ impl<D: Device> Pools<D> {
 }
 
 impl Counters {
+    /// The error for a block of `requested` bytes that the pool cannot hand out.
+    fn exhausted(&self, requested: usize) -> Error {
+        Error::PoolExhausted { requested, in_use: self.stats.in_use_bytes, cap: self.stats.cap_bytes }
+    }
+
     /// Counts a block of `size` bytes as lent out.
     fn lend(&mut self, size: usize) {
         self.stats.in_use_bytes += size;
