@@ -16,6 +16,7 @@
 //! what keeps a non-blocking small-message operation close to its blocking latency even on an
 //! oversubscribed machine.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,22 +33,55 @@ pub(crate) type OpFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 /// The longest the proxy thread sleeps between polls while operations are pending.
 const MAX_SLEEP: Duration = Duration::from_micros(200);
 
+/// How late the proxy thread's sleeps may end: short enough that the backoff's first sleeps
+/// (1, 2, 4 µs…) last about that long rather than the kernel's default 50 µs.
+const TIMER_SLACK_NS: u64 = 1_000;
+
 /// How long an idle proxy thread sleeps before looking for new tasks on its own.
 const DOZE: Duration = Duration::from_millis(1);
 
 /// Empty dozes (about 100 ms) before the proxy thread parks until woken.
 const DOZES_BEFORE_PARKING: u32 = 100;
 
+thread_local! {
+    /// Steps operations polled on this thread have taken (see [`made_progress`]).
+    static PROGRESS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Tells the thread polling an operation that it has moved on (a flag it waited for was
+/// raised, a set of messages completed): the next step may be close, so the thread should go
+/// back to polling closely rather than keep backing off. Without it, a long operation (a
+/// pipelined one: many chunks, each waiting for a copy and then for MPI) would be polled ever
+/// more slowly after its first steps, up to [`MAX_SLEEP`] between polls, and every later step
+/// would start that late. On a GPU nothing wakes the proxy thread when a copy is done: only
+/// polling notices it.
+pub(crate) fn made_progress() {
+    PROGRESS.with(|p| p.set(p.get().wrapping_add(1)));
+}
+
+fn progress_count() -> u64 {
+    PROGRESS.with(Cell::get)
+}
+
 /// Polls `fut` on the calling thread until it completes.
 pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
+    block_on_with(fut, std::thread::sleep)
+}
+
+/// [`block_on`], with `sleep` doing the backoff's sleeping.
+fn block_on_with<F: Future>(fut: F, mut sleep: impl FnMut(Duration)) -> F::Output {
     let mut fut = pin!(fut);
     let mut cx = Context::from_waker(Waker::noop());
     let mut backoff = Backoff::default();
     loop {
+        let moved = progress_count();
         if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
             return out;
         }
-        backoff.snooze();
+        if progress_count() != moved {
+            backoff.reset();
+        }
+        backoff.snooze_with(&mut sleep);
     }
 }
 
@@ -211,7 +245,10 @@ impl Engine {
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("duralumin-progress".into())
-            .spawn(move || run(&for_thread))
+            .spawn(move || {
+                crate::ffi::os::set_timer_slack(TIMER_SLACK_NS);
+                run(&for_thread)
+            })
             .map_err(|_| Error::Progress("could not start the progress thread"))?;
         *QUEUE.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&shared);
         let engine = Arc::new(Engine { shared, thread: Some(thread) });
@@ -285,9 +322,9 @@ fn run(shared: &Shared) {
                 }
             }
         }
-        let before = active.len();
+        let (before, moved) = (active.len(), progress_count());
         active.retain(|t| !t.poll_once());
-        if active.len() < before {
+        if active.len() < before || progress_count() != moved {
             backoff.reset();
         } else {
             // Sleeping on the condition variable lets a submission or a device's flag write
@@ -300,5 +337,36 @@ fn run(shared: &Shared) {
                 q.nudged = false;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Poll;
+
+    use super::{block_on_with, made_progress};
+
+    /// A future pending `polls` times, reporting progress each time if `moving`.
+    fn steps(polls: u32, moving: bool) -> impl std::future::Future<Output = ()> {
+        let mut left = polls;
+        std::future::poll_fn(move |_| {
+            if left == 0 {
+                return Poll::Ready(());
+            }
+            left -= 1;
+            if moving {
+                made_progress();
+            }
+            Poll::Pending
+        })
+    }
+
+    #[test]
+    fn polling_stays_close_while_the_operation_moves_on() {
+        let mut sleeps = 0;
+        block_on_with(steps(500, true), |_| sleeps += 1);
+        assert_eq!(sleeps, 0, "an operation that moved on at every poll was polled after sleeps");
+        block_on_with(steps(500, false), |_| sleeps += 1);
+        assert!(sleeps > 0, "an operation that did not move on was polled without backing off");
     }
 }

@@ -127,7 +127,10 @@ impl MpiPending {
             let status =
                 if self.blocking { Some(p2p::wait(&mut self.reqs[i])?) } else { p2p::test(&mut self.reqs[i])? };
             match status {
-                Some(status) => self.complete_one(i, &status)?,
+                Some(status) => {
+                    self.complete_one(i, &status)?;
+                    crate::progress::made_progress();
+                }
                 None => all = false,
             }
         }

@@ -11,10 +11,11 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use duralumin_kernels::Element;
 use duralumin_kernels::flag::reached;
@@ -22,7 +23,6 @@ use duralumin_kernels::grid::HostGrid;
 
 use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
-use crate::progress::Backoff;
 
 /// Alignment of host-device allocations: enough for the copy bodies' 16-byte accesses and for
 /// any element type.
@@ -43,6 +43,67 @@ struct DeviceInner {
     ordinal: usize,
     streams: Mutex<Vec<Weak<StreamInner>>>,
     pinned_bytes: AtomicUsize,
+    signals: Arc<Signals>,
+}
+
+/// How a stream waits for a flag (or another stream): it checks a few times, yielding its core
+/// in between, then sleeps until whoever writes flags of this device wakes it. A sleep that
+/// runs out would cost at least the kernel's timer slack (50 µs by default) per wait; a wake-up
+/// costs the writer one futex call, and only when a stream is asleep.
+struct Signals {
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+    /// The longest a sleeping waiter waits for a wake-up before it checks again.
+    longest_sleep: Duration,
+}
+
+/// Checks before a waiting stream sleeps.
+const CHECKS_BEFORE_SLEEPING: u32 = 64;
+
+/// The longest a waiting stream sleeps without a wake-up before it checks again (a safety net:
+/// every flag write of the host device wakes it).
+const LONGEST_SLEEP: Duration = Duration::from_millis(10);
+
+impl Signals {
+    fn new(longest_sleep: Duration) -> Signals {
+        Signals { sleepers: AtomicUsize::new(0), lock: Mutex::new(()), wake: Condvar::new(), longest_sleep }
+    }
+
+    /// Returns once `ready()` holds.
+    fn wait_until(&self, ready: impl Fn() -> bool) {
+        for i in 0..CHECKS_BEFORE_SLEEPING {
+            if ready() {
+                return;
+            }
+            if i < CHECKS_BEFORE_SLEEPING / 2 { std::hint::spin_loop() } else { std::thread::yield_now() }
+        }
+        loop {
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            // Paired with the fence in `wake_all`: either this check sees the write, or the
+            // writer sees this sleeper and wakes it (it takes the lock, so not before the
+            // `wait` below has released it).
+            fence(Ordering::SeqCst);
+            let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let done = ready();
+            if !done {
+                drop(self.wake.wait_timeout(guard, self.longest_sleep).unwrap_or_else(PoisonError::into_inner));
+            }
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            if done || ready() {
+                return;
+            }
+        }
+    }
+
+    /// Wakes every sleeping waiter; call after writing what they wait for.
+    fn wake_all(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
+            self.wake.notify_all();
+        }
+    }
 }
 
 impl fmt::Debug for HostDevice {
@@ -61,6 +122,7 @@ impl HostDevice {
                 ordinal,
                 streams: Mutex::new(Vec::new()),
                 pinned_bytes: AtomicUsize::new(0),
+                signals: Arc::new(Signals::new(LONGEST_SLEEP)),
             }),
         }
     }
@@ -402,24 +464,25 @@ impl Device for HostDevice {
 
     unsafe fn write_flag(&self, stream: &HostStream, flag: Flag, value: u32) -> Result<()> {
         self.check_stream(stream)?;
+        let signals = Arc::clone(&self.inner.signals);
         stream.submit(Box::new(move || {
             // SAFETY: the caller keeps the flag's slot held until this has run.
             HostGrid::SINGLE.signal(unsafe { flag.atomic() }, value);
-            // The proxy thread polls the flag: it need not wait out its backoff.
+            // The proxy thread and other streams may wait for the flag: neither need wait out
+            // a sleep.
             crate::progress::nudge();
+            signals.wake_all();
         }))
     }
 
     unsafe fn wait_flag(&self, stream: &HostStream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()> {
         self.check_stream(stream)?;
+        let signals = Arc::clone(&self.inner.signals);
         stream.submit(Box::new(move || {
             let _keep = keep;
             // SAFETY: the caller keeps the flag's slot held until the wait has finished.
             let atomic = unsafe { flag.atomic() };
-            let mut backoff = Backoff::default();
-            while !reached(atomic.load(Ordering::Acquire), value) {
-                backoff.snooze();
-            }
+            signals.wait_until(|| reached(atomic.load(Ordering::Acquire), value));
         }))
     }
 
@@ -459,20 +522,29 @@ impl Device for HostDevice {
         if Arc::ptr_eq(&waiter.inner, &stream.inner) {
             return Ok(());
         }
-        let event = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let set = Arc::clone(&event);
-        stream.submit(Box::new(move || set.store(true, Ordering::Release)))?;
-        waiter.submit(Box::new(move || {
-            let mut backoff = Backoff::default();
-            while !event.load(Ordering::Acquire) {
-                backoff.snooze();
-            }
-        }))
+        let event = Arc::new(AtomicBool::new(false));
+        let (set, signals, wake) =
+            (Arc::clone(&event), Arc::clone(&self.inner.signals), Arc::clone(&self.inner.signals));
+        stream.submit(Box::new(move || {
+            set.store(true, Ordering::Release);
+            wake.wake_all();
+        }))?;
+        waiter.submit(Box::new(move || signals.wait_until(|| event.load(Ordering::Acquire))))
     }
 
     fn synchronize(&self, stream: &HostStream) -> Result<()> {
         self.check_stream(stream)?;
         stream.sync()
+    }
+
+    unsafe fn host_wait(&self, flag: Flag, value: u32) {
+        // SAFETY: the caller holds the slot.
+        let atomic = unsafe { flag.atomic() };
+        self.inner.signals.wait_until(|| reached(atomic.load(Ordering::Acquire), value));
+    }
+
+    fn host_wrote_flag(&self) {
+        self.inner.signals.wake_all();
     }
 }
 
@@ -542,5 +614,54 @@ impl HostDevice {
             };
             HostGrid::SINGLE.copy_2d(d, shape.dst_pitch, s, shape.src_pitch, shape.row_bytes, shape.rows);
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use super::Signals;
+
+    /// Two threads take turns through [`Signals`], each pausing before its write so the other
+    /// is asleep by then. The waits never time out on their own, so one lost wake-up leaves a
+    /// thread asleep for good and the test fails at its deadline.
+    #[test]
+    fn sleeping_waiters_are_woken_by_every_write() {
+        const ROUNDS: u32 = 100;
+        let signals = Arc::new(Signals::new(Duration::from_secs(3600)));
+        let (ping, pong) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let turn = |mine: Arc<AtomicU32>, theirs: Arc<AtomicU32>, first: bool| {
+            let signals = Arc::clone(&signals);
+            move || {
+                for i in 1..=ROUNDS {
+                    if !first {
+                        signals.wait_until(|| theirs.load(Ordering::Acquire) >= i);
+                    }
+                    std::thread::sleep(Duration::from_micros(300));
+                    mine.store(i, Ordering::Release);
+                    signals.wake_all();
+                    if first {
+                        signals.wait_until(|| theirs.load(Ordering::Acquire) >= i);
+                    }
+                }
+            }
+        };
+        let a = std::thread::spawn(turn(Arc::clone(&ping), Arc::clone(&pong), true));
+        let b = std::thread::spawn(turn(Arc::clone(&pong), Arc::clone(&ping), false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = a.join();
+            let _ = b.join();
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(60)).is_ok(),
+            "a waiter was not woken (ping {}, pong {})",
+            ping.load(Ordering::Acquire),
+            pong.load(Ordering::Acquire)
+        );
     }
 }

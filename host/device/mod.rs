@@ -311,6 +311,27 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
 
     /// Blocks the calling thread until the work queued on `stream` so far has run.
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+
+    /// Blocks the calling thread until `flag` reaches `value` (modulo 2³², as in
+    /// [`Device::wait_flag`]), whoever writes it. By default it polls with a backoff that ends
+    /// in short sleeps; the host device sleeps until one of its flag writes wakes it.
+    ///
+    /// # Safety
+    /// The flag's slot stays held until this returns.
+    unsafe fn host_wait(&self, flag: Flag, value: u32) {
+        // SAFETY: the caller holds the slot.
+        let atomic = unsafe { flag.atomic() };
+        let mut backoff = crate::progress::Backoff::default();
+        while !duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value) {
+            backoff.snooze();
+        }
+    }
+
+    /// The host has just stored to one of this device's flags. GPUs poll their flags in
+    /// hardware, so nothing by default; the host device wakes its streams that sleep in
+    /// [`Device::wait_flag`], so a wait ends when the flag is written rather than when a sleep
+    /// runs out.
+    fn host_wrote_flag(&self) {}
 }
 
 /// A buffer in a device's memory that collectives can read (and, through `&mut`, write): the

@@ -356,10 +356,17 @@ impl<D: Device> FlagSlot<D> {
         unsafe { self.flag.atomic() }.load(Ordering::Acquire)
     }
 
+    /// Blocks the calling thread until the flag reaches `value` ([`Device::host_wait`]).
+    pub fn wait_for(&self, value: u32) {
+        // SAFETY: the slot is held until this returns.
+        unsafe { self.pools.device.host_wait(self.flag, value) }
+    }
+
     /// Sets the flag from the host (release store).
     pub fn store(&self, value: u32) {
         // SAFETY: the slot is held.
-        unsafe { self.flag.atomic() }.store(value, Ordering::Release)
+        unsafe { self.flag.atomic() }.store(value, Ordering::Release);
+        self.pools.device.host_wrote_flag();
     }
 }
 

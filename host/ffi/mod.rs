@@ -4,9 +4,11 @@
 //! into [`Error`]s and wraps MPI handles in `Copy` newtypes that may cross threads (the library
 //! always runs MPI at `MPI_THREAD_MULTIPLE`, see [`crate::init`]); the safe types
 //! ([`crate::Communicator`] and friends) are built on top. All `unsafe` that talks to MPI lives
-//! here and in [`native`].
+//! here and in [`native`]; [`os`] holds the one operating-system call of the progress
+//! machinery.
 
 pub(crate) mod native;
+pub(crate) mod os;
 
 use std::ffi::{c_int, c_void};
 

@@ -9,7 +9,6 @@ use super::Shared;
 use crate::device::pool::FlagSlot;
 use crate::device::{Device, KeepAlive};
 use crate::error::Result;
-use crate::progress::Backoff;
 
 /// A non-blocking HostTransfer operation in flight on the communicator's internal stream.
 ///
@@ -75,10 +74,7 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     }
 
     fn block(&self) {
-        let mut backoff = Backoff::default();
-        while !self.is_complete() {
-            backoff.snooze();
-        }
+        self.done.wait_for(1);
     }
 }
 

@@ -257,10 +257,7 @@ impl<D: Device> Drop for InFlight<D> {
         if let Some(grant) = self.grant.take() {
             self.shared.grants().abandon(grant);
         }
-        let mut backoff = crate::progress::Backoff::default();
-        while !reached(self.done.load(), 1) {
-            backoff.snooze();
-        }
+        self.done.wait_for(1);
         self.staging.take();
         self.retired.take();
         self.keep.clear();
@@ -269,7 +266,18 @@ impl<D: Device> Drop for InFlight<D> {
 
 /// A future that is ready once `ready()` holds.
 async fn until(mut ready: impl FnMut() -> bool) {
-    std::future::poll_fn(|_| if ready() { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }).await
+    if ready() {
+        return;
+    }
+    std::future::poll_fn(|_| {
+        if ready() {
+            crate::progress::made_progress();
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 /// Where chunk `k` of an operation lives: its row length and staging (or direct) areas.
@@ -542,11 +550,14 @@ impl<D: Device> Communicator<D> {
         };
         let mut deferred = match &start {
             Some(start) => {
-                // SAFETY: both slots are held until the stream has seen `done` (by the
-                // operation, below).
+                // SAFETY: `start` is held by the operation until the proxy thread has seen it;
+                // `done` is kept by the wait itself. The operation's own hold is not enough:
+                // it ends when the proxy thread sees `done`, which may be before this stream
+                // does, and a later operation could then take the slot and reset it to 0 under
+                // the stream's wait, which would never end.
                 unsafe {
                     device.write_flag(stream, start.flag(), 1)?;
-                    device.wait_flag(stream, done.flag(), 1, None)?;
+                    device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(&done) as KeepAlive))?;
                 }
                 Some(copies)
             }

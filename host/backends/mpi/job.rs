@@ -87,7 +87,7 @@ impl Future for WaitRequests {
         for r in &mut this.reqs {
             if r.0 != RawRequest::null().0 {
                 match p2p::test(r) {
-                    Ok(Some(_)) => {}
+                    Ok(Some(_)) => crate::progress::made_progress(),
                     Ok(None) => done = false,
                     Err(e) => return Poll::Ready(Err(e)),
                 }
