@@ -6,7 +6,9 @@
 //! it completes, so non-blocking operations make progress while the caller computes.
 //!
 //! Polling is adaptive: while tasks are pending the thread spins briefly, then yields, then
-//! sleeps with exponential backoff (up to [`MAX_SLEEP`]). With no tasks it dozes in
+//! sleeps with exponential backoff (up to [`MAX_SLEEP`]), starting over whenever an operation
+//! moves on ([`made_progress`]): after each step of a long operation the polls come close
+//! together again, rather than one per [`MAX_SLEEP`]. With no tasks it dozes in
 //! [`DOZE`]-long timed waits, so handing it a task needs no system call (a futex wake costs
 //! several microseconds and puts a second thread on the cores the ranks use); after
 //! [`DOZES_BEFORE_PARKING`] empty dozes it parks indefinitely, and the next submission wakes

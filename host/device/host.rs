@@ -2,8 +2,9 @@
 //!
 //! Each [`HostStream`] owns one thread that runs the stream's work items in order. Copies run
 //! the shared 2-D copy kernel body ([`duralumin_kernels::pack`]) on that thread; flags are
-//! atomics, written with release stores and polled with acquire loads and a backoff that sleeps,
-//! so a waiting stream costs no core. "Device memory" is host memory owned by [`HostBuffer`]s,
+//! atomics, written with release stores and read with acquire loads. A waiting stream checks a
+//! few times, then sleeps until a flag write of the device wakes it, so it costs no core and
+//! still sees the write at once. "Device memory" is host memory owned by [`HostBuffer`]s,
 //! which queued work keeps alive, and which the host reads and writes only through
 //! [`HostDevice::download`] and [`HostDevice::write`]: those first wait for every stream of the
 //! device, so no safe code can race with queued work.
