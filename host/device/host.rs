@@ -478,12 +478,11 @@ impl Device for HostDevice {
 
     unsafe fn wait_flag(&self, stream: &HostStream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()> {
         self.check_stream(stream)?;
-        let signals = Arc::clone(&self.inner.signals);
+        let device = self.clone();
         stream.submit(Box::new(move || {
             let _keep = keep;
             // SAFETY: the caller keeps the flag's slot held until the wait has finished.
-            let atomic = unsafe { flag.atomic() };
-            signals.wait_until(|| reached(atomic.load(Ordering::Acquire), value));
+            unsafe { device.host_wait(flag, value) }
         }))
     }
 
