@@ -309,6 +309,8 @@ struct StreamInner {
     ordinal: usize,
     tx: Mutex<Option<Sender<Work>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    #[cfg(test)]
+    gate: Arc<tests::WaitGate>,
 }
 
 impl Drop for StreamInner {
@@ -391,6 +393,8 @@ impl Device for HostDevice {
             ordinal: self.inner.ordinal,
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            #[cfg(test)]
+            gate: Arc::default(),
         });
         let mut list = self.inner.streams.lock().unwrap_or_else(PoisonError::into_inner);
         list.retain(|w| w.strong_count() > 0);
@@ -479,8 +483,12 @@ impl Device for HostDevice {
     unsafe fn wait_flag(&self, stream: &HostStream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()> {
         self.check_stream(stream)?;
         let device = self.clone();
+        #[cfg(test)]
+        let gate = Arc::clone(&stream.inner.gate);
         stream.submit(Box::new(move || {
             let _keep = keep;
+            #[cfg(test)]
+            gate.pass();
             // SAFETY: the caller keeps the flag's slot held until the wait has finished.
             unsafe { device.host_wait(flag, value) }
         }))
@@ -618,12 +626,77 @@ impl HostDevice {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
+impl HostStream {
+    /// The gate this stream's flag waits pass before they look at their flag.
+    pub(crate) fn wait_gate(&self) -> &tests::WaitGate {
+        &self.inner.gate
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
-    use std::time::Duration;
+    use std::sync::{Arc, Condvar, Mutex, PoisonError};
+    use std::time::{Duration, Instant};
 
     use super::Signals;
+
+    /// Lets a test hold a stream back: while the gate is held, the stream's flag waits stop
+    /// before they look at their flag, as if the stream had fallen behind everything else.
+    #[derive(Debug, Default)]
+    pub(crate) struct WaitGate {
+        /// Whether the gate is held, and how many waits have reached it.
+        state: Mutex<(bool, usize)>,
+        changed: Condvar,
+    }
+
+    impl WaitGate {
+        /// Run by the stream: counts the wait in, then stops while the gate is held.
+        pub(super) fn pass(&self) {
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            st.1 += 1;
+            self.changed.notify_all();
+            while st.0 {
+                st = self.changed.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+
+        /// Holds the stream's flag waits from now on.
+        pub(crate) fn hold(&self) {
+            self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = true;
+        }
+
+        /// A guard that releases the gate when dropped (a failing test lets its stream go).
+        pub(crate) fn held_until_drop(&self) -> impl Drop + '_ {
+            struct Release<'a>(&'a WaitGate);
+            impl Drop for Release<'_> {
+                fn drop(&mut self) {
+                    self.0.release();
+                }
+            }
+            Release(self)
+        }
+
+        /// Lets every held wait and later ones through.
+        pub(crate) fn release(&self) {
+            self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = false;
+            self.changed.notify_all();
+        }
+
+        /// Waits until `n` waits in all have reached the gate; false if that takes over `limit`.
+        pub(crate) fn reached_by(&self, n: usize, limit: Duration) -> bool {
+            let end = Instant::now() + limit;
+            let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            while st.1 < n {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                st = self.changed.wait_timeout(st, left).unwrap_or_else(PoisonError::into_inner).0;
+            }
+            true
+        }
+    }
 
     /// Two threads take turns through [`Signals`], each pausing before its write so the other
     /// is asleep by then. The waits never time out on their own, so one lost wake-up leaves a

@@ -183,13 +183,11 @@ fn many_outstanding(world: &SimpleCommunicator) {
 }
 
 /// Pipelined operations queued back to back, on a fresh communicator each round (a fresh pool,
-/// so flag slots are handed out again as soon as operations finish). The stream waits for each
-/// operation's `done` flag; that wait used to hold the flag's slot only through the operation,
-/// which lets it go as soon as the proxy thread sees `done`. A later operation could then take
-/// the slot and reset it before the stream saw it, and the stream waited for ever. The race
-/// needs the stream to fall behind the proxy thread, so this only catches it sometimes: a
-/// stress run of 100 such rounds hung about one time in three before the fix, while these 12
-/// rounds passed four runs out of four without it. Their results are checked either way.
+/// so flag slots are handed out again as soon as operations finish), with their results
+/// checked. The race this once hung on (a later operation resetting the `done` flag a stream
+/// still waited for) needs the stream to fall behind the proxy thread, which this only brings
+/// about sometimes; the lib test `a_stream_behind_the_proxy_thread_keeps_its_done_flag` holds
+/// the stream back on purpose and catches it every time.
 fn queued_on_fresh_communicators(world: &SimpleCommunicator) {
     let dev = HostDevice::new(0);
     let config = HostTransferConfig { chunk_bytes: 256 << 10, direct: false, ..HostTransferConfig::default() };

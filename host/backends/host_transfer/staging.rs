@@ -672,3 +672,72 @@ impl<D: Device> Communicator<D> {
         Ok(done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::super::{Communicator, HostTransferConfig};
+    use crate::Sum;
+    use crate::device::host::HostDevice;
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    /// A stream that falls behind the proxy thread still passes its wait for a pipelined
+    /// operation's `done` flag. The stream is held at that wait until the proxy thread has
+    /// finished the operation; the flag's slot must still be lent then (the wait holds it), and
+    /// an operation queued next on the stream must not take it. When the operation's own hold
+    /// was all there was, the next operation took the slot and reset it to 0 under the wait,
+    /// and the stream never went on.
+    #[test]
+    fn a_stream_behind_the_proxy_thread_keeps_its_done_flag() {
+        let universe = crate::init().expect("MPI init (singleton)");
+        let world = universe.world();
+        let dev = HostDevice::new(0);
+        let stream = dev.stream().unwrap();
+        let config = HostTransferConfig { chunk_bytes: 4 << 10, direct: false, ..Default::default() };
+        let c = Communicator::with_config(&world, dev.clone(), stream.clone(), config).unwrap();
+        let len = 4 << 10; // 16 KiB of u32: four chunks, so the operation pipelines.
+        let send = dev.upload(&vec![3u32; len]).unwrap();
+        let (mut first, mut second) = (dev.alloc_zeroed::<u32>(len).unwrap(), dev.alloc_zeroed::<u32>(len).unwrap());
+
+        let gate = stream.wait_gate();
+        gate.hold();
+        // Whatever fails below, the stream is let go, so the test fails rather than hangs.
+        let _open = gate.held_until_drop();
+        c.allreduce(&send, &mut first, Sum).unwrap();
+        assert!(gate.reached_by(1, LIMIT), "the stream never reached its wait for done");
+        // The proxy thread lets go of the operation's flags (five of them) once it sees `done`.
+        let end = Instant::now() + LIMIT;
+        while c.pool_stats().flags_in_use > 1 {
+            assert!(Instant::now() < end, "the operation never finished: {:?}", c.pool_stats());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(c.pool_stats().flags_in_use, 1, "the stream waits on done, so its slot must stay lent");
+        // Without that, the next operation takes the slot: its flags are set to 0 on taking.
+
+        c.allreduce(&send, &mut second, Sum).unwrap();
+        gate.release();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let behind = stream.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(behind.sync());
+        });
+        match rx.recv_timeout(LIMIT) {
+            Ok(r) => r.unwrap(),
+            Err(_) => {
+                // Dropping the communicator would wait for the stream forever.
+                std::mem::forget(c);
+                panic!("the stream hung on its wait for the first operation's done flag")
+            }
+        }
+        c.synchronize().unwrap();
+        assert_eq!(dev.download(&first).unwrap(), vec![3; len]);
+        assert_eq!(dev.download(&second).unwrap(), vec![3; len]);
+        let end = Instant::now() + LIMIT;
+        while c.pool_stats().flags_in_use != 0 || c.pool_stats().blocks_in_use != 0 {
+            assert!(Instant::now() < end, "the pool still lends {:?}", c.pool_stats());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
