@@ -48,6 +48,14 @@ const DOZES_BEFORE_PARKING: u32 = 100;
 thread_local! {
     /// Steps operations polled on this thread have taken (see [`made_progress`]).
     static PROGRESS: Cell<u64> = const { Cell::new(0) };
+    /// Whether this is the proxy thread.
+    static PROXY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is the proxy thread, which must never wait for the device (the
+/// device's streams may be waiting for it).
+pub(crate) fn on_proxy_thread() -> bool {
+    PROXY.with(Cell::get)
 }
 
 /// Tells the thread polling an operation that it has moved on (a flag it waited for was
@@ -297,6 +305,7 @@ pub(crate) fn engine_running() -> bool {
 }
 
 fn run(shared: &Shared) {
+    PROXY.with(|p| p.set(true));
     let mut active: Vec<Arc<Task>> = Vec::new();
     let mut backoff = Backoff::default();
     loop {

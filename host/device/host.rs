@@ -45,6 +45,9 @@ struct DeviceInner {
     streams: Mutex<Vec<Weak<StreamInner>>>,
     pinned_bytes: AtomicUsize,
     signals: Arc<Signals>,
+    /// With [`HostDevice::with_queues`]: the executors streams share, handed out round robin
+    /// (each lives while a stream uses it), and how many streams were made.
+    queues: Option<Mutex<(Vec<Weak<Queue>>, usize)>>,
 }
 
 /// How a stream waits for a flag (or another stream): it checks a few times, yielding its core
@@ -117,6 +120,20 @@ impl HostDevice {
     /// A host device with ordinal `ordinal` (only used to tell devices apart, like a GPU's
     /// index: a buffer of one cannot be used with a communicator of another).
     pub fn new(ordinal: usize) -> HostDevice {
+        Self::make(ordinal, None)
+    }
+
+    /// A host device whose streams share `queues` executor threads (at least 1), handed out
+    /// round robin as streams are made, the way a GPU maps streams onto its hardware queues
+    /// (`CUDA_DEVICE_MAX_CONNECTIONS`). Work of streams that share a queue runs one item at a
+    /// time in the order it was queued, whatever the stream: a stream waiting for a flag holds
+    /// up the others behind it, as a blocked stream wait does on a GPU. So this device shows
+    /// any work whose completion depends on work queued after it, which can deadlock a GPU.
+    pub fn with_queues(ordinal: usize, queues: usize) -> HostDevice {
+        Self::make(ordinal, Some(Mutex::new(((0..queues.max(1)).map(|_| Weak::new()).collect(), 0))))
+    }
+
+    fn make(ordinal: usize, queues: Option<Mutex<(Vec<Weak<Queue>>, usize)>>) -> HostDevice {
         HostDevice {
             inner: Arc::new(DeviceInner {
                 id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
@@ -124,11 +141,13 @@ impl HostDevice {
                 streams: Mutex::new(Vec::new()),
                 pinned_bytes: AtomicUsize::new(0),
                 signals: Arc::new(Signals::new(LONGEST_SLEEP)),
+                queues,
             }),
         }
     }
 
-    /// A stream of this device (its own executor thread).
+    /// A stream of this device: its own executor thread, or a share of one with
+    /// [`HostDevice::with_queues`].
     pub fn stream(&self) -> Result<HostStream> {
         self.new_stream()
     }
@@ -304,16 +323,36 @@ impl<T: Element> DeviceSliceMut<HostDevice> for HostBuffer<T> {}
 
 type Work = Box<dyn FnOnce() + Send>;
 
+/// An executor thread running work items in the order they were sent.
+struct Queue {
+    tx: Mutex<Option<Sender<Work>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Queue {
+    fn start(ordinal: usize) -> Result<Arc<Queue>> {
+        let (tx, rx) = channel::<Work>();
+        let thread = std::thread::Builder::new()
+            .name(format!("duralumin-host-stream-{ordinal}"))
+            .spawn(move || {
+                for work in rx {
+                    work();
+                }
+            })
+            .map_err(|e| Error::Device { call: "spawn host stream", message: e.to_string() })?;
+        Ok(Arc::new(Queue { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }))
+    }
+}
+
 struct StreamInner {
     device_id: u64,
     ordinal: usize,
-    tx: Mutex<Option<Sender<Work>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    queue: Arc<Queue>,
     #[cfg(test)]
     gate: Arc<tests::WaitGate>,
 }
 
-impl Drop for StreamInner {
+impl Drop for Queue {
     fn drop(&mut self) {
         // Closing the channel lets the thread finish the queued work and exit.
         self.tx.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -323,9 +362,10 @@ impl Drop for StreamInner {
     }
 }
 
-/// A stream of the [`HostDevice`]: an executor thread running work in order. Cloning gives
-/// another handle to the same stream; the thread exits when the last handle drops, after
-/// running what was queued.
+/// A stream of the [`HostDevice`]: an executor thread running work in order (shared with other
+/// streams on a device made by [`HostDevice::with_queues`]). Cloning gives another handle to
+/// the same stream; the thread exits when the last handle of every stream using it drops,
+/// after running what was queued.
 #[derive(Clone)]
 pub struct HostStream {
     inner: Arc<StreamInner>,
@@ -339,7 +379,7 @@ impl fmt::Debug for HostStream {
 
 impl HostStream {
     fn submit(&self, work: Work) -> Result<()> {
-        let tx = self.inner.tx.lock().unwrap_or_else(PoisonError::into_inner);
+        let tx = self.inner.queue.tx.lock().unwrap_or_else(PoisonError::into_inner);
         match tx.as_ref().map(|tx| tx.send(work)) {
             Some(Ok(())) => Ok(()),
             _ => Err(Error::Device { call: "host stream", message: "the stream's executor thread has stopped".into() }),
@@ -379,20 +419,27 @@ impl Device for HostDevice {
     }
 
     fn new_stream(&self) -> Result<HostStream> {
-        let (tx, rx) = channel::<Work>();
-        let thread = std::thread::Builder::new()
-            .name(format!("duralumin-host-stream-{}", self.inner.ordinal))
-            .spawn(move || {
-                for work in rx {
-                    work();
+        let queue = match &self.inner.queues {
+            None => Queue::start(self.inner.ordinal)?,
+            Some(shared) => {
+                let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let (list, made) = &mut *shared;
+                let i = *made % list.len();
+                *made += 1;
+                match list[i].upgrade() {
+                    Some(q) => q,
+                    None => {
+                        let q = Queue::start(self.inner.ordinal)?;
+                        list[i] = Arc::downgrade(&q);
+                        q
+                    }
                 }
-            })
-            .map_err(|e| Error::Device { call: "spawn host stream", message: e.to_string() })?;
+            }
+        };
         let inner = Arc::new(StreamInner {
             device_id: self.inner.id,
             ordinal: self.inner.ordinal,
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
+            queue,
             #[cfg(test)]
             gate: Arc::default(),
         });
@@ -696,6 +743,32 @@ pub(crate) mod tests {
             }
             true
         }
+    }
+
+    /// Streams share executors round robin on a device made with `with_queues`: work of two
+    /// streams on one executor runs in the order it was queued (a slow item on one holds up the
+    /// other), while a stream with an executor of its own runs past it.
+    #[test]
+    fn streams_sharing_a_queue_run_in_the_order_work_was_queued() {
+        let dev = super::HostDevice::with_queues(0, 2);
+        let streams: Vec<_> = (0..3).map(|_| dev.stream().unwrap()).collect();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut bufs: Vec<_> = (0..3).map(|_| dev.alloc_zeroed::<u32>(1).unwrap()).collect();
+        for (i, (s, b)) in streams.iter().zip(bufs.iter_mut()).enumerate() {
+            let order = Arc::clone(&order);
+            dev.launch(s, b, move |_| {
+                if i == 0 {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                order.lock().unwrap().push(i);
+            })
+            .unwrap();
+        }
+        for s in &streams {
+            s.sync().unwrap();
+        }
+        // Streams 0 and 2 share the first executor, stream 1 has the second.
+        assert_eq!(*order.lock().unwrap(), [1, 0, 2]);
     }
 
     /// Two threads take turns through [`Signals`], each pausing before its write so the other

@@ -247,15 +247,28 @@ impl Counters {
 impl<D: Device> Drop for Pools<D> {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        for (&size, list) in &st.free {
-            for &p in list {
-                // SAFETY: idle blocks are used by nothing (in-use blocks hold the pools alive).
-                unsafe { self.device.free_pinned(p as *mut u8, size) };
+        // Idle blocks are used by nothing (in-use blocks hold the pools alive); every flag slot
+        // holds the pools alive too, so no flag page is in use now.
+        let mut memory: Vec<(usize, usize)> =
+            st.free.iter().flat_map(|(&size, list)| list.iter().map(move |&p| (p, size))).collect();
+        memory.extend(st.flag_pages.iter().map(|&(host, _)| (host, FLAGS_PER_PAGE * size_of::<u32>())));
+        let device = Arc::clone(&self.device);
+        let free = move || {
+            for (p, size) in memory {
+                // SAFETY: used by nothing (above), allocated by this device, freed once.
+                unsafe { device.free_pinned(p as *mut u8, size) };
             }
-        }
-        for &(host, _) in &st.flag_pages {
-            // SAFETY: every flag slot holds the pools alive, so none is in use now.
-            unsafe { self.device.free_pinned(host as *mut u8, FLAGS_PER_PAGE * size_of::<u32>()) };
+        };
+        // Freeing pinned memory may wait for the device (CUDA's does), whose streams may be
+        // waiting for the proxy thread: there, the frees run on a thread of their own. The last
+        // operation of a dropped communicator lets its pools go there.
+        if crate::progress::on_proxy_thread() {
+            let spawned = std::thread::Builder::new().name("duralumin-pool-free".into()).spawn(free);
+            if spawned.is_err() {
+                tracing::warn!("could not start a thread to free a dropped pool's pinned memory; it leaks");
+            }
+        } else {
+            free();
         }
     }
 }

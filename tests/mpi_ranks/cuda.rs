@@ -36,7 +36,11 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
             foreign_home(&ht, &ctx);
             third_stream(&ht, &ctx);
         }
-        crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"));
+        crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"), false);
+        // The proxy thread queueing copies needs streams that do not share a hardware queue.
+        if std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() != Ok("1") {
+            crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"), true);
+        }
     }
 }
 

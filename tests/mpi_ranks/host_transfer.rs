@@ -31,12 +31,21 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     let ht = HostTransfer::new(world, small_chunks());
     ordering(&ht);
     p2p(&ht);
+    drop(ht);
+    // The proxy thread queueing every pipelined operation's copies (on a device whose streams
+    // do not share queues).
+    let ht = HostTransfer::new(world, HostTransferConfig { proxy_queues_copies: true, ..small_chunks() });
+    ordering(&ht);
+    p2p(&ht);
+    assert_idle(&ht.comm, "with the proxy thread queueing copies");
     many_outstanding(world);
     queued_on_fresh_communicators(world);
+    one_hardware_queue(world);
     beyond_pool(world, false);
     beyond_pool(world, true);
     let dev = HostDevice::new(0);
-    waits_for_the_pool(world, &dev, || dev.stream().unwrap());
+    waits_for_the_pool(world, &dev, || dev.stream().unwrap(), false);
+    waits_for_the_pool(world, &dev, || dev.stream().unwrap(), true);
     early_release(world);
     bad_input(&ht, world);
     proxy_error(&ht);
@@ -209,6 +218,24 @@ fn queued_on_fresh_communicators(world: &SimpleCommunicator) {
     }
 }
 
+/// Every stream of the device on one executor, as on a GPU whose streams share one hardware
+/// queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`): work runs in the order it was queued across
+/// streams, and a stream's wait holds up everything queued after it. An operation whose
+/// stream waited for copies queued later (by the proxy thread) would never finish here; the
+/// staged sweep, the ordering checks (work queued right behind each operation) and operations
+/// waiting for a full pool must.
+fn one_hardware_queue(world: &SimpleCommunicator) {
+    let dev = HostDevice::with_queues(0, 1);
+    let stream = dev.stream().unwrap();
+    let ht = HostTransfer::on(world, dev, stream, small_chunks());
+    crate::sweep::run(&ht);
+    ordering(&ht);
+    ht.comm.synchronize().expect("synchronize after the sweep on one hardware queue");
+    assert_idle(&ht.comm, "after the sweep on one hardware queue");
+    // Operations waiting for staging memory: the calling thread waits for it, then queues.
+    waits_for_the_pool(world, &ht.dev, || ht.dev.stream().unwrap(), false);
+}
+
 /// Send-only operations release their stream once the data is staged: a bcast root's and a
 /// sender's requests complete before any receiver has joined (the receivers start only when
 /// told so), with messages far above MPI's eager limit, and the data arrives all the same.
@@ -255,13 +282,26 @@ fn early_release(world: &SimpleCommunicator) {
 }
 
 /// More operations queued at once than the pool can stage together (each holds its one
-/// block): the later ones wait for the earlier ones' memory on the device, in queue order, on
-/// two streams, instead of failing; an operation that needs more than the cap by itself fails
-/// with a typed error before anything is queued. Written once for every device.
-pub fn waits_for_the_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: impl Fn() -> D::Stream) {
+/// block): the later ones wait for the earlier ones' memory, in queue order, on two streams,
+/// instead of failing; an operation that needs more than the cap by itself fails with a typed
+/// error before anything is queued. By default the calling thread waits for the memory before
+/// it queues the operation; with `proxy_queues` the stream waits on the device and the proxy
+/// thread queues the copies once the memory comes. Written once for every device.
+pub fn waits_for_the_pool<D: TestDevice>(
+    world: &SimpleCommunicator,
+    dev: &D,
+    new_stream: impl Fn() -> D::Stream,
+    proxy_queues: bool,
+) {
     let cap = duralumin::device::pool::MIN_BLOCK;
-    let config =
-        HostTransferConfig { chunk_bytes: 512, depth: 2, direct: false, pool_cap_bytes: cap, ..Default::default() };
+    let config = HostTransferConfig {
+        chunk_bytes: 512,
+        depth: 2,
+        direct: false,
+        pool_cap_bytes: cap,
+        proxy_queues_copies: proxy_queues,
+        ..Default::default()
+    };
     let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
     let len = cap / size_of::<u32>();
@@ -315,8 +355,9 @@ pub fn waits_for_the_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, ne
     assert_idle(&b, "after the refused operation");
 
     // Two one-slot operations fill an 8 KiB pool with 4 KiB blocks; a two-slot one (8 KiB)
-    // queued behind them finds, once they are through, only those idle blocks and no room: it
-    // runs through one slot (the proxy thread frees no pinned memory to make room).
+    // queued behind them finds, once they are through, only those idle blocks and no room.
+    // The calling thread frees them for an 8 KiB block; the proxy thread frees no pinned memory
+    // (that may wait for the device), so there the operation runs through one slot.
     let tight = HostTransferConfig { chunk_bytes: 2048, depth: 2, pool_cap_bytes: 2 * cap, ..config };
     let t = HtComm::with_config(world, dev.clone(), new_stream(), tight).unwrap();
     let small: Vec<_> = (0..2).map(|k| dev.up(&s, &(0..512).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();

@@ -20,8 +20,14 @@
 //! the communicator's next call). Pinned memory held by an operation is `depth` slots of one
 //! chunk each, whatever the message size ([`HostTransferConfig`]); operations take it from the
 //! communicator's pool in the order they were queued, and one that finds the pool's cap reached
-//! waits on the device (its stream waits; the caller does not) for earlier ones to give memory
-//! back. The proxy thread starts the MPI parts of one communicator's operations in the order
+//! waits for earlier ones to give memory back (see [`HostTransferConfig::pool_cap_bytes`]).
+//!
+//! The calling thread queues all of an operation's device work, each item after whatever it
+//! waits for: a stream never waits on the device for work queued later. GPUs may run streams
+//! that share a hardware queue one item at a time (more streams than
+//! `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1), and a wait for later work there is a
+//! deadlock. The host device built by [`HostDevice::with_queues`](crate::device::host::HostDevice::with_queues)
+//! behaves the same way, so the tests show such waits. The proxy thread starts the MPI parts of one communicator's operations in the order
 //! they were queued (a ticket per operation), which is the same order on every rank, as MPI
 //! requires.
 //!
@@ -70,9 +76,12 @@ pub struct HostTransferConfig {
     /// Cap on the pinned staging memory the communicator's pool holds. An operation holds
     /// `depth` slots whatever its size, so messages larger than the cap work. Operations take
     /// their staging in the order they were queued: one queued while earlier ones hold the
-    /// rest of the pool waits for their memory on the device (its stream waits; the calling
-    /// thread never blocks). Only an operation whose `depth` slots alone (rounded up to a power
-    /// of two) exceed the cap fails, with [`Error::PoolExhausted`] before anything is queued.
+    /// rest of the pool waits for their memory. The calling thread waits, then queues it (the
+    /// earlier operations need nothing more from it); with
+    /// [`proxy_queues_copies`](Self::proxy_queues_copies) the stream waits on the device
+    /// instead and the calling thread returns at once. Only an operation whose `depth` slots
+    /// alone (rounded up to a power of two) exceed the cap fails, with
+    /// [`Error::PoolExhausted`] before anything is queued.
     pub pool_cap_bytes: usize,
     /// On devices whose memory the host can address (the host device), run the MPI part on
     /// the device buffers themselves instead of staging copies. V-collectives and
@@ -85,6 +94,14 @@ pub struct HostTransferConfig {
     /// moves `size` times the data to the device, so it pays only where host reduction is the
     /// bottleneck (operators MPI has no native form for, few ranks); 0 turns it off.
     pub device_reduce_max_bytes: usize,
+    /// Have the proxy thread queue a pipelined operation's copies (once the stream reaches the
+    /// operation) instead of the calling thread. Queueing costs the calling thread two flag
+    /// operations instead of a few device calls per chunk, but the stream then waits for
+    /// copies queued after the work the program queues behind the operation. A GPU whose
+    /// hardware queue holds both that work and the copies (more streams than
+    /// `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1) deadlocks, so this is off by default.
+    /// Operations that wait for staging memory always work this way.
+    pub proxy_queues_copies: bool,
 }
 
 impl Default for HostTransferConfig {
@@ -95,6 +112,7 @@ impl Default for HostTransferConfig {
             pool_cap_bytes: 1 << 30,
             direct: true,
             device_reduce_max_bytes: 0,
+            proxy_queues_copies: false,
         }
     }
 }

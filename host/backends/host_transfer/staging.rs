@@ -180,8 +180,8 @@ struct InFlight<D: Device> {
     output: FlagSlot<D>,
     /// Raised by the output stream when a chunk's slot may be refilled (two-stream staging).
     freed: Option<FlagSlot<D>>,
-    /// Raised by the stream when it reaches a pipelined operation (whose copies the proxy
-    /// thread queues then).
+    /// Raised by the stream when it reaches a pipelined operation whose copies the proxy thread
+    /// queues (then).
     start: Option<FlagSlot<D>>,
     /// Whether every chunk's device work was queued (else `done` is raised by the host).
     queued: bool,
@@ -317,8 +317,8 @@ impl Geometry {
 }
 
 /// The device side of an operation: every chunk's copies and flag operations, queued at once
-/// by [`Copies::queue`] (by the calling thread for one chunk, by the proxy thread once the
-/// stream reaches the operation for more).
+/// by [`Copies::queue`]: by the calling thread, or by the proxy thread once the stream reaches
+/// an operation that waited for staging memory there (or with `proxy_queues_copies`).
 struct Copies<D: Device> {
     device: Arc<D>,
     /// Device-to-host and host-to-device streams (the same stream for one chunk).
@@ -470,14 +470,33 @@ impl<D: Device> Copies<D> {
 }
 
 impl<D: Device> Communicator<D> {
+    /// Waits on the calling thread until the pool can lend `bytes` of staging: the earlier
+    /// operations holding it are fully queued, so the proxy thread and the device finish them
+    /// without this thread (as NCCL's host waits when its queue of work is full). An MPI
+    /// failure recorded meanwhile ends the wait with that error.
+    fn wait_for_staging(&self, bytes: usize) -> Result<PinnedBlock<D>> {
+        let mut backoff = crate::progress::Backoff::default();
+        loop {
+            if let Some(block) = self.shared.pools.try_take(bytes, true)? {
+                return Ok(block);
+            }
+            self.shared.errors.check()?;
+            backoff.snooze();
+        }
+    }
+
     /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
     /// stream raises to 1 when the operation has completed on it.
     ///
-    /// One chunk is queued by the calling thread. Pipelined operations cost the calling thread
-    /// two flag operations whatever their size: the stream raises a *start* flag and waits for
-    /// *done*; the proxy thread, once it sees *start*, queues the chunks' copies on the two
-    /// internal copy streams (device-to-host on one, host-to-device on the other, so both
-    /// directions overlap each other and the MPI work).
+    /// The calling thread queues the device work of every chunk: one chunk on `stream`; more on
+    /// the two internal copy streams (device-to-host on one, host-to-device on the other, so
+    /// both directions overlap each other and the MPI work), which start where `stream` is and
+    /// which `stream` then waits for. Work is queued after whatever it waits for (see below).
+    /// When the pool cannot lend the staging until earlier operations give theirs back, the
+    /// calling thread waits for that first. With `proxy_queues_copies` (and for operations
+    /// waiting for memory then), the stream raises *start* and waits for *done*, and the proxy
+    /// thread queues the copies once it sees *start*: two flag operations on the calling
+    /// thread whatever the size.
     pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>) -> Result<Arc<FlagSlot<D>>> {
         let sz = size_of::<T>().max(1);
         let device = &*self.shared.device;
@@ -498,11 +517,15 @@ impl<D: Device> Communicator<D> {
         let pools = &self.shared.pools;
         // Staging is granted in queue order: an operation takes it now only if no earlier one
         // is waiting for memory (else it could hold what that one waits for, while waiting for
-        // that one's MPI turn). Otherwise the proxy thread takes it when the operation's turn
-        // and the memory come, and the stream waits on the device meanwhile.
+        // that one's MPI turn). Without room now, the calling thread waits for the memory; with
+        // `proxy_queues_copies`, the proxy thread takes it when the operation's turn and the
+        // memory come, and the stream waits on the device meanwhile.
         let staging = match direct {
             Some(_) => None,
-            None if self.shared.grants().next == self.grants_issued.get() => pools.try_take(bytes, true)?,
+            None if self.shared.grants().next == self.grants_issued.get() => match pools.try_take(bytes, true)? {
+                None if !self.config.proxy_queues_copies => Some(self.wait_for_staging(bytes)?),
+                got => got,
+            },
             None => {
                 pools.check_fits(bytes)?;
                 None
@@ -528,7 +551,16 @@ impl<D: Device> Communicator<D> {
         // Send-only operations staged through pinned memory: once the data is staged, the device
         // buffers are free, so the stream need not wait for the MPI part.
         let early = direct.is_none() && plan.output.is_none() && plan.input.is_some();
-        let (freed, start) = if two { (Some(pools.flag()?), Some(pools.flag()?)) } else { (None, None) };
+        // Device work is queued in the order it depends on: whatever releases a stream's wait
+        // on the device is queued before that wait, or is a write by the host. A GPU may run
+        // streams that share a hardware queue one item at a time, and a stream wait (or work
+        // behind it on its stream) that needs work queued later would then hold that work up
+        // for ever. So the calling thread queues every chunk's copies; only an operation that
+        // waits for staging memory (or a communicator configured to) has the proxy thread
+        // queue them, once the stream raises `start`.
+        let deferred = waits_for_memory || (two && self.config.proxy_queues_copies);
+        let freed = if two { Some(pools.flag()?) } else { None };
+        let start = if deferred { Some(pools.flag()?) } else { None };
         let (ins, outs) = match self.copy_streams_if(two)? {
             Some((i, o)) => (i.clone(), o.clone()),
             None => (stream.clone(), stream.clone()),
@@ -548,22 +580,41 @@ impl<D: Device> Communicator<D> {
             done: done.flag(),
             early,
         };
+        let wait_done = || {
+            // SAFETY: the wait keeps `done`'s slot. The operation's own hold is not enough: it
+            // ends when the proxy thread sees `done`, which may be before this stream does, and
+            // a later operation could then take the slot and reset it to 0 under the stream's
+            // wait, which would never end.
+            unsafe { device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(&done) as KeepAlive)) }
+        };
         let mut deferred = match &start {
             Some(start) => {
-                // SAFETY: `start` is held by the operation until the proxy thread has seen it;
-                // `done` is kept by the wait itself. The operation's own hold is not enough:
-                // it ends when the proxy thread sees `done`, which may be before this stream
-                // does, and a later operation could then take the slot and reset it to 0 under
-                // the stream's wait, which would never end.
-                unsafe {
-                    device.write_flag(stream, start.flag(), 1)?;
-                    device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(&done) as KeepAlive))?;
-                }
+                // SAFETY: `start` is held by the operation until the proxy thread has seen it.
+                unsafe { device.write_flag(stream, start.flag(), 1)? };
+                wait_done()?;
                 Some(copies)
             }
             None => {
                 // SAFETY: the flags and staging are held by the operation until `done`.
-                unsafe { copies.queue()? };
+                let queued = unsafe {
+                    // The copy streams start where the stream is now: its earlier work made
+                    // the data.
+                    let joined = if two { device.join(&copies.ins, stream) } else { Ok(()) };
+                    joined.and_then(|()| copies.queue()).and_then(|()| if two { wait_done() } else { Ok(()) })
+                };
+                if let Err(e) = queued {
+                    // Let what was queued run through (its waits released) before the flags and
+                    // staging go back to the pool; the outputs are unspecified.
+                    output.store(chunks32);
+                    if let Some(freed) = &freed {
+                        freed.store(chunks32);
+                    }
+                    for s in [&copies.ins, &copies.outs, stream] {
+                        let _ = device.synchronize(s);
+                    }
+                    let _ = device.release(stream, &keeps);
+                    return Err(e);
+                }
                 None
             }
         };
@@ -707,7 +758,7 @@ mod tests {
         let _open = gate.held_until_drop();
         c.allreduce(&send, &mut first, Sum).unwrap();
         assert!(gate.reached_by(1, LIMIT), "the stream never reached its wait for done");
-        // The proxy thread lets go of the operation's flags (five of them) once it sees `done`.
+        // The proxy thread lets go of the operation's flags (four of them) once it sees `done`.
         let end = Instant::now() + LIMIT;
         while c.pool_stats().flags_in_use > 1 {
             assert!(Instant::now() < end, "the operation never finished: {:?}", c.pool_stats());
