@@ -3,7 +3,9 @@
 //! bulk-synchronous manual way (synchronize, copy to pinned memory, `MPI_Allreduce`, copy back)
 //! and the device-reduction path (allgather, reduce on the GPU); each as algorithm bandwidth and
 //! as a fraction of the measured min(D2H, H2D) copy bandwidth, with the host-thread enqueue
-//! time per operation; then the stream-wait release latency of both flag paths.
+//! time per operation; the pipelined path again with the proxy thread queueing the copies
+//! (`proxy_queues_copies`: its time and enqueue time); then the stream-wait release latency of
+//! both flag paths.
 //!
 //! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N]` relaunches itself under
 //! `mpirun` per rank count (the ranks share GPU 0). Without a CUDA device it prints `SKIPPED`.
@@ -158,7 +160,7 @@ mod gpu {
                 gbs(top, h2d)
             );
             println!(
-                "| bytes | pipelined us | GB/s | of copy bw | whole-buffer us | manual us | device-reduce us | pipelined/whole | enqueue us |"
+                "| bytes | pipelined us | GB/s | of copy bw | whole-buffer us | manual us | device-reduce us | pipelined/whole | enqueue us | proxy-queued us | its enqueue us |"
             );
         }
 
@@ -170,6 +172,8 @@ mod gpu {
             comm(HostTransferConfig { chunk_bytes: usize::MAX >> 2, depth: 1, ..HostTransferConfig::default() });
         let device_reduce =
             comm(HostTransferConfig { device_reduce_max_bytes: usize::MAX, ..HostTransferConfig::default() });
+        // The proxy thread queueing the copies: O(1) enqueue, unsafe when streams share a queue.
+        let proxied = comm(HostTransferConfig { proxy_queues_copies: true, ..HostTransferConfig::default() });
         let mut checks = Vec::new();
         for bytes in SIZES.into_iter().filter(|&s| s <= max) {
             let n = bytes / 4;
@@ -185,6 +189,17 @@ mod gpu {
                     enqueue.push(t.elapsed());
                 },
                 || pipelined.synchronize().expect("synchronize"),
+            );
+            let mut enqueue_proxied = Vec::new();
+            let t_proxied = time_us(
+                &world,
+                r,
+                || {
+                    let t = Instant::now();
+                    proxied.allreduce_in_place(&mut view, Sum).expect("allreduce");
+                    enqueue_proxied.push(t.elapsed());
+                },
+                || proxied.synchronize().expect("synchronize"),
             );
             let t_whole = time_us(
                 &world,
@@ -218,12 +233,15 @@ mod gpu {
                 },
                 || {},
             );
-            enqueue.sort();
-            let enq = max_over(&world, enqueue[enqueue.len() / 2].as_secs_f64() * 1e6);
+            let median = |mut v: Vec<std::time::Duration>| {
+                v.sort();
+                max_over(&world, v[v.len() / 2].as_secs_f64() * 1e6)
+            };
+            let (enq, enq_proxied) = (median(enqueue), median(enqueue_proxied));
             let frac = gbs(bytes, t_pipe) / copy_bw;
             if me == 0 {
                 println!(
-                    "| {bytes} | {t_pipe:.1} | {:.2} | {frac:.2} | {t_whole:.1} | {t_manual:.1} | {} | {:.2}x | {enq:.1} |",
+                    "| {bytes} | {t_pipe:.1} | {:.2} | {frac:.2} | {t_whole:.1} | {t_manual:.1} | {} | {:.2}x | {enq:.1} | {t_proxied:.1} | {enq_proxied:.1} |",
                     gbs(bytes, t_pipe),
                     t_dev.map_or("-".into(), |t| format!("{t:.1}")),
                     t_whole / t_pipe,
@@ -242,7 +260,7 @@ mod gpu {
         }
         // The copy-out of the manual row used `p_in`/`p_out`; keep them alive until here.
         drop((p_in, p_out));
-        drop((pipelined, whole, device_reduce));
+        drop((pipelined, whole, device_reduce, proxied));
 
         for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
             let us = release_latency(&ctx, path);
