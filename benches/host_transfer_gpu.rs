@@ -179,28 +179,23 @@ mod gpu {
             let n = bytes / 4;
             let r = reps(bytes);
             let mut view = buf.slice_mut(0..n);
-            let mut enqueue = Vec::new();
-            let t_pipe = time_us(
-                &world,
-                r,
-                || {
-                    let t = Instant::now();
-                    pipelined.allreduce_in_place(&mut view, Sum).expect("allreduce");
-                    enqueue.push(t.elapsed());
-                },
-                || pipelined.synchronize().expect("synchronize"),
-            );
-            let mut enqueue_proxied = Vec::new();
-            let t_proxied = time_us(
-                &world,
-                r,
-                || {
-                    let t = Instant::now();
-                    proxied.allreduce_in_place(&mut view, Sum).expect("allreduce");
-                    enqueue_proxied.push(t.elapsed());
-                },
-                || proxied.synchronize().expect("synchronize"),
-            );
+            // An operation's time, and the host thread's enqueue time of each repetition.
+            let mut timed = |c: &HtComm<CudaDevice>| {
+                let mut enqueue = Vec::new();
+                let t = time_us(
+                    &world,
+                    r,
+                    || {
+                        let t = Instant::now();
+                        c.allreduce_in_place(&mut view, Sum).expect("allreduce");
+                        enqueue.push(t.elapsed());
+                    },
+                    || c.synchronize().expect("synchronize"),
+                );
+                (t, enqueue)
+            };
+            let (t_pipe, enqueue) = timed(&pipelined);
+            let (t_proxied, enqueue_proxied) = timed(&proxied);
             let t_whole = time_us(
                 &world,
                 r,
