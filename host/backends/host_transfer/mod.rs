@@ -20,16 +20,17 @@
 //! the communicator's next call). Pinned memory held by an operation is `depth` slots of one
 //! chunk each, whatever the message size ([`HostTransferConfig`]); operations take it from the
 //! communicator's pool in the order they were queued, and one that finds the pool's cap reached
-//! waits for earlier ones to give memory back (see [`HostTransferConfig::pool_cap_bytes`]).
+//! waits for earlier ones to give memory back (see [`HostTransferConfig::pool_cap_bytes`]). The
+//! proxy thread starts the MPI parts of one communicator's operations in the order they were
+//! queued (a ticket per operation), which is the same order on every rank, as MPI requires.
 //!
 //! The calling thread queues all of an operation's device work, each item after whatever it
 //! waits for: a stream never waits on the device for work queued later. GPUs may run streams
 //! that share a hardware queue one item at a time (more streams than
 //! `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1), and a wait for later work there is a
-//! deadlock. The host device built by [`HostDevice::with_queues`](crate::device::host::HostDevice::with_queues)
-//! behaves the same way, so the tests show such waits. The proxy thread starts the MPI parts of one communicator's operations in the order
-//! they were queued (a ticket per operation), which is the same order on every rank, as MPI
-//! requires.
+//! deadlock. The host device built by
+//! [`HostDevice::with_queues`](crate::device::host::HostDevice::with_queues) behaves the same
+//! way, so the tests show such waits.
 //!
 //! Buffers an operation reads are [`DeviceSlice`]s; buffers it writes (outputs, in-place
 //! buffers) are [`crate::device::DeviceSliceMut`]s, as in rsmpi's `Buffer`/`BufferMut`: a

@@ -237,10 +237,7 @@ impl<D: Device> InFlight<D> {
 
     /// Lets every wait the device may have queued for this operation pass.
     fn release_all(&self) {
-        self.output.store(self.chunks);
-        if let Some(freed) = &self.freed {
-            freed.store(self.chunks);
-        }
+        release_waits(&self.output, self.freed.as_ref(), self.chunks);
     }
 }
 
@@ -261,6 +258,16 @@ impl<D: Device> Drop for InFlight<D> {
         self.staging.take();
         self.retired.take();
         self.keep.clear();
+    }
+}
+
+/// Raises the flags the copy streams of an operation of `chunks` chunks wait for (`output` on
+/// the output stream, `freed` on the input stream) to their last values, so every such wait
+/// passes.
+fn release_waits<D: Device>(output: &FlagSlot<D>, freed: Option<&FlagSlot<D>>, chunks: u32) {
+    output.store(chunks);
+    if let Some(freed) = freed {
+        freed.store(chunks);
     }
 }
 
@@ -437,6 +444,13 @@ impl<D: Device> Copies<D> {
         Ok(())
     }
 
+    /// Blocks until what was queued on the two streams has run (after a failure, once its
+    /// waits are released; errors are left to the one already being reported).
+    fn run_through(&self) {
+        let _ = self.device.synchronize(&self.ins);
+        let _ = self.device.synchronize(&self.outs);
+    }
+
     /// Queues every chunk, `depth` slots ahead, then raises `done` on the output stream once
     /// both streams are through.
     ///
@@ -605,13 +619,8 @@ impl<D: Device> Communicator<D> {
                 if let Err(e) = queued {
                     // Let what was queued run through (its waits released) before the flags and
                     // staging go back to the pool; the outputs are unspecified.
-                    output.store(chunks32);
-                    if let Some(freed) = &freed {
-                        freed.store(chunks32);
-                    }
-                    for s in [&copies.ins, &copies.outs, stream] {
-                        let _ = device.synchronize(s);
-                    }
+                    release_waits(&output, freed.as_ref(), chunks32);
+                    copies.run_through();
                     let _ = device.release(stream, &keeps);
                     return Err(e);
                 }
@@ -710,8 +719,7 @@ impl<D: Device> Communicator<D> {
                 // Queueing failed part-way: let what was queued run through, then release the
                 // stream (its output is unspecified; the error is recorded).
                 op.release_all();
-                let _ = copies.device.synchronize(&copies.ins);
-                let _ = copies.device.synchronize(&copies.outs);
+                copies.run_through();
                 op.done.store(1);
             }
             until(|| reached(op.done.load(), 1)).await;
