@@ -91,6 +91,10 @@ fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
 const BLOCK: u32 = 256;
 
 /// A CUDA device for the HostTransfer backend: one context, its kernels and its flag path.
+///
+/// Cloning gives another handle to the same device. When the last handle goes (communicators
+/// hold one), the context's queued work is waited for before the device's kernels are
+/// unloaded, since some of it may still be theirs.
 #[derive(Clone)]
 pub struct CudaDevice {
     inner: Arc<Inner>,
@@ -108,6 +112,36 @@ struct Inner {
     /// Loaded kernel modules by PTX text address, and functions by entry name.
     modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl Drop for Inner {
+    /// Kernels of the device's modules may still be queued (a flag kernel behind an
+    /// operation's last wait, say): a module unloaded before they run takes their code away.
+    /// So the modules are unloaded only once the context is through with its queued work. The
+    /// proxy thread must not wait for that (streams of other communicators on this context may
+    /// be waiting for it): there, another thread waits and unloads.
+    fn drop(&mut self) {
+        let modules = std::mem::take(self.modules.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let functions = std::mem::take(self.functions.get_mut().unwrap_or_else(PoisonError::into_inner));
+        if modules.is_empty() {
+            return;
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let unload = move || {
+            // An error (a failed kernel) is recorded for the context's next user, as cudarc
+            // does in its own drops; the modules go either way.
+            ctx.record_err(ctx.synchronize());
+            drop(functions);
+            drop(modules);
+        };
+        if crate::progress::on_proxy_thread() {
+            // Without a thread, the modules stay loaded (until the context goes) rather than
+            // the proxy thread waiting for the device.
+            let _ = std::thread::Builder::new().name("duralumin-unload".into()).spawn(unload);
+        } else {
+            unload();
+        }
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -379,8 +413,9 @@ impl CudaDevice {
             unsafe { launch.launch(self.grid(total / 16 + 1)) }.map_err(driver("cuLaunchKernel"))?;
         }
         // Freed once `stream` has run the kernel: the reaper drops it then, and its free on the
-        // upload stream waits only for that (complete) read.
-        keep.push(Arc::new(list));
+        // upload stream waits only for that (complete) read. The reaper thread has no context
+        // bound, and cudarc binds one before the free only when it tracks events.
+        keep.push(Arc::new(BoundDrop { ctx: Arc::clone(&self.inner.ctx), value: Some(list) }));
         self.hold_others(stream, keep)
     }
 
@@ -394,6 +429,20 @@ impl CudaDevice {
         // SAFETY: the flag kernels take `(flag, value)`; the flag is host-mapped memory the
         // caller keeps allocated until the kernel has run.
         unsafe { launch.launch(one) }.map(drop).map_err(driver("cuLaunchKernel"))
+    }
+}
+
+/// A value dropped with its context bound to the dropping thread (for cudarc memory dropped on
+/// the reaper thread).
+struct BoundDrop<T> {
+    ctx: Arc<CudaContext>,
+    value: Option<T>,
+}
+
+impl<T> Drop for BoundDrop<T> {
+    fn drop(&mut self) {
+        self.ctx.record_err(self.ctx.bind_to_thread());
+        self.value.take();
     }
 }
 
