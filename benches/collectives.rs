@@ -508,6 +508,10 @@ fn host_transfer_rows(b: &mut Bench) {
     let comm = |config| HtComm::with_config(b.world, dev.clone(), dev.stream().expect("stream"), config).expect("comm");
     let direct = comm(HostTransferConfig::default());
     let pipelined = comm(HostTransferConfig { direct: false, ..HostTransferConfig::default() });
+    // Every operation in `chunk_bytes` chunks however many (the default grows them past
+    // `max_chunks`); timed only where that differs.
+    let config_default = pipelined.config();
+    let fixed = comm(HostTransferConfig { max_chunks: usize::MAX, ..config_default });
     let unpipelined = comm(HostTransferConfig {
         chunk_bytes: usize::MAX / 4,
         depth: 1,
@@ -530,6 +534,14 @@ fn host_transfer_rows(b: &mut Bench) {
             });
             b.push(name, bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
         }
+        let grows = len.div_ceil((config_default.chunk_bytes / 4).max(1)) > config_default.max_chunks;
+        if grows {
+            let ours = b.time(bytes, || {
+                fixed.allreduce(&send, &mut out, Sum).unwrap();
+                fixed.synchronize().unwrap();
+            });
+            b.push("ht-allreduce/staged-fixed-chunks", bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
+        }
         // Eight allreduces queued back to back, then one synchronize: with the default pool,
         // and with a pool whose cap holds one operation's staging (each waits for the one
         // before it to give its block back). Time per operation.
@@ -551,16 +563,19 @@ fn host_transfer_rows(b: &mut Bench) {
         drop((roomy, tight));
         // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile).
         let iters = Bench::iters(bytes).clamp(5, 200);
-        let mut enqueue = 0.0;
-        for _ in 0..iters {
-            let t = Instant::now();
-            pipelined.allreduce(&send, &mut out, Sum).unwrap();
-            enqueue += t.elapsed().as_secs_f64() * 1e6;
-            pipelined.synchronize().unwrap();
+        let rows = [("ht-allreduce/enqueue", &pipelined), ("ht-allreduce/enqueue-fixed-chunks", &fixed)];
+        for (name, ht) in rows.into_iter().take(if grows { 2 } else { 1 }) {
+            let mut enqueue = 0.0;
+            for _ in 0..iters {
+                let t = Instant::now();
+                ht.allreduce(&send, &mut out, Sum).unwrap();
+                enqueue += t.elapsed().as_secs_f64() * 1e6;
+                ht.synchronize().unwrap();
+            }
+            let mut worst = [0.0f64];
+            b.world.all_reduce_into(&[enqueue / iters as f64], &mut worst[..], SystemOperation::max());
+            b.push(name, bytes, "host", worst[0], None, 0.0);
         }
-        let mut worst = [0.0f64];
-        b.world.all_reduce_into(&[enqueue / iters as f64], &mut worst[..], SystemOperation::max());
-        b.push("ht-allreduce/enqueue", bytes, "host", worst[0], None, 0.0);
     }
     // V-collectives staged in chunks (their blocks cut and packed per chunk, the chunks sent as
     // point-to-point messages): alltoallv with uneven blocks, against the Mpi backend's.

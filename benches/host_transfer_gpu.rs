@@ -4,8 +4,9 @@
 //! and the device-reduction path (allgather, reduce on the GPU); each as algorithm bandwidth and
 //! as a fraction of the measured min(D2H, H2D) copy bandwidth, with the host-thread enqueue
 //! time per operation; the pipelined path again with the proxy thread queueing the copies
-//! (`proxy_queues_copies`: its time and enqueue time); then the stream-wait release latency of
-//! both flag paths.
+//! (`proxy_queues_copies`: its time and enqueue time), and in fixed `chunk_bytes` chunks however
+//! many (`max_chunks = usize::MAX`: its time and enqueue time); then the stream-wait release
+//! latency of both flag paths.
 //!
 //! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N]` relaunches itself under
 //! `mpirun` per rank count (the ranks share GPU 0). Without a CUDA device it prints `SKIPPED`.
@@ -160,7 +161,7 @@ mod gpu {
                 gbs(top, h2d)
             );
             println!(
-                "| bytes | pipelined us | GB/s | of copy bw | whole-buffer us | manual us | device-reduce us | pipelined/whole | enqueue us | proxy-queued us | its enqueue us |"
+                "| bytes | pipelined us | GB/s | of copy bw | whole-buffer us | manual us | device-reduce us | pipelined/whole | enqueue us | proxy-queued us | its enqueue us | fixed chunks us | its enqueue us |"
             );
         }
 
@@ -174,6 +175,9 @@ mod gpu {
             comm(HostTransferConfig { device_reduce_max_bytes: usize::MAX, ..HostTransferConfig::default() });
         // The proxy thread queueing the copies: O(1) enqueue, unsafe when streams share a queue.
         let proxied = comm(HostTransferConfig { proxy_queues_copies: true, ..HostTransferConfig::default() });
+        // Every operation in `chunk_bytes` chunks, however many (the default grows them past
+        // `max_chunks`): a few device calls per chunk on the calling thread.
+        let fixed = comm(HostTransferConfig { max_chunks: usize::MAX, ..HostTransferConfig::default() });
         let mut checks = Vec::new();
         for bytes in SIZES.into_iter().filter(|&s| s <= max) {
             let n = bytes / 4;
@@ -196,6 +200,7 @@ mod gpu {
             };
             let (t_pipe, enqueue) = timed(&pipelined);
             let (t_proxied, enqueue_proxied) = timed(&proxied);
+            let (t_fixed, enqueue_fixed) = timed(&fixed);
             let t_whole = time_us(
                 &world,
                 r,
@@ -232,11 +237,11 @@ mod gpu {
                 v.sort();
                 max_over(&world, v[v.len() / 2].as_secs_f64() * 1e6)
             };
-            let (enq, enq_proxied) = (median(enqueue), median(enqueue_proxied));
+            let (enq, enq_proxied, enq_fixed) = (median(enqueue), median(enqueue_proxied), median(enqueue_fixed));
             let frac = gbs(bytes, t_pipe) / copy_bw;
             if me == 0 {
                 println!(
-                    "| {bytes} | {t_pipe:.1} | {:.2} | {frac:.2} | {t_whole:.1} | {t_manual:.1} | {} | {:.2}x | {enq:.1} | {t_proxied:.1} | {enq_proxied:.1} |",
+                    "| {bytes} | {t_pipe:.1} | {:.2} | {frac:.2} | {t_whole:.1} | {t_manual:.1} | {} | {:.2}x | {enq:.1} | {t_proxied:.1} | {enq_proxied:.1} | {t_fixed:.1} | {enq_fixed:.1} |",
                     gbs(bytes, t_pipe),
                     t_dev.map_or("-".into(), |t| format!("{t:.1}")),
                     t_whole / t_pipe,
@@ -255,7 +260,7 @@ mod gpu {
         }
         // The copy-out of the manual row used `p_in`/`p_out`; keep them alive until here.
         drop((p_in, p_out));
-        drop((pipelined, whole, device_reduce, proxied));
+        drop((pipelined, whole, device_reduce, proxied, fixed));
 
         for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
             let us = release_latency(&ctx, path);

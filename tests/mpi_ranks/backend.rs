@@ -291,6 +291,11 @@ pub struct HostTransfer<D: TestDevice = HostDevice> {
 pub fn small_chunks() -> HostTransferConfig {
     HostTransferConfig {
         chunk_bytes: 256,
+        // Operations of more than 4 such chunks get larger ones, up to 512 bytes: the sweep
+        // has operations of few chunks, of grown chunks and of many capped ones, and roots and
+        // in-place ranks must cut the same chunks as the others.
+        max_chunks: 4,
+        max_chunk_bytes: 512,
         depth: 2,
         direct: false,
         // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.

@@ -43,6 +43,7 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     one_hardware_queue(world);
     beyond_pool(world, false);
     beyond_pool(world, true);
+    grown_chunks(world);
     let dev = HostDevice::new(0);
     waits_for_the_pool(world, &dev, || dev.stream().unwrap(), false);
     waits_for_the_pool(world, &dev, || dev.stream().unwrap(), true);
@@ -234,6 +235,40 @@ fn one_hardware_queue(world: &SimpleCommunicator) {
     assert_idle(&ht.comm, "after the sweep on one hardware queue");
     // Operations waiting for staging memory: the calling thread waits for it, then queues.
     waits_for_the_pool(world, &ht.dev, || ht.dev.stream().unwrap(), false);
+}
+
+/// An operation of more than `max_chunks` chunks gets larger ones, up to `max_chunk_bytes`:
+/// the pinned memory it holds grows with them and stays within `depth` slots of the largest.
+fn grown_chunks(world: &SimpleCommunicator) {
+    let dev = HostDevice::new(0);
+    let (chunk, largest, depth) = (4 << 10, 64 << 10, 3);
+    let config = HostTransferConfig {
+        chunk_bytes: chunk,
+        max_chunks: 4,
+        max_chunk_bytes: largest,
+        depth,
+        direct: false,
+        ..Default::default()
+    };
+    let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
+    let (me, n) = (c.rank() as u32, c.size() as u32);
+    // 16 chunks of 4 KiB grow to four of 16 KiB; 1024 of them grow to 64 of 64 KiB.
+    for len in [16 * chunk / 4, 1024 * chunk / 4] {
+        let send = dev.upload(&(0..len as u32).map(|i| i ^ me).collect::<Vec<_>>()).unwrap();
+        let mut out = dev.alloc_zeroed::<u32>(len).unwrap();
+        c.allreduce(&send, &mut out, Sum).unwrap();
+        c.synchronize().unwrap();
+        let want: Vec<u32> = (0..len as u32).map(|i| (0..n).map(|r| i ^ r).sum()).collect();
+        assert!(dev.download(&out).unwrap() == want, "allreduce of {len} u32 in grown chunks");
+        assert_idle(&c, "after an allreduce in grown chunks");
+    }
+    // Staging of one slot at `chunk_bytes` would be a send and a receive chunk: 8 KiB.
+    let high = c.pool_stats().high_water_bytes;
+    let most = (depth * 2 * largest).next_power_of_two();
+    assert!(
+        high > depth * 2 * chunk && high <= most,
+        "pinned high-water mark {high} B, want above 24 KiB, at most {most} B"
+    );
 }
 
 /// Send-only operations release their stream once the data is staged: a bcast root's and a

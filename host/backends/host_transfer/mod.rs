@@ -69,8 +69,24 @@ pub struct HostTransferConfig {
     /// blocks (v-collectives included) cut each block into chunks of this size over the number
     /// of ranks. Operations larger than one chunk are pipelined. A staging slot holds one
     /// chunk of the send side and one of the receive side (`multi_sendrecv`: one chunk of
-    /// each message).
+    /// each message). Operations that would need more than [`max_chunks`](Self::max_chunks)
+    /// chunks of this size get larger ones.
     pub chunk_bytes: usize,
+    /// The most chunks an operation is cut into while its chunks can grow: beyond it, chunks
+    /// grow from [`chunk_bytes`](Self::chunk_bytes) to `count / max_chunks`, up to
+    /// [`max_chunk_bytes`](Self::max_chunk_bytes) and to a staging block of a quarter of
+    /// [`pool_cap_bytes`](Self::pool_cap_bytes). The calling thread queues a few device calls
+    /// per chunk, so this bounds an operation's enqueue time as well as the per-chunk costs
+    /// (flag round trips, one MPI call each). Operations whose ranks may cut different numbers
+    /// of chunks (gatherv, scatterv, alltoallv, point-to-point, which send their chunks as
+    /// point-to-point messages) always use `chunk_bytes`. At least 1; `usize::MAX` keeps every
+    /// chunk at `chunk_bytes`.
+    pub max_chunks: usize,
+    /// The largest chunk [`max_chunks`](Self::max_chunks) may grow chunks to, in bytes per
+    /// direction as for `chunk_bytes` (below `chunk_bytes`, chunks stay at `chunk_bytes`). The
+    /// pinned memory an operation holds is at most `depth` slots of chunks of this size,
+    /// whatever the message size.
+    pub max_chunk_bytes: usize,
     /// Staging slots per operation: how many chunks can be between "copied to the host" and
     /// "copied back" at once. At least 1.
     pub depth: usize,
@@ -105,10 +121,34 @@ pub struct HostTransferConfig {
     pub proxy_queues_copies: bool,
 }
 
+impl HostTransferConfig {
+    /// Elements per row and chunk of a staged operation with `count` elements per row, `width`
+    /// rows sharing the chunk size and `sz`-byte elements: `chunk_bytes`' worth, or more (see
+    /// [`max_chunks`](Self::max_chunks)) unless `fixed` (ranks that must cut their chunks alike
+    /// without knowing each other's counts, or that stage more rows than `2 × width`). It
+    /// depends only on what every rank of the operation knows alike (not on the rows a rank
+    /// stages, which differ at a root or in place), so every rank cuts the same chunks.
+    pub(crate) fn chunk_elems(&self, count: usize, sz: usize, width: usize, fixed: bool) -> usize {
+        let (sz, width) = (sz.max(1), width.max(1));
+        let elems = |bytes: usize| (bytes / sz / width).max(1);
+        let base = elems(self.chunk_bytes);
+        let chunks = self.max_chunks.max(1);
+        if fixed || count.div_ceil(base) <= chunks {
+            return base;
+        }
+        // A quarter of the pool for one operation's `depth` slots of (at most) a send and a
+        // receive block per row.
+        let pool_share = self.pool_cap_bytes / 4 / self.depth.max(1) / 2 / width / sz;
+        count.div_ceil(chunks).min(elems(self.max_chunk_bytes)).min(pool_share).max(base)
+    }
+}
+
 impl Default for HostTransferConfig {
     fn default() -> Self {
         HostTransferConfig {
             chunk_bytes: 1 << 20,
+            max_chunks: 16,
+            max_chunk_bytes: 16 << 20,
             depth: 3,
             pool_cap_bytes: 1 << 30,
             direct: true,
@@ -231,8 +271,8 @@ impl<D: Device> Communicator<D> {
                 found: "a stream of another device or context".into(),
             });
         }
-        if config.depth == 0 || config.chunk_bytes == 0 {
-            return Err(Error::InvalidConfig("chunk_bytes and depth must be at least 1"));
+        if config.depth == 0 || config.chunk_bytes == 0 || config.max_chunks == 0 {
+            return Err(Error::InvalidConfig("chunk_bytes, max_chunks and depth must be at least 1"));
         }
         let (rank, size, max_tag) = (mpi.rank(), mpi.size(), mpi.max_tag());
         let pools = Pools::new(Arc::clone(&device), config.pool_cap_bytes);
@@ -370,5 +410,47 @@ impl<D: Device> Shared<D> {
     /// The staging turns.
     fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
         self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostTransferConfig;
+
+    /// Chunks stay at `chunk_bytes` up to `max_chunks` of them, then grow to cut the operation
+    /// into `max_chunks`, up to `max_chunk_bytes` and a quarter of the pool; operations whose
+    /// ranks must cut alike without knowing each other's counts never grow.
+    #[test]
+    fn chunks_grow_past_max_chunks_within_their_caps() {
+        let config = HostTransferConfig {
+            chunk_bytes: 1 << 10,
+            max_chunks: 4,
+            max_chunk_bytes: 4 << 10,
+            depth: 2,
+            pool_cap_bytes: 1 << 30,
+            ..HostTransferConfig::default()
+        };
+        let sz = 4; // 256 elements per chunk, 1024 at most.
+        assert_eq!(config.chunk_elems(256 * 4, sz, 1, false), 256, "four chunks: no growth");
+        assert_eq!(config.chunk_elems(256 * 4 + 1, sz, 1, false), 257, "five chunks' worth: four grown ones");
+        assert_eq!(config.chunk_elems(3000, sz, 1, false), 750);
+        assert_eq!(config.chunk_elems(1 << 20, sz, 1, false), 1024, "capped at max_chunk_bytes");
+        assert_eq!(config.chunk_elems(1 << 20, sz, 1, true), 256, "cut alike: chunk_bytes always");
+        assert_eq!(config.chunk_elems(1 << 20, sz, 4, false), 256, "per row over a width of 4: capped at 4 KiB / 4");
+        assert_eq!(config.chunk_elems(300, sz, 4, false), 75, "five chunks of 64 per row: four grown ones");
+        let fixed = HostTransferConfig { max_chunks: usize::MAX, ..config };
+        assert_eq!(fixed.chunk_elems(1 << 20, sz, 1, false), 256, "max_chunks = usize::MAX: never grows");
+        // A quarter of a 16 KiB pool over 2 slots of a send and a receive block: 1 KiB chunks,
+        // which is chunk_bytes: no growth.
+        let small_pool = HostTransferConfig { pool_cap_bytes: 16 << 10, ..config };
+        assert_eq!(small_pool.chunk_elems(1 << 20, sz, 1, false), 256);
+        let pool_64k = HostTransferConfig { pool_cap_bytes: 64 << 10, ..config };
+        assert_eq!(pool_64k.chunk_elems(1 << 20, sz, 1, false), 1024, "64 KiB pool: 4 KiB chunks fit its quarter");
+        let pool_32k = HostTransferConfig { pool_cap_bytes: 32 << 10, ..config };
+        assert_eq!(pool_32k.chunk_elems(1 << 20, sz, 1, false), 512, "32 KiB pool: 2 KiB chunks");
+        let below = HostTransferConfig { max_chunk_bytes: 16, ..config };
+        assert_eq!(below.chunk_elems(1 << 20, sz, 1, false), 256, "max_chunk_bytes below chunk_bytes");
+        assert_eq!(config.chunk_elems(0, sz, 1, false), 256);
+        assert_eq!(config.chunk_elems(usize::MAX, 1, 1, false), 4096, "no overflow near usize::MAX");
     }
 }

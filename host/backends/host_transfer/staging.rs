@@ -401,7 +401,7 @@ impl<D: Device> Copies<D> {
     }
 
     /// Queues the wait for chunk `k`'s output flag and its host-to-device copy (or device
-    /// reduction), then frees its slot.
+    /// reduction), then frees its slot if a later chunk refills it.
     ///
     /// # Safety
     /// As [`Copies::stage_in`].
@@ -437,7 +437,8 @@ impl<D: Device> Copies<D> {
                 }
             }
         }
-        if let Some(freed) = self.freed {
+        // Only a chunk whose slot is refilled (by chunk `k + slots`) says it is free.
+        if let (Some(freed), true) = (self.freed, k + g.slots < g.chunks) {
             // SAFETY: guaranteed by the caller.
             unsafe { device.write_flag(outs, freed, (k + 1) as u32)? };
         }
@@ -517,10 +518,12 @@ impl<D: Device> Communicator<D> {
         // Device memory the host can address needs no staging: the MPI part runs on it.
         let direct =
             (self.config.direct && !plan.exchange && device.host_accessible()).then(|| plan.direct_areas(sz)).flatten();
-        let c = if direct.is_some() {
-            plan.count.max(1)
-        } else {
-            (self.config.chunk_bytes / (sz * plan.width.max(1))).max(1)
+        let c = match direct {
+            Some(_) => plan.count.max(1),
+            None => {
+                let fixed = plan.exchange || plan.device_reduce.is_some();
+                self.config.chunk_elems(plan.count, sz, plan.width, fixed)
+            }
         };
         let chunks = plan.count.div_ceil(c).max(1);
         let chunks32 =
@@ -679,11 +682,18 @@ impl<D: Device> Communicator<D> {
                 }
                 op.queued = result.is_ok();
             }
+            // An error is recorded as soon as it happens: before the output flag that lets the
+            // stream (and so a `synchronize` waiting for it) finish, which then reports it.
+            let mut failed = false;
+            if let Err(e) = result {
+                op.shared.errors.record(e);
+                failed = true;
+            }
             until(|| op.shared.has_turn(ticket)).await;
             op.turn_held = true;
             for k in 0..if op.queued { chunks } else { 0 } {
                 until(|| reached(op.input.load(), (k + 1) as u32)).await;
-                if result.is_ok() {
+                if !failed {
                     let len = geo.len_of(k);
                     let (send, recv) = geo.areas(k);
                     let send = RawBuf::from_raw(send as *mut T, geo.send_parts * len);
@@ -693,10 +703,14 @@ impl<D: Device> Communicator<D> {
                         let mpi = op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         (plan.chunk)(&mpi, bufs).map(|job| mpi.job_future(job))
                     };
-                    result = match job {
+                    let done = match job {
                         Ok(f) => f.await,
                         Err(e) => Err(e),
                     };
+                    if let Err(e) = done {
+                        op.shared.errors.record(e);
+                        failed = true;
+                    }
                 }
                 if let (true, Some(freed)) = (early, &op.freed) {
                     // No copy back: the slot is free for chunk `k + depth` now.
@@ -712,9 +726,6 @@ impl<D: Device> Communicator<D> {
             }
             op.shared.pass_turn(ticket);
             op.turn_held = false;
-            if let Err(e) = result {
-                op.shared.errors.record(e);
-            }
             if let (Some(copies), false) = (&deferred, op.queued) {
                 // Queueing failed part-way: let what was queued run through, then release the
                 // stream (its output is unspecified; the error is recorded).
