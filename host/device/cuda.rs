@@ -415,7 +415,7 @@ impl CudaDevice {
         // Freed once `stream` has run the kernel: the reaper drops it then, and its free on the
         // upload stream waits only for that (complete) read. The reaper thread has no context
         // bound, and cudarc binds one before the free only when it tracks events.
-        keep.push(Arc::new(BoundDrop { ctx: Arc::clone(&self.inner.ctx), value: Some(list) }));
+        keep.push(Arc::new(BoundDrop { ctx: Arc::clone(&self.inner.ctx), _value: list }));
         self.hold_others(stream, keep)
     }
 
@@ -433,16 +433,15 @@ impl CudaDevice {
 }
 
 /// A value dropped with its context bound to the dropping thread (for cudarc memory dropped on
-/// the reaper thread).
+/// the reaper thread): `drop` binds it, then the fields go.
 struct BoundDrop<T> {
     ctx: Arc<CudaContext>,
-    value: Option<T>,
+    _value: T,
 }
 
 impl<T> Drop for BoundDrop<T> {
     fn drop(&mut self) {
         self.ctx.record_err(self.ctx.bind_to_thread());
-        self.value.take();
     }
 }
 

@@ -262,7 +262,7 @@ fn grown_chunks(world: &SimpleCommunicator) {
         assert!(dev.download(&out).unwrap() == want, "allreduce of {len} u32 in grown chunks");
         assert_idle(&c, "after an allreduce in grown chunks");
     }
-    // Staging of one slot at `chunk_bytes` would be a send and a receive chunk: 8 KiB.
+    // At `chunk_bytes`, `depth` slots of a send and a receive chunk would be 24 KiB.
     let high = c.pool_stats().high_water_bytes;
     let most = (depth * 2 * largest).next_power_of_two();
     assert!(

@@ -703,11 +703,11 @@ impl<D: Device> Communicator<D> {
                         let mpi = op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         (plan.chunk)(&mpi, bufs).map(|job| mpi.job_future(job))
                     };
-                    let done = match job {
+                    let ran = match job {
                         Ok(f) => f.await,
                         Err(e) => Err(e),
                     };
-                    if let Err(e) = done {
+                    if let Err(e) = ran {
                         op.shared.errors.record(e);
                         failed = true;
                     }
