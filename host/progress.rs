@@ -42,6 +42,10 @@ const TIMER_SLACK_NS: u64 = 1_000;
 /// How long an idle proxy thread sleeps before looking for new tasks on its own.
 const DOZE: Duration = Duration::from_millis(1);
 
+/// Times an idle proxy thread looks for new tasks (spinning, then yielding its core) before it
+/// dozes.
+const IDLE_CHECKS: u32 = 64;
+
 /// Empty dozes (about 100 ms) before the proxy thread parks until woken.
 const DOZES_BEFORE_PARKING: u32 = 100;
 
@@ -207,6 +211,9 @@ struct Queue {
     parked: bool,
     /// A device raised a flag since the proxy thread last polled: it must not sleep.
     nudged: bool,
+    /// The proxy thread is waiting on the condition variable: only then does a submission or a
+    /// nudge need to notify it (a notification is a system call even with nobody waiting).
+    sleeping: bool,
 }
 
 struct Shared {
@@ -239,8 +246,13 @@ pub(crate) fn nudge() {
     if let Some(shared) = shared {
         // Set under the lock, so a proxy thread about to sleep either sees it or is already
         // waiting (and gets the notification).
-        shared.queue.lock().unwrap_or_else(PoisonError::into_inner).nudged = true;
-        shared.wake.notify_one();
+        let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.nudged = true;
+        let sleeping = q.sleeping;
+        drop(q);
+        if sleeping {
+            shared.wake.notify_one();
+        }
     }
 }
 
@@ -281,7 +293,7 @@ impl Engine {
     fn push(&self, task: Arc<Task>, wake_dozing: bool) {
         let mut q = self.shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
         q.incoming.push(task);
-        let wake = q.parked || wake_dozing;
+        let wake = q.sleeping && (q.parked || wake_dozing);
         drop(q);
         if wake {
             self.shared.wake.notify_one();
@@ -311,7 +323,7 @@ fn run(shared: &Shared) {
     loop {
         {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut dozes = 0;
+            let (mut dozes, mut idle_checks) = (0, 0);
             loop {
                 q.nudged = false;
                 active.append(&mut q.incoming);
@@ -323,7 +335,17 @@ fn run(shared: &Shared) {
                 if q.shutdown {
                     return;
                 }
+                if idle_checks < IDLE_CHECKS {
+                    // Operations often come in a stream (one per training step, say): look for
+                    // the next one a while before sleeping, so submitting it wakes nobody.
+                    idle_checks += 1;
+                    drop(q);
+                    if idle_checks <= IDLE_CHECKS / 2 { std::hint::spin_loop() } else { std::thread::yield_now() }
+                    q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                    continue;
+                }
                 backoff.reset();
+                q.sleeping = true;
                 if dozes < DOZES_BEFORE_PARKING {
                     dozes += 1;
                     q = shared.wake.wait_timeout(q, DOZE).unwrap_or_else(PoisonError::into_inner).0;
@@ -331,6 +353,7 @@ fn run(shared: &Shared) {
                     q.parked = true;
                     q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
+                q.sleeping = false;
             }
         }
         let (before, moved) = (active.len(), progress_count());
@@ -343,7 +366,9 @@ fn run(shared: &Shared) {
             backoff.snooze_with(|d| {
                 let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
                 if q.incoming.is_empty() && !q.nudged {
+                    q.sleeping = true;
                     q = shared.wake.wait_timeout(q, d).unwrap_or_else(PoisonError::into_inner).0;
+                    q.sleeping = false;
                 }
                 q.nudged = false;
             });

@@ -13,7 +13,7 @@ use std::alloc::Layout;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -76,11 +76,8 @@ impl Signals {
 
     /// Returns once `ready()` holds.
     fn wait_until(&self, ready: impl Fn() -> bool) {
-        for i in 0..CHECKS_BEFORE_SLEEPING {
-            if ready() {
-                return;
-            }
-            if i < CHECKS_BEFORE_SLEEPING / 2 { std::hint::spin_loop() } else { std::thread::yield_now() }
+        if check_a_while(|| ready().then_some(())).is_some() {
+            return;
         }
         loop {
             self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -323,6 +320,30 @@ impl<T: Element> DeviceSliceMut<HostDevice> for HostBuffer<T> {}
 
 type Work = Box<dyn FnOnce() + Send>;
 
+/// Calls `check` up to [`CHECKS_BEFORE_SLEEPING`] times, spinning and then yielding the core
+/// in between, until it returns something; `None` if it never did (the caller then sleeps).
+fn check_a_while<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    for i in 0..CHECKS_BEFORE_SLEEPING {
+        if let Some(found) = check() {
+            return Some(found);
+        }
+        if i < CHECKS_BEFORE_SLEEPING / 2 { std::hint::spin_loop() } else { std::thread::yield_now() }
+    }
+    None
+}
+
+/// The next message of `rx`, checked for a while before blocking. Work comes in bursts (an
+/// operation queues its copies and flags back to back), and a sender whose receiver is not
+/// blocked wakes nobody: blocking at once would cost the sender a futex wake per item and the
+/// receiver a sleep and a wake-up, which made most of a small operation's time here.
+fn recv_soon<T>(rx: &Receiver<T>) -> std::result::Result<T, RecvError> {
+    let ready = check_a_while(|| match rx.try_recv() {
+        Err(TryRecvError::Empty) => None,
+        got => Some(got.map_err(|_| RecvError)),
+    });
+    ready.unwrap_or_else(|| rx.recv())
+}
+
 /// An executor thread running work items in the order they were sent.
 struct Queue {
     tx: Mutex<Option<Sender<Work>>>,
@@ -335,7 +356,7 @@ impl Queue {
         let thread = std::thread::Builder::new()
             .name(format!("duralumin-host-stream-{ordinal}"))
             .spawn(move || {
-                for work in rx {
+                while let Ok(work) = recv_soon(&rx) {
                     work();
                 }
             })
@@ -392,7 +413,7 @@ impl HostStream {
         self.submit(Box::new(move || {
             let _ = tx.send(());
         }))?;
-        rx.recv()
+        recv_soon(&rx)
             .map_err(|_| Error::Device { call: "host stream", message: "the stream's executor thread stopped".into() })
     }
 }
