@@ -8,7 +8,8 @@
 //! * pinned staging memory from `cuMemHostAlloc(PORTABLE | DEVICEMAP)` (cached, not
 //!   write-combined: the proxy thread reads it), and its mapped device address;
 //! * 2-D copies with `cuMemcpy2DAsync`, packed v-collective blocks with one launch of the
-//!   `pack_segments`/`unpack_segments` kernels;
+//!   `pack_segments`/`unpack_segments` kernels, which read their segment lists from pinned
+//!   mapped memory (no copy is queued for them, see [`super::arg_lists`]);
 //! * flags: `cuStreamWriteValue32`/`cuStreamWaitValue32` ([`FlagPath::StreamMemOps`]) or the
 //!   Rust `signal`/`stream_wait` kernels ([`FlagPath::Kernels`]);
 //! * reductions of staged rows into device memory with the reduction kernels, reading the rows
@@ -17,8 +18,9 @@
 //! The proxy thread queues pipelined operations' copies while device streams wait for its
 //! flags, so nothing it calls may wait for the device: every built-in kernel is loaded when
 //! the device is made (lazy loading may synchronize the context on a kernel's first launch),
-//! pack segment lists go up from pageable memory on an internal stream that waits for nothing,
-//! and the staging pool never frees pinned memory from that thread.
+//! pack segment lists are written to pinned memory the kernel reads (a copy from pageable
+//! memory may wait for a stream that waits for this thread), and the staging pool never frees
+//! pinned memory from that thread.
 //!
 //! # Ordering with the buffers' own streams
 //! A cudarc buffer belongs to the stream it was allocated on (its *home*; it is freed there, in
@@ -52,6 +54,7 @@ use duralumin_kernels::Element;
 use duralumin_kernels::names::fixed;
 use duralumin_kernels::pack::Segment;
 
+use super::arg_lists::ArgLists;
 use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
 
@@ -105,10 +108,8 @@ struct Inner {
     flags: FlagPath,
     sms: u32,
     max_pitch: usize,
-    /// Where pack segment lists go up from pageable memory: a stream that waits for nothing,
-    /// so the driver's staging of the copy (which may synchronize with its stream) never waits
-    /// for a stream that waits for the proxy thread.
-    upload: Arc<CudaStream>,
+    /// Pinned memory the pack kernels read their segment lists from.
+    arg_lists: Arc<ArgLists>,
     /// Loaded kernel modules by PTX text address, and functions by entry name.
     modules: Mutex<HashMap<usize, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
@@ -123,16 +124,24 @@ impl Drop for Inner {
     fn drop(&mut self) {
         let modules = std::mem::take(self.modules.get_mut().unwrap_or_else(PoisonError::into_inner));
         let functions = std::mem::take(self.functions.get_mut().unwrap_or_else(PoisonError::into_inner));
-        if modules.is_empty() {
+        // Addresses, so the closure below may move to another thread.
+        let lists: Vec<usize> = self.arg_lists.blocks().into_iter().map(|(p, _)| p as usize).collect();
+        if modules.is_empty() && lists.is_empty() {
             return;
         }
         let ctx = Arc::clone(&self.ctx);
         let unload = move || {
             // An error (a failed kernel) is recorded for the context's next user, as cudarc
-            // does in its own drops; the modules go either way.
+            // does in its own drops; the modules and lists go either way.
             ctx.record_err(ctx.synchronize());
             drop(functions);
             drop(modules);
+            ctx.record_err(ctx.bind_to_thread());
+            for p in lists {
+                // SAFETY: an argument list block from `cuMemHostAlloc`; the context has run
+                // every kernel that could read it.
+                ctx.record_err(unsafe { cudarc::driver::result::free_host(p as *mut c_void) });
+            }
         };
         if crate::progress::on_proxy_thread() {
             // Without a thread, the modules stay loaded (until the context goes) rather than
@@ -174,10 +183,9 @@ impl CudaDevice {
         let attr = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
         let max_pitch = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?.max(0) as usize;
-        let upload = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let device = CudaDevice {
             inner: Arc::new(Inner {
-                upload,
+                arg_lists: Arc::default(),
                 ctx,
                 flags,
                 sms,
@@ -338,25 +346,27 @@ impl CudaDevice {
         if contiguous {
             run(0, 0, shape.bytes())?;
         } else if host_pitch.max(device_pitch) <= self.inner.max_pitch {
-            // SAFETY: a zeroed CUDA_MEMCPY2D is valid (null pointers, no arrays).
-            let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-            p.WidthInBytes = shape.row_bytes;
-            p.Height = shape.rows;
-            if to_host {
-                p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.srcDevice = device.0;
-                p.srcPitch = device_pitch;
-                p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
-                p.dstHost = host.cast();
-                p.dstPitch = host_pitch;
-            } else {
-                p.srcMemoryType = CUmemorytype::CU_MEMORYTYPE_HOST;
-                p.srcHost = host as *const c_void;
-                p.srcPitch = host_pitch;
-                p.dstMemoryType = CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                p.dstDevice = device.0;
-                p.dstPitch = device_pitch;
-            }
+            // Every field set: a zeroed CUDA_MEMCPY2D is not a valid value (its memory-type
+            // enums have no zero variant).
+            let (host_side, device_side) = (CUmemorytype::CU_MEMORYTYPE_HOST, CUmemorytype::CU_MEMORYTYPE_DEVICE);
+            let p = sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: if to_host { device_side } else { host_side },
+                srcHost: if to_host { std::ptr::null() } else { host as *const c_void },
+                srcDevice: if to_host { device.0 } else { 0 },
+                srcArray: std::ptr::null_mut(),
+                srcPitch: if to_host { device_pitch } else { host_pitch },
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: if to_host { host_side } else { device_side },
+                dstHost: if to_host { host.cast() } else { std::ptr::null_mut() },
+                dstDevice: if to_host { 0 } else { device.0 },
+                dstArray: std::ptr::null_mut(),
+                dstPitch: if to_host { host_pitch } else { device_pitch },
+                WidthInBytes: shape.row_bytes,
+                Height: shape.rows,
+            };
             // SAFETY: as for `run`, for every row of the shape.
             unsafe { sys::cuMemcpy2DAsync_v2(&p, s) }.result().map_err(driver("cuMemcpy2DAsync"))?;
         } else {
@@ -391,31 +401,31 @@ impl CudaDevice {
         // Device offsets from `base`; the host side is packed in piece order.
         let segments: Vec<Segment> =
             nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect();
-        let bytes: &[u8] = bytemuck::cast_slice(&segments);
-        // The segment list goes up on the upload stream (a copy from pageable memory may wait
-        // for its stream, and `stream` may be waiting for the proxy thread, which may be the
-        // caller), then `stream` waits for it there.
-        let upload = &self.inner.upload;
-        let list: CudaSlice<u8> = upload.clone_htod(bytes).map_err(driver("cuMemcpyHtoDAsync"))?;
-        stream.join(upload).map_err(driver("cuStreamWaitEvent"))?;
+        let list = self.inner.arg_lists.take(bytemuck::cast_slice(&segments), |size| {
+            let host = self.alloc_pinned(size)?;
+            match self.mapped(host) {
+                Ok(device) => Ok((host, device)),
+                Err(e) => {
+                    // SAFETY: just allocated; nothing uses it.
+                    unsafe { self.free_pinned(host, size) };
+                    Err(e)
+                }
+            }
+        })?;
         let count = segments.len();
         let (f, dst, src) = if to_host {
             (self.function(fixed::PACK_SEGMENTS)?, mapped.0, base.0)
         } else {
             (self.function(fixed::UNPACK_SEGMENTS)?, base.0, mapped.0)
         };
-        {
-            let (list_ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&list, stream);
-            let mut launch = stream.launch_builder(&f);
-            launch.arg(&dst).arg(&src).arg(&list_ptr).arg(&count);
-            // SAFETY: the pack kernels take `(dst, src, segments, count)`; every segment lies in
-            // a piece the caller guarantees valid, the packed side holds `total` bytes.
-            unsafe { launch.launch(self.grid(total / 16 + 1)) }.map_err(driver("cuLaunchKernel"))?;
-        }
-        // Freed once `stream` has run the kernel: the reaper drops it then, and its free on the
-        // upload stream waits only for that (complete) read. The reaper thread has no context
-        // bound, and cudarc binds one before the free only when it tracks events.
-        keep.push(Arc::new(BoundDrop { ctx: Arc::clone(&self.inner.ctx), _value: list }));
+        let list_ptr = list.device_ptr().0;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&dst).arg(&src).arg(&list_ptr).arg(&count);
+        // SAFETY: the pack kernels take `(dst, src, segments, count)`; every segment lies in a
+        // piece the caller guarantees valid, the packed side holds `total` bytes, and the list
+        // (mapped memory holding `count` segments) is kept until the stream has run the kernel.
+        unsafe { launch.launch(self.grid(total / 16 + 1)) }.map_err(driver("cuLaunchKernel"))?;
+        keep.push(Arc::new(list));
         self.hold_others(stream, keep)
     }
 
@@ -429,19 +439,6 @@ impl CudaDevice {
         // SAFETY: the flag kernels take `(flag, value)`; the flag is host-mapped memory the
         // caller keeps allocated until the kernel has run.
         unsafe { launch.launch(one) }.map(drop).map_err(driver("cuLaunchKernel"))
-    }
-}
-
-/// A value dropped with its context bound to the dropping thread (for cudarc memory dropped on
-/// the reaper thread): `drop` binds it, then the fields go.
-struct BoundDrop<T> {
-    ctx: Arc<CudaContext>,
-    _value: T,
-}
-
-impl<T> Drop for BoundDrop<T> {
-    fn drop(&mut self) {
-        self.ctx.record_err(self.ctx.bind_to_thread());
     }
 }
 
@@ -650,6 +647,12 @@ impl Device for CudaDevice {
             unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
         }
         Ok(())
+    }
+
+    fn can_reduce(&self, op: &ReduceFns) -> bool {
+        self.bind().is_ok()
+            && self.function(op.reduce.as_str()).is_ok()
+            && op.finish.is_none_or(|f| self.function(f.as_str()).is_ok())
     }
 
     fn acquire(&self, stream: &Arc<CudaStream>, keep: &[KeepAlive]) -> Result<()> {

@@ -12,7 +12,8 @@
 //!   mapped into the device's address space, cached on the CPU (not write-combined: the proxy
 //!   thread reads it) and fine-grained, so flags and data change visibly while kernels run;
 //! * 2-D copies with `hipMemcpyAsync` / `hipMemcpy2DAsync`, packed v-collective blocks with one
-//!   launch of the `pack_segments`/`unpack_segments` kernels;
+//!   launch of the `pack_segments`/`unpack_segments` kernels, which read their segment lists
+//!   from pinned mapped memory (no copy is queued for them, see [`super::arg_lists`]);
 //! * flags: `hipStreamWriteValue32`/`hipStreamWaitValue32` ([`FlagPath::StreamMemOps`]) or the
 //!   Rust `signal`/`stream_wait` kernels ([`FlagPath::Kernels`]);
 //! * reductions of staged rows into device memory with the reduction kernels, reading the rows
@@ -64,6 +65,7 @@ use duralumin_kernels::flag::reached;
 use duralumin_kernels::names::fixed;
 use duralumin_kernels::pack::Segment;
 
+use super::arg_lists::ArgLists;
 use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
 
@@ -95,8 +97,6 @@ mod sys {
 
     pub const ATTR_MULTIPROCESSOR_COUNT: c_int = hipDeviceAttribute_t::hipDeviceAttributeMultiprocessorCount as c_int;
     pub const ATTR_MAX_PITCH: c_int = hipDeviceAttribute_t::hipDeviceAttributeMaxPitch as c_int;
-    pub const ATTR_MEMORY_POOLS_SUPPORTED: c_int =
-        hipDeviceAttribute_t::hipDeviceAttributeMemoryPoolsSupported as c_int;
     pub const ATTR_CAN_USE_STREAM_WAIT_VALUE: c_int =
         hipDeviceAttribute_t::hipDeviceAttributeCanUseStreamWaitValue as c_int;
 
@@ -140,8 +140,6 @@ mod sys {
         pub fn hipMalloc(ptr: *mut *mut c_void, size: usize) -> Status;
         pub fn hipFree(ptr: *mut c_void) -> Status;
         pub fn hipMemset(dst: *mut c_void, value: c_int, size: usize) -> Status;
-        pub fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: hipStream_t) -> Status;
-        pub fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> Status;
         pub fn hipHostMalloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> Status;
         pub fn hipHostFree(ptr: *mut c_void) -> Status;
         pub fn hipHostGetDevicePointer(device_ptr: *mut *mut c_void, host_ptr: *mut c_void, flags: c_uint) -> Status;
@@ -348,11 +346,40 @@ struct Inner {
     flags: FlagPath,
     compute_units: u32,
     max_pitch: usize,
-    memory_pools: bool,
-    /// Where pack segment lists go up from pageable memory: a stream that waits for nothing,
-    /// so the runtime's staging of the copy (which may synchronize with its stream) never
-    /// waits for a stream that waits for the proxy thread. Made with the device.
-    upload: OnceLock<HipStream>,
+    /// Pinned memory the pack kernels read their segment lists from.
+    arg_lists: Arc<ArgLists>,
+}
+
+impl Drop for Inner {
+    /// The segment lists' blocks are freed once the device has run every kernel that could
+    /// read them. The proxy thread must not wait for that (streams may be waiting for it):
+    /// there, another thread waits and frees.
+    fn drop(&mut self) {
+        let blocks: Vec<usize> = self.arg_lists.blocks().into_iter().map(|(p, _)| p as usize).collect();
+        if blocks.is_empty() {
+            return;
+        }
+        let ordinal = self.ordinal;
+        let free = move || {
+            let freed = set_device(ordinal).and_then(|()| {
+                // SAFETY: no arguments; waits for the current device's work.
+                check("hipDeviceSynchronize", unsafe { sys::hipDeviceSynchronize() })?;
+                for p in blocks {
+                    // SAFETY: a list block from `hipHostMalloc`; the device has run every
+                    // kernel that could read it.
+                    check("hipHostFree", unsafe { sys::hipHostFree(p as *mut c_void) })?;
+                }
+                Ok(())
+            });
+            record(ordinal, freed);
+        };
+        if crate::progress::on_proxy_thread() {
+            // Without a thread, the blocks stay allocated rather than the proxy thread waiting.
+            let _ = std::thread::Builder::new().name("duralumin-free-lists".into()).spawn(free);
+        } else {
+            free();
+        }
+    }
 }
 
 impl fmt::Debug for HipDevice {
@@ -404,19 +431,9 @@ impl HipDevice {
             p if p > 0 => p as usize,
             _ => c_int::MAX as usize,
         };
-        let memory_pools = attribute(ordinal, sys::ATTR_MEMORY_POOLS_SUPPORTED).unwrap_or(0) != 0;
         let device = HipDevice {
-            inner: Arc::new(Inner {
-                ordinal,
-                arch,
-                flags,
-                compute_units,
-                max_pitch,
-                memory_pools,
-                upload: OnceLock::new(),
-            }),
+            inner: Arc::new(Inner { ordinal, arch, flags, compute_units, max_pitch, arg_lists: Arc::default() }),
         };
-        let _ = device.inner.upload.set(device.new_stream()?);
         if flags == FlagPath::Kernels {
             // Fail now, not on the first operation, when the kernels are missing.
             device.function(fixed::SIGNAL)?;
@@ -667,68 +684,29 @@ impl HipDevice {
         // Device offsets from the lowest piece; the packed side is consecutive.
         let segments: Arc<Vec<Segment>> =
             Arc::new(nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect());
-        let upload = self.inner.upload.get().ok_or_else(|| Error::Device {
-            call: "hipStreamCreate",
-            message: "the device has no upload stream".into(),
+        // The list is written to pinned memory the kernel reads: a copy from pageable memory
+        // may wait for a stream that waits for this thread (see `super::arg_lists`).
+        let list = self.inner.arg_lists.take(bytemuck::cast_slice(segments.as_slice()), |size| {
+            let host = self.alloc_pinned(size)?;
+            match self.mapped(host) {
+                Ok(device) => Ok((host, device)),
+                Err(e) => {
+                    // SAFETY: just allocated; nothing uses it.
+                    unsafe { self.free_pinned(host, size) };
+                    Err(e)
+                }
+            }
         })?;
-        // Allocated, filled and freed on the upload stream; `stream` waits for the upload there.
-        let list = self.scratch(upload, size_of_val(segments.as_slice()))?;
         let (dst, src) = if to_host { (mapped.0, base.0) } else { (base.0, mapped.0) };
-        // SAFETY: forwarded from the caller; `list` holds the segments' bytes.
-        let queued = unsafe { self.launch_pieces(stream, upload, function, dst, src, &segments, &list, total) };
-        keep.push(segments);
-        list.free_after(upload, &mut keep);
-        let held = self.hold(stream, keep);
-        queued.and(held)
-    }
-
-    /// Queues the upload of `segments` into `list` on `upload`, and the pack kernel `function`
-    /// over them on `stream` once the upload is through.
-    ///
-    /// # Safety
-    /// As [`Device::pack_d2h`]: `dst` and `src` are the packed and scattered sides (device
-    /// addresses), `total` the segments' total length; `segments` is kept alive by the caller
-    /// until the stream has passed the launch, and `list` holds the segments' bytes.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn launch_pieces(
-        &self,
-        stream: &HipStream,
-        upload: &HipStream,
-        function: Function,
-        dst: u64,
-        src: u64,
-        segments: &[Segment],
-        list: &Scratch,
-        total: usize,
-    ) -> Result<()> {
-        let list_bytes = size_of_val(segments);
-        // The host list may be read after this returns (pageable copies can be staged
-        // asynchronously), which is why the caller keeps it alive in stream order.
-        // SAFETY: `list` holds `list_bytes` bytes of device memory; the source is the list.
-        check("hipMemcpyAsync", unsafe {
-            sys::hipMemcpyAsync(list.ptr, segments.as_ptr().cast(), list_bytes, sys::HOST_TO_DEVICE, upload.raw())
-        })?;
-        self.join(stream, upload)?;
-        let (mut dst, mut src, mut list_ptr, mut count) = (dst, src, list.ptr as u64, segments.len());
+        let (mut dst, mut src, mut list_ptr, mut count) = (dst, src, list.device_ptr().0, segments.len());
         let mut args = [arg(&mut dst), arg(&mut src), arg(&mut list_ptr), arg(&mut count)];
         // SAFETY: the pack kernels take `(dst, src, segments, count)`; every segment lies in a
         // piece the caller guarantees valid, the packed side holds `total` bytes, and the list
-        // stays allocated until the kernel has run (the caller frees it in stream order).
-        unsafe { self.launch(stream, function, self.blocks(total / 16 + 1), BLOCK, &mut args) }
-    }
-
-    /// `bytes` of device memory for one launch's use on `stream`: stream-ordered where the device
-    /// has memory pools, else `hipMalloc`'d.
-    fn scratch(&self, stream: &HipStream, bytes: usize) -> Result<Scratch> {
-        let mut ptr = null_mut();
-        if self.inner.memory_pools {
-            // SAFETY: writes one pointer; the memory becomes usable in stream order.
-            check("hipMallocAsync", unsafe { sys::hipMallocAsync(&mut ptr, bytes, stream.raw()) })?;
-        } else {
-            // SAFETY: writes one pointer.
-            check("hipMalloc", unsafe { sys::hipMalloc(&mut ptr, bytes) })?;
-        }
-        Ok(Scratch { ptr, pooled: self.inner.memory_pools, ordinal: self.inner.ordinal })
+        // (mapped memory holding `count` segments) is kept until the stream has run the kernel.
+        let queued = unsafe { self.launch(stream, function, self.blocks(total / 16 + 1), BLOCK, &mut args) };
+        keep.push(Arc::new(list));
+        let held = self.hold(stream, keep);
+        queued.and(held)
     }
 
     /// Whether a [`FlagPath::StreamMemOps`] wait for `value`, with the flag at `now` (not yet
@@ -741,49 +719,6 @@ impl HipDevice {
 /// A pointer to a kernel argument, as `hipModuleLaunchKernel` takes them.
 fn arg<T>(value: &mut T) -> *mut c_void {
     (value as *mut T).cast()
-}
-
-/// Device memory used by one launch.
-struct Scratch {
-    ptr: *mut c_void,
-    pooled: bool,
-    ordinal: usize,
-}
-
-impl Scratch {
-    /// Hands the memory to `keep`, whose drop (by the reaper, once the stream `keep` is held on
-    /// has passed every use) frees it: `hipFreeAsync` on `home`, the stream it was allocated
-    /// on, if it came from a pool, else `hipFree`. The free waits for nothing still queued.
-    fn free_after(self, home: &HipStream, keep: &mut Vec<KeepAlive>) {
-        let home = self.pooled.then(|| home.clone());
-        keep.push(Arc::new(DeviceMemory { ptr: self.ptr, ordinal: self.ordinal, home }));
-    }
-}
-
-/// Scratch device memory, freed on drop: `hipFreeAsync` on its home stream if it came from
-/// `hipMallocAsync` there, else `hipFree`.
-struct DeviceMemory {
-    ptr: *mut c_void,
-    ordinal: usize,
-    home: Option<HipStream>,
-}
-
-// SAFETY: an owned device allocation; the host never dereferences it.
-unsafe impl Send for DeviceMemory {}
-// SAFETY: as above.
-unsafe impl Sync for DeviceMemory {}
-
-impl Drop for DeviceMemory {
-    fn drop(&mut self) {
-        let freed = set_device(self.ordinal).and_then(|()| match &self.home {
-            // SAFETY: `ptr` came from `hipMallocAsync` on `home`, and this is dropped (by the
-            // reaper) only once the stream that used it has passed its last use.
-            Some(home) => check("hipFreeAsync", unsafe { sys::hipFreeAsync(self.ptr, home.raw()) }),
-            // SAFETY: `ptr` came from `hipMalloc`; dropped as above.
-            None => check("hipFree", unsafe { sys::hipFree(self.ptr) }),
-        });
-        record(self.ordinal, freed);
-    }
 }
 
 /// Host callback queued by [`HipDevice::hold`]: hands the payload to the reaper.
@@ -1174,6 +1109,12 @@ impl Device for HipDevice {
             unsafe { self.launch(stream, finish, blocks, BLOCK, &mut args) }?;
         }
         Ok(())
+    }
+
+    fn can_reduce(&self, op: &ReduceFns) -> bool {
+        self.bind().is_ok()
+            && self.function(op.reduce.as_str()).is_ok()
+            && op.finish.is_none_or(|f| self.function(f.as_str()).is_ok())
     }
 
     fn join(&self, waiter: &HipStream, stream: &HipStream) -> Result<()> {

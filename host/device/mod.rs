@@ -15,6 +15,8 @@
 //! they take raw addresses (the callers in the backend guarantee sizes and lifetimes); the
 //! safe types users touch are the buffers ([`DeviceSlice`]) and the backends' communicators.
 
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod arg_lists;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "hip")]
@@ -291,6 +293,16 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
         len: usize,
         op: ReduceFns,
     ) -> Result<()>;
+
+    /// Whether [`Device::reduce_h2d`] can run `op` here: the host device always can; a GPU
+    /// when the kernels for its (element, operator) pair are built in or registered (loading
+    /// them now, on the calling thread). The answer must be the same on every rank (a pair's
+    /// kernels registered on all of them or none), since it decides which MPI calls an
+    /// allreduce makes.
+    fn can_reduce(&self, op: &ReduceFns) -> bool {
+        let _ = op;
+        true
+    }
 
     /// Before an operation's first work on `stream`: orders `stream` after the work the buffers
     /// behind `keep` have pending elsewhere (a cudarc buffer's own stream). Nothing by default.

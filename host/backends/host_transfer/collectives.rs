@@ -324,7 +324,11 @@ impl<D: Device> Communicator<D> {
             None => (rows(recv, 0, 1, n), Into::Recv { part: 0 }),
         };
         let size = self.size();
-        if size > 1 && n * size_of::<T>() <= self.config.device_reduce_max_bytes {
+        let fns = ReduceFns::of::<T, O>(size as u32);
+        // Pairs without device kernels (a user's pair whose kernels were not registered)
+        // reduce in MPI whatever their size.
+        if size > 1 && n * size_of::<T>() <= self.config.device_reduce_max_bytes && self.shared.device.can_reduce(&fns)
+        {
             // Allgather the contributions into staging, reduce them on the device in rank order.
             return Ok(Plan {
                 count: n,
@@ -333,7 +337,7 @@ impl<D: Device> Communicator<D> {
                 recv_parts: size,
                 input: Some((input.0, Into::Send)),
                 output: Some(rows(recv, 0, 1, n)),
-                device_reduce: Some(ReduceFns::of::<T, O>(size as u32)),
+                device_reduce: Some(fns),
                 exchange: false,
                 chunk: Box::new(move |c, b| {
                     // SAFETY: as below.
