@@ -153,7 +153,10 @@ mod gpu {
         let gbs = |bytes: usize, us: f64| bytes as f64 / (us * 1e3);
         let copy_bw = gbs(top, d2h).min(gbs(top, h2d));
         if me == 0 {
-            println!("\n== np = {np} (ranks share GPU 0), flag path {:?} ==", dev.flag_path());
+            // The device's name says when this ran on the driver simulator ("cudasim (CPU)"),
+            // whose numbers are the CPU's.
+            let name = ctx.name().unwrap_or_else(|_| "an unnamed device".into());
+            println!("\n== np = {np} (ranks share GPU 0: {name}), flag path {:?} ==", dev.flag_path());
             println!(
                 "| copy {} MiB | D2H {:.1} GB/s | H2D {:.1} GB/s | per rank, all ranks at once |",
                 top >> 20,

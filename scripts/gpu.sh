@@ -102,7 +102,7 @@ run() {
                 stage custom_kernels_gpu 120 "$b/custom_kernels_gpu" --ignored --nocapture --test-threads=1 ;;
             sweep)
                 # HostTransfer<cuda>: the whole sweep, both flag paths, at np 1..3.
-                stage "cuda sweep np 1..3" 560 "$b/mpi_ranks" cuda --nocapture
+                stage "cuda sweep np 1..3" 560 "$b/mpi_ranks" cuda_np --nocapture
                 if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi ;;
             maxconn1)
                 # Every stream on one hardware queue: work must never wait for work queued after it.

@@ -9,7 +9,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export DURALUMIN_REQUIRE_KERNELS=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
+# on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
+cargo build --release -p duralumin-cudasim
+export DURALUMIN_REQUIRE_CUDASIM=1
 cargo test --workspace --release
+# The GPU benchmark program must run to its end on the simulator (its numbers are the CPU's).
+# (tests/mpi_ranks linked it as target/release/cudasim/libcuda.so.)
+LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout 600 cargo bench --bench host_transfer_gpu -- --np 1,2 --max-bytes 65536
 # The HIP device (Debian's libamdhip64-dev, installed by setup.sh): compiled, linted and linked;
 # its test reports itself skipped without an AMD GPU.
 export HIP_PATH=/usr

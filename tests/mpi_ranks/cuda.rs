@@ -4,7 +4,8 @@
 //! settings; then ordering against kernels on the stream, a buffer whose home stream is not
 //! the communicator's, cudarc work on a third stream that uses the buffers, and more
 //! operations queued than the pinned pool can stage at once. Run by the `cuda_np*` trials,
-//! which are ignored without a CUDA device.
+//! which are ignored without a CUDA device, and by the `cudasim_*` trials on the CUDA driver
+//! simulator (`cudasim/`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -21,6 +22,10 @@ use crate::host_transfer::assert_idle;
 
 pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     let ctx = CudaContext::new(0).expect("CUDA context");
+    if mpi::traits::Communicator::rank(world) == 0 {
+        // "cudasim (CPU)" on the driver simulator.
+        println!("cuda group on {}", ctx.name().unwrap_or_else(|e| format!("an unnamed device ({e:?})")));
+    }
     for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
         let dev = CudaDevice::with_flag_path(Arc::clone(&ctx), path).expect("CUDA device");
         for config in [small_chunks(), HostTransferConfig::default()] {

@@ -30,12 +30,68 @@ pub fn main() {
         trials.extend(
             (1..=3).map(|np| Trial::test(format!("cuda_np{np}"), move || launch(np, "cuda")).with_ignored_flag(!gpu)),
         );
+        // The same group on the CUDA driver simulator (cudasim/, see `cudasim_dir`), which runs Duralumin's CUDA device on the CPU with
+        // checks a GPU does not make: at 1..3 ranks, and with every stream on one hardware
+        // queue. Reported as ignored when the simulator was not built, unless
+        // DURALUMIN_REQUIRE_CUDASIM=1 (scripts/test.sh builds it and sets that).
+        let sim = cudasim_dir();
+        let required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
+        let runs: [(&str, usize, Option<&str>); 4] = [
+            ("cudasim_np1", 1, None),
+            ("cudasim_np2", 2, None),
+            ("cudasim_np3", 3, None),
+            ("cudasim_maxconn1_np2", 2, Some("1")),
+        ];
+        for (name, np, connections) in runs {
+            let dir = sim.clone();
+            let trial = Trial::test(name, move || {
+                let dir =
+                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+                let path = match std::env::var("LD_LIBRARY_PATH") {
+                    Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
+                    _ => dir.display().to_string(),
+                };
+                let mut env = vec![("LD_LIBRARY_PATH", path)];
+                if let Some(c) = connections {
+                    env.push(("CUDA_DEVICE_MAX_CONNECTIONS", c.to_string()));
+                }
+                launch_with(np, "cuda", &env)
+            });
+            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// A directory holding the CUDA driver simulator as `libcuda.so` (`target/<profile>/cudasim/`, a
+/// link to the `libduralumin_cudasim.so` built with this test binary's profile), if it was built.
+/// Only the simulator's trials get it on their library path.
+#[cfg(feature = "cuda")]
+fn cudasim_dir() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    // target/<profile>/deps/mpi_ranks-<hash> -> target/<profile>
+    let profile = exe.parent()?.parent()?;
+    let lib = profile.join("libduralumin_cudasim.so");
+    if !lib.is_file() {
+        return None;
+    }
+    let dir = profile.join("cudasim");
+    let link = dir.join("libcuda.so");
+    if !link.exists() {
+        std::fs::create_dir_all(&dir).ok()?;
+        // Another launcher may have made it meanwhile.
+        let _ = std::os::unix::fs::symlink(&lib, &link);
+    }
+    link.exists().then_some(dir)
+}
+
 /// Runs `program` of this binary on `np` ranks.
 pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
+    launch_with(np, program, &[])
+}
+
+/// Runs `program` of this binary on `np` ranks with `env` set for mpirun and the ranks.
+pub fn launch_with(np: usize, program: &str, env: &[(&str, String)]) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut child = Command::new("mpirun")
         .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
@@ -47,6 +103,7 @@ pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
         .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
         .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

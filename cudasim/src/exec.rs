@@ -1,0 +1,279 @@
+//! The simulated GPU's execution: a context's hardware queues, streams and events.
+//!
+//! A GPU maps streams onto a few hardware queues (`CUDA_DEVICE_MAX_CONNECTIONS`, 8 by default)
+//! and runs each queue's work in the order it was submitted: work waiting on the device (a
+//! stream memory wait, an event wait, a spinning kernel) holds up everything behind it in its
+//! queue, whichever stream that belongs to. The simulator does the same: one worker thread per
+//! hardware queue, streams assigned round robin as they are created. A stream's work runs in
+//! its order; streams on different queues run concurrently.
+//!
+//! After a fault (an access outside any allocation, say) the context is unusable, as after an
+//! illegal address on a GPU: the fault is reported on stderr, later work is skipped, and every
+//! API call returns the error.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::CUresult;
+
+use crate::Fault;
+
+/// How long a wait may last before the simulator says on stderr that it may be a deadlock (it
+/// goes on waiting: the test's own timeout ends it).
+pub(crate) const STALL_REPORT: Duration = Duration::from_secs(20);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Work queued on a stream; `Err` faults the context.
+pub(crate) type Work = Box<dyn FnOnce() -> Result<(), Fault> + Send>;
+
+struct Item {
+    stream: Arc<Stream>,
+    what: &'static str,
+    work: Work,
+}
+
+/// One hardware queue: a worker thread running its items in submission order.
+struct Queue {
+    items: Mutex<VecDeque<Item>>,
+    ready: Condvar,
+}
+
+/// A context: its hardware queues, streams and sticky error.
+pub(crate) struct Context {
+    queues: Vec<Arc<Queue>>,
+    next_queue: AtomicUsize,
+    /// Every stream made in the context (the null stream first), for context-wide waits.
+    streams: Mutex<Vec<Arc<Stream>>>,
+    sticky: Mutex<Option<Fault>>,
+    /// Retain count of the primary context.
+    pub(crate) retained: AtomicUsize,
+}
+
+/// A stream: the queue it runs on and how much of its work has run.
+pub(crate) struct Stream {
+    pub(crate) id: u64,
+    queue: Arc<Queue>,
+    /// `(submitted, completed)` items.
+    counts: Mutex<(u64, u64)>,
+    progressed: Condvar,
+}
+
+static STREAM_IDS: AtomicU64 = AtomicU64::new(0);
+
+impl Context {
+    /// A context with `queues` hardware queues (their worker threads run for the process's life).
+    pub(crate) fn new(queues: usize) -> Arc<Context> {
+        let queues: Vec<Arc<Queue>> =
+            (0..queues.max(1)).map(|_| Arc::new(Queue { items: Mutex::default(), ready: Condvar::new() })).collect();
+        let ctx = Arc::new(Context {
+            queues,
+            next_queue: AtomicUsize::new(0),
+            streams: Mutex::default(),
+            sticky: Mutex::new(None),
+            retained: AtomicUsize::new(0),
+        });
+        for (i, q) in ctx.queues.iter().enumerate() {
+            let (q, weak) = (Arc::clone(q), Arc::downgrade(&ctx));
+            std::thread::Builder::new()
+                .name(format!("cudasim-queue-{i}"))
+                .spawn(move || worker(&q, &weak))
+                .expect("cudasim: cannot start a hardware queue thread");
+        }
+        ctx.new_stream();
+        ctx
+    }
+
+    /// A new stream, on the next hardware queue round robin.
+    pub(crate) fn new_stream(&self) -> Arc<Stream> {
+        let q = self.next_queue.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        let s = Arc::new(Stream {
+            id: STREAM_IDS.fetch_add(1, Ordering::Relaxed),
+            queue: Arc::clone(&self.queues[q]),
+            counts: Mutex::new((0, 0)),
+            progressed: Condvar::new(),
+        });
+        lock(&self.streams).push(Arc::clone(&s));
+        s
+    }
+
+    /// The null stream.
+    pub(crate) fn null_stream(&self) -> Arc<Stream> {
+        Arc::clone(&lock(&self.streams)[0])
+    }
+
+    /// Forgets a destroyed stream (its queued work still runs).
+    pub(crate) fn forget(&self, stream: &Arc<Stream>) {
+        lock(&self.streams).retain(|s| !Arc::ptr_eq(s, stream));
+    }
+
+    /// The context's sticky error, if a fault made it unusable.
+    pub(crate) fn check(&self) -> Result<(), CUresult> {
+        match &*lock(&self.sticky) {
+            Some(f) => Err(f.code),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn fault(&self, stream: u64, what: &str, f: Fault) {
+        eprintln!(
+            "cudasim: FAULT in {what} on stream {stream}: {} ({:?}); the context is now unusable",
+            f.message, f.code
+        );
+        let mut sticky = lock(&self.sticky);
+        if sticky.is_none() {
+            *sticky = Some(f);
+        }
+    }
+
+    /// Waits until every stream has run what was queued on it before the call (what
+    /// `cuCtxSynchronize` does and what some calls do implicitly: `what` names the call in the
+    /// report of a wait that looks like a deadlock).
+    pub(crate) fn wait_idle(&self, what: &str) -> Result<(), CUresult> {
+        let streams: Vec<(Arc<Stream>, u64)> =
+            lock(&self.streams).iter().map(|s| (Arc::clone(s), s.submitted())).collect();
+        for (s, upto) in streams {
+            s.wait_for(upto, what);
+        }
+        self.check()
+    }
+
+    /// Queues `work` on `stream`.
+    pub(crate) fn submit(&self, stream: &Arc<Stream>, what: &'static str, work: Work) -> Result<(), CUresult> {
+        self.check()?;
+        lock(&stream.counts).0 += 1;
+        let mut items = lock(&stream.queue.items);
+        items.push_back(Item { stream: Arc::clone(stream), what, work });
+        stream.queue.ready.notify_one();
+        Ok(())
+    }
+
+    /// Queues `work` and waits until it has run (a call synchronous with respect to the host).
+    pub(crate) fn submit_and_wait(&self, stream: &Arc<Stream>, what: &'static str, work: Work) -> Result<(), CUresult> {
+        self.submit(stream, what, work)?;
+        let upto = stream.submitted();
+        stream.wait_for(upto, what);
+        self.check()
+    }
+}
+
+impl Stream {
+    pub(crate) fn submitted(&self) -> u64 {
+        lock(&self.counts).0
+    }
+
+    /// Whether everything submitted so far has run.
+    pub(crate) fn idle(&self) -> bool {
+        let c = lock(&self.counts);
+        c.1 >= c.0
+    }
+
+    /// Waits until the first `upto` items of the stream have run.
+    pub(crate) fn wait_for(&self, upto: u64, what: &str) {
+        let start = Instant::now();
+        let mut reported = false;
+        let mut c = lock(&self.counts);
+        while c.1 < upto {
+            c = self.progressed.wait_timeout(c, Duration::from_millis(100)).unwrap_or_else(PoisonError::into_inner).0;
+            if !reported && start.elapsed() > STALL_REPORT {
+                reported = true;
+                eprintln!(
+                    "cudasim: {what} has waited {:?} for stream {} ({} of {upto} items run): is the device waiting for this thread?",
+                    start.elapsed(),
+                    self.id,
+                    c.1
+                );
+            }
+        }
+    }
+}
+
+fn worker(q: &Queue, ctx: &std::sync::Weak<Context>) {
+    loop {
+        let item = {
+            let mut items = lock(&q.items);
+            loop {
+                if let Some(item) = items.pop_front() {
+                    break item;
+                }
+                items = q.ready.wait(items).unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let Some(ctx) = ctx.upgrade() else { return };
+        if ctx.check().is_ok()
+            && let Err(f) = (item.work)()
+        {
+            ctx.fault(item.stream.id, item.what, f);
+        }
+        let mut c = lock(&item.stream.counts);
+        c.1 += 1;
+        item.stream.progressed.notify_all();
+    }
+}
+
+/// Waits on the device (a worker thread) until `ready()`: spins, yields, then sleeps in growing
+/// steps up to 50 µs, and reports a wait that lasts [`STALL_REPORT`].
+pub(crate) fn device_wait(ready: impl Fn() -> bool, what: impl Fn() -> String) {
+    let start = Instant::now();
+    let (mut i, mut reported) = (0u32, false);
+    while !ready() {
+        i = i.saturating_add(1);
+        match i {
+            0..64 => std::hint::spin_loop(),
+            64..128 => std::thread::yield_now(),
+            _ => std::thread::sleep(Duration::from_micros(u64::from((i - 127).min(50)))),
+        }
+        if !reported && i % 256 == 0 && start.elapsed() > STALL_REPORT {
+            reported = true;
+            eprintln!("cudasim: the device has waited {:?} for {}", start.elapsed(), what());
+        }
+    }
+}
+
+/// A point in a stream that an event recorded: done once the stream has run up to it.
+#[derive(Default)]
+pub(crate) struct Marker {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Marker {
+    pub(crate) fn set(&self) {
+        *lock(&self.done) = true;
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        *lock(&self.done)
+    }
+
+    pub(crate) fn wait(&self, what: &str) {
+        let start = Instant::now();
+        let mut reported = false;
+        let mut done = lock(&self.done);
+        while !*done {
+            done = self.cv.wait_timeout(done, Duration::from_millis(100)).unwrap_or_else(PoisonError::into_inner).0;
+            if !reported && start.elapsed() > STALL_REPORT {
+                reported = true;
+                eprintln!("cudasim: {what} has waited {:?} for an event", start.elapsed());
+            }
+        }
+    }
+}
+
+/// An event: the marker of its latest record (none before the first, which waits wait for
+/// nothing, as CUDA's do).
+#[derive(Default)]
+pub(crate) struct Event {
+    pub(crate) latest: Mutex<Option<Arc<Marker>>>,
+}
+
+impl Event {
+    pub(crate) fn latest(&self) -> Option<Arc<Marker>> {
+        lock(&self.latest).clone()
+    }
+}

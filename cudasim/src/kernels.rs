@@ -1,0 +1,340 @@
+//! Modules and kernels: PTX is read for its entry points and their parameter counts, and a
+//! launch of one of Duralumin's builtin kernels runs its body from `duralumin-kernels` on the
+//! CPU, after checking every address it will touch. Entry points the simulator does not know
+//! (a user's kernel crate) load but fail to launch with `CUDA_ERROR_NOT_SUPPORTED`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use duralumin_kernels::grid::HostGrid;
+use duralumin_kernels::pack::Segment;
+use duralumin_kernels::{Element, ReduceOp, flag, names::fixed, pack, reduce};
+
+use crate::{Fault, exec, memory};
+
+/// What a builtin kernel is, with its element size where it has one.
+#[derive(Clone, Copy)]
+pub(crate) enum Body {
+    Reduce { size: usize, run: Reduce2 },
+    Reduce3 { size: usize, run: Reduce3 },
+    Finish { size: usize, run: Finish },
+    Copy2d,
+    Pack,
+    Unpack,
+    StreamWait,
+    Signal,
+}
+
+type Reduce2 = unsafe fn(HostGrid, *mut u8, *const u8, usize);
+type Reduce3 = unsafe fn(HostGrid, *mut u8, *const u8, *const u8, usize);
+type Finish = unsafe fn(HostGrid, *mut u8, usize, u32);
+
+impl Body {
+    /// The kernel's parameters: their number (each is 8 bytes but the trailing `u32` of
+    /// finish, stream-wait and signal).
+    fn params(self) -> usize {
+        match self {
+            Body::Reduce { .. } | Body::Finish { .. } => 3,
+            Body::Reduce3 { .. } | Body::Pack | Body::Unpack => 4,
+            Body::Copy2d => 6,
+            Body::StreamWait | Body::Signal => 2,
+        }
+    }
+}
+
+/// # Safety
+/// As [`reduce::reduce`] for `T`.
+unsafe fn reduce2<T: Element, O: ReduceOp<T>>(g: HostGrid, dst: *mut u8, src: *const u8, n: usize) {
+    // SAFETY: forwarded; the launch checked both ranges.
+    g.run(|t| unsafe { reduce::reduce::<T, O, _>(t, dst.cast(), src.cast(), n) });
+}
+
+/// # Safety
+/// As [`reduce::reduce3`] for `T`.
+unsafe fn reduce3<T: Element, O: ReduceOp<T>>(g: HostGrid, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
+    // SAFETY: forwarded; the launch checked the three ranges.
+    g.run(|t| unsafe { reduce::reduce3::<T, O, _>(t, dst.cast(), a.cast(), b.cast(), n) });
+}
+
+/// # Safety
+/// As [`reduce::finish`] for `T`.
+unsafe fn finish<T: Element, O: ReduceOp<T>>(g: HostGrid, dst: *mut u8, n: usize, ranks: u32) {
+    // SAFETY: forwarded; the launch checked the range.
+    g.run(|t| unsafe { reduce::finish::<T, O, _>(t, dst.cast(), n, ranks) });
+}
+
+macro_rules! reduce_table {
+    ($table:ident; $($elem:ty = $en:literal => [$($op:ty = $on:literal),+ $(,)?]);+ $(;)?) => {
+        $($(
+            $table.insert(
+                concat!("duralumin_reduce_", $en, "_", $on),
+                Body::Reduce { size: size_of::<$elem>(), run: reduce2::<$elem, $op> },
+            );
+            $table.insert(
+                concat!("duralumin_reduce3_", $en, "_", $on),
+                Body::Reduce3 { size: size_of::<$elem>(), run: reduce3::<$elem, $op> },
+            );
+            $table.insert(
+                concat!("duralumin_finish_", $en, "_", $on),
+                Body::Finish { size: size_of::<$elem>(), run: finish::<$elem, $op> },
+            );
+        )+)+
+    };
+}
+
+/// Every builtin kernel by entry name.
+fn builtins() -> &'static HashMap<&'static str, Body> {
+    static TABLE: OnceLock<HashMap<&'static str, Body>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = HashMap::new();
+        duralumin_kernels::builtin_reduce_pairs!(reduce_table, table;);
+        table.insert(fixed::COPY_2D, Body::Copy2d);
+        table.insert(fixed::PACK_SEGMENTS, Body::Pack);
+        table.insert(fixed::UNPACK_SEGMENTS, Body::Unpack);
+        table.insert(fixed::STREAM_WAIT, Body::StreamWait);
+        table.insert(fixed::SIGNAL, Body::Signal);
+        table
+    })
+}
+
+/// A loaded module: its entry points with their parameter counts, and its launches not yet run.
+pub(crate) struct Module {
+    entries: HashMap<String, usize>,
+    pub(crate) pending: AtomicUsize,
+}
+
+/// A kernel of a module.
+pub(crate) struct Function {
+    pub(crate) name: String,
+    pub(crate) module: Arc<Module>,
+    body: Option<Body>,
+}
+
+/// Reads a PTX module's `.entry` points and counts their parameters.
+pub(crate) fn parse_ptx(text: &str) -> Result<Module, Fault> {
+    if !text.contains(".version") || !text.contains(".target") {
+        return Err(Fault::ptx("not PTX (no .version or .target directive)".into()));
+    }
+    let mut entries = HashMap::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(".entry") {
+        rest = &rest[at + ".entry".len()..];
+        let open = rest.find('(').ok_or_else(|| Fault::ptx("an .entry without parameters".into()))?;
+        let name = rest[..open].trim().to_string();
+        let close = rest[open..].find(')').ok_or_else(|| Fault::ptx(format!("{name}: unclosed parameter list")))?;
+        let params = rest[open..open + close].matches(".param").count();
+        entries.insert(name, params);
+        rest = &rest[open + close..];
+    }
+    Ok(Module { entries, pending: AtomicUsize::new(0) })
+}
+
+impl Module {
+    /// The entry point `name`: it must be in the PTX, and a builtin kernel must take as many
+    /// parameters there as its body does (a launch passes that many).
+    pub(crate) fn function(self: &Arc<Self>, name: &str) -> Result<Function, Fault> {
+        let Some(&params) = self.entries.get(name) else {
+            return Err(Fault::not_found(format!("no entry point {name} in the module")));
+        };
+        let body = builtins().get(name).copied();
+        if let Some(b) = body
+            && b.params() != params
+        {
+            return Err(Fault::ptx(format!("{name} takes {params} parameters in the PTX, {} in its body", b.params())));
+        }
+        Ok(Function { name: name.to_string(), module: Arc::clone(self), body })
+    }
+}
+
+/// Launch parameters: the array of pointers to each argument.
+pub(crate) struct Params(pub(crate) *mut *mut std::ffi::c_void);
+
+impl Params {
+    /// Argument `i` as a `u64` (pointers and `usize`).
+    ///
+    /// # Safety
+    /// The launch passes at least `i + 1` arguments and argument `i` is 8 bytes.
+    unsafe fn u64(&self, i: usize) -> u64 {
+        // SAFETY: guaranteed by the caller (cuLaunchKernel's contract for this kernel).
+        unsafe { (*self.0.add(i)).cast::<u64>().read_unaligned() }
+    }
+
+    /// Argument `i` as a `u32`.
+    ///
+    /// # Safety
+    /// As [`Params::u64`], for a 4-byte argument.
+    unsafe fn u32(&self, i: usize) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.0.add(i)).cast::<u32>().read_unaligned() }
+    }
+}
+
+fn bytes(n: u64, size: usize, what: &str) -> Result<usize, Fault> {
+    (n as usize).checked_mul(size).ok_or_else(|| Fault::illegal(format!("{what}: {n} elements overflow")))
+}
+
+/// The segments of a pack or unpack launch, read from device memory, and their total length.
+fn segments(list: u64, count: u64, scattered: u64, name: &str) -> Result<(Vec<Segment>, usize), Fault> {
+    let len = bytes(count, size_of::<Segment>(), name)?;
+    memory::device_range(list, len, &format!("{name} (segment list)"))?;
+    // SAFETY: the list lies in live device memory (checked) and segments are plain data.
+    let segs: Vec<Segment> =
+        (0..count as usize).map(|k| unsafe { (list as *const Segment).add(k).read_unaligned() }).collect();
+    let mut total = 0usize;
+    for (k, s) in segs.iter().enumerate() {
+        let at =
+            scattered.checked_add(s.offset).ok_or_else(|| Fault::illegal(format!("{name}: segment {k} overflows")))?;
+        memory::device_range(at, s.len as usize, &format!("{name} (segment {k})"))?;
+        total += s.len as usize;
+    }
+    Ok((segs, total))
+}
+
+/// Reads a launch's arguments, checks every address the kernel will touch, and returns the work
+/// that runs it. `threads` is the launch's size.
+///
+/// # Safety
+/// `params` holds the function's arguments, as `cuLaunchKernel` requires.
+pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Result<exec::Work, Fault> {
+    let name = f.name.clone();
+    let Some(body) = f.body else {
+        return Err(Fault::not_supported(format!(
+            "{name} is not one of Duralumin's builtin kernels; the simulator runs only those"
+        )));
+    };
+    let g = HostGrid::new(threads);
+    // The arguments are read now; the addresses are checked when the kernel runs (memory may
+    // be written, or freed, by work queued before it), as a GPU faults only then.
+    let n_params = body.params();
+    let narrow = matches!(body, Body::Finish { .. } | Body::StreamWait | Body::Signal);
+    let mut a = [0u64; 6];
+    for (i, arg) in a.iter_mut().enumerate().take(n_params) {
+        // SAFETY: the caller guarantees the arguments, whose number and sizes `Body::params`
+        // gives (the last one a `u32` for finish and the flag kernels), which the PTX confirmed
+        // when the function was loaded.
+        *arg = unsafe { if narrow && i + 1 == n_params { u64::from(params.u32(i)) } else { params.u64(i) } };
+    }
+    let work: exec::Work = {
+        match body {
+            Body::Reduce { size, run } => {
+                let (dst, src, n) = (a[0], a[1], a[2]);
+                Box::new(move || {
+                    let len = bytes(n, size, &name)?;
+                    memory::device_range(dst, len, &name)?;
+                    memory::device_range(src, len, &name)?;
+                    // SAFETY: both ranges are live device-accessible memory (checked).
+                    unsafe { run(g, dst as *mut u8, src as *const u8, n as usize) };
+                    Ok(())
+                })
+            }
+            Body::Reduce3 { size, run } => {
+                let (dst, x, y, n) = (a[0], a[1], a[2], a[3]);
+                Box::new(move || {
+                    let len = bytes(n, size, &name)?;
+                    for p in [dst, x, y] {
+                        memory::device_range(p, len, &name)?;
+                    }
+                    // SAFETY: as for reduce.
+                    unsafe { run(g, dst as *mut u8, x as *const u8, y as *const u8, n as usize) };
+                    Ok(())
+                })
+            }
+            Body::Finish { size, run } => {
+                let (dst, n, ranks) = (a[0], a[1], a[2] as u32);
+                Box::new(move || {
+                    memory::device_range(dst, bytes(n, size, &name)?, &name)?;
+                    // SAFETY: as for reduce.
+                    unsafe { run(g, dst as *mut u8, n as usize, ranks) };
+                    Ok(())
+                })
+            }
+            Body::Copy2d => {
+                let (dst, dst_pitch, src, src_pitch, row, rows) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+                Box::new(move || {
+                    if rows == 0 {
+                        return Ok(());
+                    }
+                    let extent = |pitch: u64| (rows - 1).checked_mul(pitch).and_then(|x| x.checked_add(row));
+                    let over = || Fault::illegal(format!("{name}: extent overflows"));
+                    memory::device_range(dst, extent(dst_pitch).ok_or_else(over)? as usize, &name)?;
+                    memory::device_range(src, extent(src_pitch).ok_or_else(over)? as usize, &name)?;
+                    let (dp, sp, row, rows) = (dst_pitch as usize, src_pitch as usize, row as usize, rows as usize);
+                    // SAFETY: every row of both sides is in live memory (checked).
+                    g.run(|t| unsafe { pack::copy_2d(t, dst as *mut u8, dp, src as *const u8, sp, row, rows) });
+                    Ok(())
+                })
+            }
+            Body::Pack | Body::Unpack => {
+                let (dst, src, list, count) = (a[0], a[1], a[2], a[3]);
+                let unpack = matches!(body, Body::Unpack);
+                Box::new(move || {
+                    let (scattered, packed) = if unpack { (dst, src) } else { (src, dst) };
+                    let (segs, total) = segments(list, count, scattered, &name)?;
+                    memory::device_range(packed, total, &format!("{name} (packed side)"))?;
+                    let (d, s, l, c) = (dst as *mut u8, src as *const u8, segs.as_ptr(), segs.len());
+                    // SAFETY: every segment and the packed total lie in live memory (checked).
+                    g.run(|t| unsafe {
+                        if unpack { pack::unpack_segments(t, d, s, l, c) } else { pack::pack_segments(t, d, s, l, c) }
+                    });
+                    Ok(())
+                })
+            }
+            Body::StreamWait | Body::Signal => {
+                let (ptr, value) = (a[0], a[1] as u32);
+                let signal = matches!(body, Body::Signal);
+                Box::new(move || {
+                    memory::device_range(ptr, 4, &name)?;
+                    if !ptr.is_multiple_of(4) {
+                        return Err(Fault::illegal(format!("{name}: flag {ptr:#x} is not 4-byte aligned")));
+                    }
+                    // SAFETY: a live, aligned word of device-accessible memory (checked); flags
+                    // are only accessed atomically.
+                    let word = unsafe { AtomicU32::from_ptr(ptr as *mut u32) };
+                    if signal {
+                        word.store(value, Ordering::Release);
+                    } else {
+                        // One thread polls the flag, as the kernel does (sleeping between polls
+                        // rather than burning a core the host threads need).
+                        exec::device_wait(
+                            || flag::reached(word.load(Ordering::Acquire), value),
+                            || format!("{name}: flag {ptr:#x} to reach {value}"),
+                        );
+                    }
+                    Ok(())
+                })
+            }
+        }
+    };
+    Ok(work)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptx_entries_and_parameter_counts() {
+        let ptx = ".version 8.0\n.target sm_70\n.address_size 64\n\
+            .visible .entry duralumin_signal(\n\t.param .u64 a,\n\t.param .u32 b\n)\n{ ret; }\n\
+            .visible .entry duralumin_reduce_f32_sum(.param .u64 a, .param .u64 b)\n{ ret; }\n";
+        let m = Arc::new(parse_ptx(ptx).unwrap());
+        assert_eq!(m.entries.get("duralumin_signal"), Some(&2));
+        assert!(m.function("duralumin_signal").is_ok());
+        assert!(m.function("duralumin_stream_wait").is_err(), "not in the module");
+        assert!(m.function("duralumin_reduce_f32_sum").is_err(), "two parameters, the body takes three");
+        assert!(parse_ptx("hello").is_err());
+    }
+
+    #[test]
+    fn every_builtin_pair_has_its_three_kernels() {
+        for (e, o) in duralumin_kernels::BUILTIN_REDUCE_PAIRS {
+            for kind in ["reduce", "reduce3", "finish"] {
+                assert!(builtins().contains_key(format!("duralumin_{kind}_{e}_{o}").as_str()), "{kind} {e} {o}");
+            }
+        }
+        for f in fixed::ALL {
+            assert!(builtins().contains_key(f));
+        }
+    }
+}

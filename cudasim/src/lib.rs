@@ -1,0 +1,72 @@
+//! A CUDA driver simulator for tests: `libcuda.so` with the part of the driver API Duralumin
+//! (through cudarc) uses, run on the CPU.
+//!
+//! No GPU is needed to run Duralumin's CUDA device end to end: put the directory holding this
+//! library first on `LD_LIBRARY_PATH` and cudarc's dynamic loading finds it as the driver. It
+//! simulates one device with unified addressing, streams on shared hardware queues, events,
+//! stream memory operations, host functions, pinned mapped memory, 2-D copies, and launches of
+//! Duralumin's builtin kernels (their bodies from `duralumin-kernels`, on the CPU).
+//!
+//! It is not a GPU; what it adds is checks a GPU does not make, where Duralumin's CUDA code can
+//! go wrong without one:
+//!
+//! * **contexts**: every call but the initialization and device queries needs a context
+//!   current on the calling thread (`CUDA_ERROR_INVALID_CONTEXT` otherwise);
+//! * **host functions** may not call the driver (`CUDA_ERROR_NOT_PERMITTED`, reported);
+//! * **hardware queues**: streams share `CUDA_DEVICE_MAX_CONNECTIONS` (default 8) queues,
+//!   each running its work in submission order, so a stream waiting on the device for work
+//!   queued after it deadlocks, as it can on a GPU;
+//! * **implicit synchronization**: `cuMemFreeHost`, `cuMemFree`, `cuModuleGetFunction` (which
+//!   loads a function under lazy loading) and copies from or to pageable memory wait for the
+//!   device, the worst case the CUDA documentation allows; a wait that lasts 20 s is reported
+//!   on stderr as a likely deadlock (this thread is one the device waits for);
+//! * **memory**: every device-side access (copies, memsets, kernels, flag operations) must lie
+//!   in a live allocation, device or mapped pinned memory; freed blocks are quarantined, so a
+//!   late access faults instead of touching reused memory. A fault is reported on stderr and
+//!   makes the context unusable (every later call fails), as an illegal address does on a GPU;
+//! * **modules**: PTX is read for its entry points and their parameter counts, which must match
+//!   the kernel bodies; unloading a module with launches of it still queued is a fault.
+//!
+//! `CUDASIM_TRACE=1` prints every call on stderr.
+
+#![allow(non_snake_case)]
+
+mod api;
+mod exec;
+mod kernels;
+mod memory;
+
+use cudarc::driver::sys::CUresult;
+
+/// Why a call or a piece of device work failed: the status and what the simulator saw.
+#[derive(Clone, Debug)]
+pub(crate) struct Fault {
+    code: CUresult,
+    message: String,
+}
+
+impl Fault {
+    pub(crate) fn new(code: CUresult, message: String) -> Fault {
+        Fault { code, message }
+    }
+
+    pub(crate) fn invalid(message: String) -> Fault {
+        Fault::new(CUresult::CUDA_ERROR_INVALID_VALUE, message)
+    }
+
+    pub(crate) fn illegal(message: String) -> Fault {
+        Fault::new(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, message)
+    }
+
+    pub(crate) fn ptx(message: String) -> Fault {
+        Fault::new(CUresult::CUDA_ERROR_INVALID_PTX, message)
+    }
+
+    pub(crate) fn not_found(message: String) -> Fault {
+        Fault::new(CUresult::CUDA_ERROR_NOT_FOUND, message)
+    }
+
+    pub(crate) fn not_supported(message: String) -> Fault {
+        Fault::new(CUresult::CUDA_ERROR_NOT_SUPPORTED, message)
+    }
+}
