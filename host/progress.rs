@@ -340,7 +340,11 @@ fn run(shared: &Shared) {
                     // the next one a while before sleeping, so submitting it wakes nobody.
                     idle_checks += 1;
                     drop(q);
-                    if idle_checks <= IDLE_CHECKS / 2 { std::hint::spin_loop() } else { std::thread::yield_now() }
+                    if idle_checks <= IDLE_CHECKS / 2 {
+                        std::hint::spin_loop()
+                    } else {
+                        std::thread::yield_now()
+                    }
                     q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
                     continue;
                 }

@@ -811,3 +811,85 @@ driver! {
         unsafe { out(p, text.as_ptr()) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current() {
+        // SAFETY: out-pointers to locals; the handle is the one just retained.
+        unsafe {
+            assert_eq!(cuInit(0), CUresult::CUDA_SUCCESS);
+            let mut c: CUcontext = std::ptr::null_mut();
+            assert_eq!(cuDevicePrimaryCtxRetain(&mut c, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuCtxSetCurrent(c), CUresult::CUDA_SUCCESS);
+        }
+    }
+
+    #[test]
+    fn calls_need_a_current_context() {
+        // SAFETY: as in `current`.
+        unsafe { assert_eq!(cuInit(0), CUresult::CUDA_SUCCESS) };
+        let on_a_fresh_thread = std::thread::spawn(|| {
+            let mut s: CUstream = std::ptr::null_mut();
+            // SAFETY: an out-pointer to a local.
+            unsafe { cuStreamCreate(&mut s, 0) }
+        });
+        assert_eq!(on_a_fresh_thread.join().unwrap(), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+
+    /// The status a host function's driver call got.
+    static FROM_HOST_FN: Mutex<Option<CUresult>> = Mutex::new(None);
+
+    /// # Safety
+    /// Called by the simulator with a null user pointer.
+    unsafe extern "C" fn calls_the_driver(_: *mut c_void) {
+        // SAFETY: the null stream exists once a context does.
+        let status = unsafe { cuStreamQuery(std::ptr::null_mut()) };
+        *FROM_HOST_FN.lock().unwrap() = Some(status);
+    }
+
+    #[test]
+    fn host_functions_may_not_call_the_driver() {
+        current();
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: a stream of the current context; the host function takes no data.
+        unsafe {
+            assert_eq!(cuStreamCreate(&mut s, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuLaunchHostFunc(s, Some(calls_the_driver), std::ptr::null_mut()), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamSynchronize(s), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamDestroy_v2(s), CUresult::CUDA_SUCCESS);
+        }
+        assert_eq!(*FROM_HOST_FN.lock().unwrap(), Some(CUresult::CUDA_ERROR_NOT_PERMITTED));
+    }
+
+    /// Stream memory operations on mapped pinned memory: a wait holds its stream until the host
+    /// writes the value; a write lands in stream order.
+    #[test]
+    fn stream_memory_operations_wait_and_write() {
+        current();
+        let (mut host, mut dev): (*mut c_void, CUdeviceptr) = (std::ptr::null_mut(), 0);
+        let (mut s, mut t): (CUstream, CUstream) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: out-pointers to locals; the flags are 8 bytes of mapped pinned memory that
+        // outlive the synchronized streams.
+        unsafe {
+            assert_eq!(cuMemHostAlloc(&mut host, 8, 2), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuMemHostGetDevicePointer_v2(&mut dev, host, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamCreate(&mut s, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamCreate(&mut t, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamWaitValue32_v2(s, dev, 1, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamWriteValue32_v2(s, dev + 4, 7, 0), CUresult::CUDA_SUCCESS);
+            let (flag, out) = (AtomicU32::from_ptr(host.cast()), AtomicU32::from_ptr(host.cast::<u32>().add(1)));
+            assert_eq!(cuStreamQuery(s), CUresult::CUDA_ERROR_NOT_READY, "waits for the host");
+            flag.store(1, Ordering::Release);
+            assert_eq!(cuStreamSynchronize(s), CUresult::CUDA_SUCCESS);
+            assert_eq!(out.load(Ordering::Acquire), 7);
+            // An unaligned or unmapped address faults the stream's work, not the call; this
+            // one is rejected before anything is queued.
+            assert_eq!(cuStreamWaitValue32_v2(t, dev, 1, 9), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(cuStreamDestroy_v2(s), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuStreamDestroy_v2(t), CUresult::CUDA_SUCCESS);
+            assert_eq!(cuMemFreeHost(host), CUresult::CUDA_SUCCESS);
+        }
+    }
+}

@@ -277,3 +277,60 @@ impl Event {
         lock(&self.latest).clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    /// Work that cannot fail.
+    fn work(f: impl FnOnce() + Send + 'static) -> Work {
+        Box::new(move || {
+            f();
+            Ok(())
+        })
+    }
+
+    /// A wait on one stream holds up the work of every stream on its hardware queue, and only
+    /// those: with one queue the second stream's work waits for the first stream's wait; with
+    /// two it runs at once.
+    #[test]
+    fn streams_sharing_a_queue_wait_for_each_other() {
+        for queues in [1, 2] {
+            let ctx = Context::new(queues);
+            let (a, b) = (ctx.new_stream(), ctx.new_stream());
+            let (go, ran) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+            let g = Arc::clone(&go);
+            ctx.submit(&a, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+            let r = Arc::clone(&ran);
+            ctx.submit(&b, "write", work(move || r.store(true, Ordering::Release))).unwrap();
+            if queues == 1 {
+                // Cannot have run: its queue is held by `a`'s wait until `go` is set below.
+                std::thread::sleep(Duration::from_millis(20));
+                assert!(!ran.load(Ordering::Acquire), "ran past a wait on its hardware queue");
+            } else {
+                b.wait_for(b.submitted(), "test");
+                assert!(ran.load(Ordering::Acquire));
+            }
+            go.store(true, Ordering::Release);
+            ctx.wait_idle("test").unwrap();
+            assert!(ran.load(Ordering::Acquire));
+        }
+    }
+
+    /// A fault makes the context unusable: later work is skipped and every check fails.
+    #[test]
+    fn a_fault_is_sticky() {
+        let ctx = Context::new(1);
+        let s = ctx.new_stream();
+        ctx.submit(&s, "bad", Box::new(|| Err(Fault::illegal("test fault".into())))).unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        // Queued before the fault is seen, or refused after: either way it never runs.
+        let _ = ctx.submit(&s, "after", work(move || r.store(true, Ordering::Release)));
+        assert_eq!(ctx.wait_idle("test"), Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
+        assert!(!ran.load(Ordering::Acquire), "work after a fault ran");
+        assert!(ctx.submit(&s, "later", Box::new(|| Ok(()))).is_err());
+    }
+}
