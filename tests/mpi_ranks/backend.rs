@@ -236,13 +236,25 @@ impl Backend for Communicator {
     }
 }
 
-/// A device the HostTransfer sweep runs on: how to move host vectors in and out of its
-/// buffers (synchronously; the tests' own business, not the library's).
+/// A device the HostTransfer tests run on: how to move host vectors in and out of its buffers
+/// (synchronously; the tests' own business, not the library's), and two stand-ins for a
+/// program's kernels on a stream.
 pub trait TestDevice: Device + Clone {
     type Buf<T: Element>: DeviceSliceMut<Self, Elem = T>;
+    /// A new buffer holding `v`, once the work queued on `stream` so far has run.
     fn up<T: Element>(&self, stream: &Self::Stream, v: &[T]) -> Self::Buf<T>;
+    /// `b`'s contents once the work queued on `stream` has run.
     fn down<T: Element>(&self, stream: &Self::Stream, b: &Self::Buf<T>) -> Vec<T>;
+    /// Holds `stream` up on the device for a few milliseconds: work queued behind it runs late
+    /// unless something orders it (a slow kernel).
+    fn delay(&self, stream: &Self::Stream);
+    /// Copies `src` into `dst` (equal lengths) on `stream`, after the work queued there so far
+    /// (a kernel that reads one buffer and writes another).
+    fn copy<T: Element>(&self, stream: &Self::Stream, src: &Self::Buf<T>, dst: &mut Self::Buf<T>);
 }
+
+/// How long [`TestDevice::delay`] holds a stream.
+pub const DELAY: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl TestDevice for HostDevice {
     type Buf<T: Element> = HostBuffer<T>;
@@ -251,6 +263,20 @@ impl TestDevice for HostDevice {
     }
     fn down<T: Element>(&self, _: &HostStream, b: &HostBuffer<T>) -> Vec<T> {
         self.download(b).expect("download")
+    }
+    fn delay(&self, stream: &HostStream) {
+        let mut none = self.alloc_zeroed::<u8>(0).expect("alloc");
+        self.launch(stream, &mut none, |_| std::thread::sleep(DELAY)).expect("launch");
+    }
+    fn copy<T: Element>(&self, stream: &HostStream, src: &HostBuffer<T>, dst: &mut HostBuffer<T>) {
+        use duralumin::device::{Copy2d, DeviceSlice};
+        assert_eq!(src.len(), dst.len(), "copy: lengths differ");
+        let (from, bytes) = (src.device_ptr().0 as *const u8, src.len() * size_of::<T>());
+        // SAFETY: host device memory is host memory at its device address; both buffers hold
+        // `len` elements, and `src` is kept alive until the copy has run (its keep-alive), `dst`
+        // by the caller until the stream is synchronized (the tests download it).
+        unsafe { self.copy_h2d(stream, dst.device_ptr(), from, Copy2d::contiguous(bytes), src.keep_alive()) }
+            .expect("copy");
     }
 }
 
@@ -266,6 +292,17 @@ impl TestDevice for CudaDevice {
         // SAFETY: `raw` is a live allocation of at least `v.len()` elements of `T` on `stream`,
         // initialized from `v`; the new slice owns it from here on.
         unsafe { stream.upgrade_device_ptr::<T>(raw, v.len()) }
+    }
+    fn delay(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>) {
+        crate::cuda::delay(self.context(), stream, DELAY);
+    }
+    fn copy<T: Element>(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        src: &Self::Buf<T>,
+        dst: &mut Self::Buf<T>,
+    ) {
+        stream.memcpy_dtod(src, dst).expect("copy on the stream");
     }
     fn down<T: Element>(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, b: &Self::Buf<T>) -> Vec<T> {
         stream.synchronize().expect("synchronize");

@@ -15,6 +15,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, sys};
 use duralumin::backends::host_transfer::HostTransferConfig;
 use duralumin::device::cuda::{CudaDevice, FlagPath};
 use duralumin::mpi::topology::SimpleCommunicator;
+use duralumin::mpi::traits::Communicator as _;
 use duralumin::*;
 
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
@@ -22,7 +23,7 @@ use crate::host_transfer::assert_idle;
 
 pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     let ctx = CudaContext::new(0).expect("CUDA context");
-    if mpi::traits::Communicator::rank(world) == 0 {
+    if world.rank() == 0 {
         // "cudasim (CPU)" on the driver simulator.
         println!("cuda group on {}", ctx.name().unwrap_or_else(|e| format!("an unnamed device ({e:?})")));
     }
@@ -41,13 +42,19 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
             foreign_home(&ht, &ctx);
             third_stream(&ht, &ctx);
         }
-        crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"), false);
-        // The proxy thread queueing copies needs streams that do not share a hardware queue.
-        if std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() != Ok("1") {
-            crate::host_transfer::waits_for_the_pool(world, &dev, || ctx.new_stream().expect("stream"), true);
+        // Everything else a stream-ordered backend has, written once for every device. The
+        // proxy thread queueing copies needs streams that do not share a hardware queue.
+        let shared = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() == Ok("1");
+        let t = std::time::Instant::now();
+        crate::host_transfer::stream_ordered(world, &dev, || ctx.new_stream().expect("stream"), shared);
+        if world.rank() == 0 {
+            println!("cuda stream-ordered checks {path:?}: ok in {:.2?}", t.elapsed());
         }
     }
 }
+
+/// How long `third_stream` holds a stream up.
+const HOLD: Duration = Duration::from_millis(100);
 
 /// A buffer allocated on another stream: the operation waits for that stream's work before
 /// reading it, and the home stream's later work sees the result.
@@ -63,21 +70,23 @@ fn foreign_home(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
     ht.comm.synchronize().expect("synchronize");
 }
 
-/// The host callback of [`delay`].
+/// The host callback of [`delay`]: sleeps for the microseconds its user data holds.
 ///
 /// # Safety
-/// Called by the driver with the null user data of [`delay`]; it touches nothing.
-unsafe extern "C" fn sleep_a_while(_: *mut c_void) {
-    std::thread::sleep(Duration::from_millis(100));
+/// Called by the driver with the user data of [`delay`], a number, not a pointer; it makes no
+/// CUDA call.
+unsafe extern "C" fn sleep_a_while(micros: *mut c_void) {
+    std::thread::sleep(Duration::from_micros(micros as u64));
 }
 
-/// Holds `stream` up for 100 ms on the device (a host function in its queue), so work queued
-/// after it runs late unless something orders it.
-fn delay(ctx: &Arc<CudaContext>, stream: &CudaStream) {
+/// Holds `stream` up for `how_long` on the device (a host function in its queue), so work
+/// queued after it runs late unless something orders it.
+pub fn delay(ctx: &Arc<CudaContext>, stream: &CudaStream, how_long: Duration) {
     ctx.bind_to_thread().expect("bind");
-    // SAFETY: a live stream of the bound context; the callback makes no CUDA call and ignores
-    // its (null) user data.
-    let status = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep_a_while), std::ptr::null_mut()) };
+    let micros = how_long.as_micros() as usize as *mut c_void;
+    // SAFETY: a live stream of the bound context; the callback makes no CUDA call and reads its
+    // user data as a number.
+    let status = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(sleep_a_while), micros) };
     assert_eq!(status, sys::CUresult::CUDA_SUCCESS, "cuLaunchHostFunc");
 }
 
@@ -102,7 +111,7 @@ fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
 
     // Write after read: the held-up third stream reads the output's old contents, and only
     // that; the operation's input is not touched elsewhere, so nothing else orders them.
-    delay(ctx, &third);
+    delay(ctx, &third, HOLD);
     third.memcpy_dtod(&recv, &mut old).expect("copy on the third stream");
     ht.comm.allreduce(&send, &mut recv, Sum).expect("allreduce");
     assert_eq!(
@@ -114,7 +123,7 @@ fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
     assert_eq!(ht.dev.down(&home, &recv), vec![sum(0); len], "allreduce (write after read)");
 
     // Read after write: the held-up third stream writes the input.
-    delay(ctx, &third);
+    delay(ctx, &third, HOLD);
     third.memcpy_dtod(&source, &mut written).expect("copy on the third stream");
     ht.comm.allreduce(&written, &mut recv, Sum).expect("allreduce");
     ht.comm.synchronize().expect("synchronize");
@@ -126,7 +135,7 @@ fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
 
     // After: the communicator's stream is held up; a copy queued on the third stream right
     // after the call must still see the new result.
-    delay(ctx, ht.comm.stream());
+    delay(ctx, ht.comm.stream(), HOLD);
     ht.comm.allreduce(&send, &mut recv, Sum).expect("allreduce");
     assert_eq!(
         third.clone_dtoh(&recv).expect("download"),

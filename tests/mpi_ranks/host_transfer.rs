@@ -1,11 +1,13 @@
 //! HostTransfer on the host device: the whole sweep (written once in `sweep.rs`) run directly
 //! on the device memory and staged with chunks small enough that every operation pipelines
-//! through several, then what only a
-//! stream-ordered backend has: ordering against work queued before and after on the stream,
-//! many outstanding non-blocking operations on several streams, point-to-point, bad input
-//! (typed errors before anything is queued), an MPI failure on the proxy thread reaching the
-//! caller, every pool counter back to zero, and no pinned memory left once the communicator
-//! is dropped.
+//! through several, then what only a stream-ordered backend has ([`stream_ordered`], written
+//! once for every device and run on CUDA too): ordering against work queued before and after
+//! on the stream, many outstanding non-blocking operations on several streams, point-to-point,
+//! operations beyond and waiting for the pinned pool, early release, bad input (typed errors
+//! before anything is queued), an MPI failure on the proxy thread reaching the caller, and
+//! every pool counter back to zero; on the host device also a device whose streams share one
+//! queue, buffers and streams of another device, and no pinned memory left once the
+//! communicator is dropped.
 
 use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
 use duralumin::device::Device;
@@ -28,37 +30,57 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
     staged.comm.synchronize().expect("synchronize after the sweep");
     assert_idle(&staged.comm, "after the sweep");
     drop(staged);
-    let ht = HostTransfer::new(world, small_chunks());
-    ordering(&ht);
-    p2p(&ht);
-    drop(ht);
-    // The proxy thread queueing every pipelined operation's copies (on a device whose streams
-    // do not share queues).
-    let ht = HostTransfer::new(world, HostTransferConfig { proxy_queues_copies: true, ..small_chunks() });
-    ordering(&ht);
-    p2p(&ht);
-    assert_idle(&ht.comm, "with the proxy thread queueing copies");
-    many_outstanding(world);
-    queued_on_fresh_communicators(world);
-    one_hardware_queue(world);
-    beyond_pool(world, false);
-    beyond_pool(world, true);
-    grown_chunks(world);
     let dev = HostDevice::new(0);
-    waits_for_the_pool(world, &dev, || dev.stream().unwrap(), false);
-    waits_for_the_pool(world, &dev, || dev.stream().unwrap(), true);
-    early_release(world);
-    bad_input(&ht, world);
-    proxy_error(&ht);
-    assert_idle(&ht.comm, "at the end");
-    // Dropping the communicator frees its pool: no pinned memory or flag page stays allocated.
-    let dev = ht.dev.clone();
+    stream_ordered(world, &dev, || dev.stream().unwrap(), false);
+    one_hardware_queue(world);
+    let ht = HostTransfer::new(world, small_chunks());
+    wrong_device(&ht, world);
+    // Dropping the communicators frees their pools: no pinned memory or flag page stays
+    // allocated.
     drop(ht);
     let start = std::time::Instant::now();
     while dev.pinned_bytes() != 0 {
         assert!(start.elapsed().as_secs() < 10, "{} pinned bytes leaked", dev.pinned_bytes());
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// What only a stream-ordered backend has, written once for every device; `shared_queues`
+/// when the device's streams may share a hardware queue, where the proxy thread must not queue
+/// copies (`proxy_queues_copies`).
+pub fn stream_ordered<D: TestDevice>(
+    world: &SimpleCommunicator,
+    dev: &D,
+    new_stream: impl Fn() -> D::Stream,
+    shared_queues: bool,
+) {
+    let ht = HostTransfer::on(world, dev.clone(), new_stream(), small_chunks());
+    ordering(&ht);
+    p2p(&ht);
+    assert_idle(&ht.comm, "after ordering and point-to-point");
+    if !shared_queues {
+        // The proxy thread queueing every pipelined operation's copies.
+        let proxy = HostTransferConfig { proxy_queues_copies: true, ..small_chunks() };
+        let pq = HostTransfer::on(world, dev.clone(), new_stream(), proxy);
+        ordering(&pq);
+        p2p(&pq);
+        assert_idle(&pq.comm, "with the proxy thread queueing copies");
+    }
+    many_outstanding(world, dev, &new_stream);
+    queued_on_fresh_communicators(world, dev, &new_stream);
+    beyond_pool(world, dev, &new_stream, false);
+    if dev.host_accessible() {
+        beyond_pool(world, dev, &new_stream, true);
+    }
+    grown_chunks(world, dev, &new_stream);
+    waits_for_the_pool(world, dev, &new_stream, false);
+    if !shared_queues {
+        waits_for_the_pool(world, dev, &new_stream, true);
+    }
+    early_release(world, dev, &new_stream);
+    bad_input(&ht);
+    proxy_error(&ht);
+    assert_idle(&ht.comm, "at the end");
 }
 
 /// Every staging block and flag is back in the pool once the operations have completed.
@@ -79,65 +101,58 @@ pub fn assert_idle<D: Device>(c: &HtComm<D>, when: &str) {
 
 /// An allreduce sees what a "kernel" queued before it wrote, and a kernel queued after it
 /// sees the result, with nothing synchronized in between.
-fn ordering(ht: &HostTransfer) {
-    let (c, dev) = (&ht.comm, &ht.dev);
+fn ordering<D: TestDevice>(ht: &HostTransfer<D>) {
+    let (c, dev, s) = (&ht.comm, &ht.dev, ht.comm.stream());
     let (me, n) = (c.rank() as i64, c.size() as i64);
     let len = 1000;
-    let mut buf = dev.alloc_zeroed::<i64>(len).unwrap();
+    let mut buf = dev.up(s, &vec![0i64; len]);
+    let mut after = dev.up(s, &vec![0i64; len]);
     for round in 0..3i64 {
-        // Slow "kernel": the stream is busy while the host queues the collective behind it.
-        dev.launch(c.stream(), &mut buf, move |x| {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-            for (i, v) in x.iter_mut().enumerate() {
-                *v = me + i as i64 + round;
-            }
-        })
-        .unwrap();
+        let pattern = dev.up(s, &(0..len as i64).map(|i| me + i + round).collect::<Vec<_>>());
+        // A slow "kernel" writes the buffer: the stream is busy while the host queues the
+        // collective behind it.
+        dev.delay(s);
+        dev.copy(s, &pattern, &mut buf);
         c.allreduce_in_place(&mut buf, Sum).unwrap();
-        dev.launch(c.stream(), &mut buf, |x| {
-            for v in x.iter_mut() {
-                *v *= 2;
-            }
-        })
-        .unwrap();
-        let got = dev.download(&buf).unwrap();
-        let want: Vec<i64> = (0..len as i64).map(|i| 2 * (n * (n - 1) / 2 + n * (i + round))).collect();
-        assert_eq!(got, want, "ordering round {round}");
+        // A "kernel" queued right behind reads the result.
+        dev.copy(s, &buf, &mut after);
+        let want: Vec<i64> = (0..len as i64).map(|i| n * (n - 1) / 2 + n * (i + round)).collect();
+        assert_eq!(dev.down(s, &after), want, "ordering round {round}");
     }
 }
 
 /// Send, receive, sendrecv (in place too) and multi-peer sendrecv around the ring,
 /// stream-ordered and non-blocking.
-fn p2p(ht: &HostTransfer) {
-    let (c, dev) = (&ht.comm, &ht.dev);
+fn p2p<D: TestDevice>(ht: &HostTransfer<D>) {
+    let (c, dev, s) = (&ht.comm, &ht.dev, ht.comm.stream().clone());
     let (me, n) = (c.rank(), c.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     for count in crate::COUNTS {
         let mine: Vec<u32> = (0..count as u32).map(|i| i * 10 + me as u32).collect();
         let theirs: Vec<u32> = (0..count as u32).map(|i| i * 10 + left as u32).collect();
-        let send = dev.upload(&mine).unwrap();
-        let mut recv = dev.alloc_zeroed::<u32>(count).unwrap();
+        let send = dev.up(&s, &mine);
+        let mut recv = dev.up(&s, &vec![0u32; count]);
         c.sendrecv(&send, right, &mut recv, left, 3).unwrap();
-        assert_eq!(dev.download(&recv).unwrap(), theirs, "sendrecv count={count}");
-        let mut recv = dev.alloc_zeroed::<u32>(count).unwrap();
+        assert_eq!(dev.down(&s, &recv), theirs, "sendrecv count={count}");
+        let mut recv = dev.up(&s, &vec![0u32; count]);
         c.isendrecv(&send, right, &mut recv, left, 4).unwrap().wait().unwrap();
-        assert_eq!(dev.download(&recv).unwrap(), theirs, "isendrecv count={count}");
-        let mut buf = dev.upload(&mine).unwrap();
+        assert_eq!(dev.down(&s, &recv), theirs, "isendrecv count={count}");
+        let mut buf = dev.up(&s, &mine);
         c.sendrecv_in_place(&mut buf, right, left, 7).unwrap();
-        assert_eq!(dev.download(&buf).unwrap(), theirs, "sendrecv_in_place count={count}");
+        assert_eq!(dev.down(&s, &buf), theirs, "sendrecv_in_place count={count}");
         // Two peers each way in one call (the same peer twice when n <= 2).
         let from_right: Vec<u32> = (0..count as u32).map(|i| i * 10 + right as u32).collect();
-        let mut a = dev.alloc_zeroed::<u32>(count).unwrap();
-        let mut b = dev.alloc_zeroed::<u32>(count).unwrap();
+        let mut a = dev.up(&s, &vec![0u32; count]);
+        let mut b = dev.up(&s, &vec![0u32; count]);
         c.multi_sendrecv(&[(&send, right), (&send, left)], &mut [(&mut a, left), (&mut b, right)], 8).unwrap();
-        assert_eq!(dev.download(&a).unwrap(), theirs, "multi_sendrecv from the left, count={count}");
-        assert_eq!(dev.download(&b).unwrap(), from_right, "multi_sendrecv from the right, count={count}");
+        assert_eq!(dev.down(&s, &a), theirs, "multi_sendrecv from the left, count={count}");
+        assert_eq!(dev.down(&s, &b), from_right, "multi_sendrecv from the right, count={count}");
         if n > 1 {
             // Pairs exchange with send and recv (the lower rank sends first).
             let partner = me ^ 1;
             if partner < n {
                 let expect: Vec<u32> = (0..count as u32).map(|i| i * 10 + partner as u32).collect();
-                let mut got = dev.alloc_zeroed::<u32>(count).unwrap();
+                let mut got = dev.up(&s, &vec![0u32; count]);
                 if me < partner {
                     c.send(&send, partner, 5).unwrap();
                     c.recv(&mut got, partner, 6).unwrap();
@@ -145,7 +160,7 @@ fn p2p(ht: &HostTransfer) {
                     c.recv(&mut got, partner, 5).unwrap();
                     c.send(&send, partner, 6).unwrap();
                 }
-                assert_eq!(dev.download(&got).unwrap(), expect, "send/recv count={count}");
+                assert_eq!(dev.down(&s, &got), expect, "send/recv count={count}");
             }
         }
     }
@@ -156,15 +171,15 @@ fn p2p(ht: &HostTransfer) {
 
 /// Three communicators on three streams, each with several non-blocking operations in flight
 /// at once, plus stream-side waits: all complete with the right results.
-fn many_outstanding(world: &SimpleCommunicator) {
-    let dev = HostDevice::new(0);
+fn many_outstanding<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     let config = HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, ..HostTransferConfig::default() };
-    let comms: Vec<HtComm<HostDevice>> =
-        (0..3).map(|_| HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap()).collect();
+    let comms: Vec<HtComm<D>> =
+        (0..3).map(|_| HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap()).collect();
     let (me, n) = (comms[0].rank() as u64, comms[0].size() as u64);
     let len = 700;
-    let mut bufs: Vec<Vec<_>> =
-        (0..3).map(|k| (0..4).map(|j| dev.upload(&vec![me + (k * 4 + j) as u64; len]).unwrap()).collect()).collect();
+    let mut bufs: Vec<Vec<_>> = (0..3)
+        .map(|k| (0..4).map(|j| dev.up(comms[k].stream(), &vec![me + (k * 4 + j) as u64; len])).collect())
+        .collect();
     {
         let mut requests = Vec::new();
         for (c, row) in comms.iter().zip(bufs.iter_mut()) {
@@ -183,7 +198,7 @@ fn many_outstanding(world: &SimpleCommunicator) {
     for (k, row) in bufs.iter().enumerate() {
         for (j, b) in row.iter().enumerate() {
             let want = n * (n - 1) / 2 + n * (k * 4 + j) as u64;
-            assert_eq!(dev.download(b).unwrap(), vec![want; len], "communicator {k} request {j}");
+            assert_eq!(dev.down(comms[k].stream(), b), vec![want; len], "communicator {k} request {j}");
         }
     }
     for c in &comms {
@@ -198,22 +213,26 @@ fn many_outstanding(world: &SimpleCommunicator) {
 /// still waited for) needs the stream to fall behind the proxy thread, which this only brings
 /// about sometimes; the lib test `a_stream_behind_the_proxy_thread_keeps_its_done_flag` holds
 /// the stream back on purpose and catches it every time.
-fn queued_on_fresh_communicators(world: &SimpleCommunicator) {
-    let dev = HostDevice::new(0);
+fn queued_on_fresh_communicators<D: TestDevice>(
+    world: &SimpleCommunicator,
+    dev: &D,
+    new_stream: &impl Fn() -> D::Stream,
+) {
     let config = HostTransferConfig { chunk_bytes: 256 << 10, direct: false, ..HostTransferConfig::default() };
     let len = 1 << 20;
     for round in 0..12u32 {
-        let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
+        let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+        let s = c.stream().clone();
         let (me, n) = (c.rank() as u32, c.size() as u32);
-        let send = dev.upload(&vec![me + round; len]).unwrap();
-        let mut outs: Vec<_> = (0..8).map(|_| dev.alloc_zeroed::<u32>(len).unwrap()).collect();
+        let send = dev.up(&s, &vec![me + round; len]);
+        let mut outs: Vec<_> = (0..8).map(|_| dev.up(&s, &vec![0u32; len])).collect();
         for out in &mut outs {
             c.allreduce(&send, out, Sum).unwrap();
         }
         c.synchronize().unwrap();
         let want = n * (n - 1) / 2 + n * round;
         for (j, out) in outs.iter().enumerate() {
-            assert_eq!(dev.download(out).unwrap(), vec![want; len], "round {round} operation {j}");
+            assert_eq!(dev.down(&s, out), vec![want; len], "round {round} operation {j}");
         }
         assert_idle(&c, "after operations queued on a fresh communicator");
     }
@@ -239,8 +258,7 @@ fn one_hardware_queue(world: &SimpleCommunicator) {
 
 /// An operation of more than `max_chunks` chunks gets larger ones, up to `max_chunk_bytes`:
 /// the pinned memory it holds grows with them and stays within `depth` slots of the largest.
-fn grown_chunks(world: &SimpleCommunicator) {
-    let dev = HostDevice::new(0);
+fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     let (chunk, largest, depth) = (4 << 10, 64 << 10, 3);
     let config = HostTransferConfig {
         chunk_bytes: chunk,
@@ -250,16 +268,17 @@ fn grown_chunks(world: &SimpleCommunicator) {
         direct: false,
         ..Default::default()
     };
-    let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
+    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let s = c.stream().clone();
     let (me, n) = (c.rank() as u32, c.size() as u32);
     // 16 chunks of 4 KiB grow to four of 16 KiB; 1024 of them grow to 64 of 64 KiB.
     for len in [16 * chunk / 4, 1024 * chunk / 4] {
-        let send = dev.upload(&(0..len as u32).map(|i| i ^ me).collect::<Vec<_>>()).unwrap();
-        let mut out = dev.alloc_zeroed::<u32>(len).unwrap();
+        let send = dev.up(&s, &(0..len as u32).map(|i| i ^ me).collect::<Vec<_>>());
+        let mut out = dev.up(&s, &vec![0u32; len]);
         c.allreduce(&send, &mut out, Sum).unwrap();
         c.synchronize().unwrap();
         let want: Vec<u32> = (0..len as u32).map(|i| (0..n).map(|r| i ^ r).sum()).collect();
-        assert!(dev.download(&out).unwrap() == want, "allreduce of {len} u32 in grown chunks");
+        assert!(dev.down(&s, &out) == want, "allreduce of {len} u32 in grown chunks");
         assert_idle(&c, "after an allreduce in grown chunks");
     }
     // At `chunk_bytes`, `depth` slots of a send and a receive chunk would be 24 KiB.
@@ -274,25 +293,25 @@ fn grown_chunks(world: &SimpleCommunicator) {
 /// Send-only operations release their stream once the data is staged: a bcast root's and a
 /// sender's requests complete before any receiver has joined (the receivers start only when
 /// told so), with messages far above MPI's eager limit, and the data arrives all the same.
-fn early_release(world: &SimpleCommunicator) {
+fn early_release<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     use duralumin::mpi::traits::*;
-    let dev = HostDevice::new(0);
     let config = HostTransferConfig { direct: false, ..Default::default() };
-    let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
+    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
     if n < 2 {
         return;
     }
     let len = config.chunk_bytes / size_of::<u32>();
     let data: Vec<u32> = (0..len as u32).map(|i| i ^ 0x5a5a).collect();
-    let released = |mut r: duralumin::backends::host_transfer::DeviceRequest<'_, HostDevice>, what: &str| {
+    let released = |mut r: duralumin::backends::host_transfer::DeviceRequest<'_, D>, what: &str| {
         let start = std::time::Instant::now();
         while !r.test().unwrap() {
             assert!(start.elapsed().as_secs() < 20, "{what}: the sender's stream waits for the receivers");
             std::thread::yield_now();
         }
     };
-    let mut buf = dev.upload(&if me == 0 { data.clone() } else { vec![0; len] }).unwrap();
+    let mut buf = dev.up(&s, &if me == 0 { data.clone() } else { vec![0; len] });
     if me == 0 {
         released(c.ibcast(&mut buf, 0).unwrap(), "bcast root");
         released(c.isend(&buf, 1, 11).unwrap(), "send");
@@ -304,12 +323,12 @@ fn early_release(world: &SimpleCommunicator) {
         assert_eq!(go, 1);
         c.bcast(&mut buf, 0).unwrap();
         c.synchronize().unwrap();
-        assert!(dev.download(&buf).unwrap() == data, "bcast after the root's release");
+        assert!(dev.down(&s, &buf) == data, "bcast after the root's release");
         if me == 1 {
-            let mut got = dev.alloc_zeroed::<u32>(len).unwrap();
+            let mut got = dev.up(&s, &vec![0u32; len]);
             c.recv(&mut got, 0, 11).unwrap();
             c.synchronize().unwrap();
-            assert!(dev.download(&got).unwrap() == data, "recv after the sender's release");
+            assert!(dev.down(&s, &got) == data, "recv after the sender's release");
         }
     }
     c.synchronize().unwrap();
@@ -418,34 +437,34 @@ pub fn waits_for_the_pool<D: TestDevice>(
 /// the pool never holds more than its cap. With `direct`, the operations the host device runs
 /// on its buffers meet staged ones on other ranks (a gatherv's root stages, its senders would
 /// not), and must still cut their messages alike.
-fn beyond_pool(world: &SimpleCommunicator, direct: bool) {
-    let dev = HostDevice::new(0);
+fn beyond_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream, direct: bool) {
     let cap = duralumin::device::pool::MIN_BLOCK;
     let config = HostTransferConfig { chunk_bytes: 512, depth: 2, direct, pool_cap_bytes: cap, ..Default::default() };
-    let c = HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), config).unwrap();
+    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
     let len = 4 * cap / size_of::<u32>();
     let val = |r: usize, i: usize| (r * 1_000_000 + i) as u32;
     let of = |r: usize, count: usize| (0..count).map(|i| val(r, i)).collect::<Vec<u32>>();
-    let mine = dev.upload(&of(me, len)).unwrap();
+    let mine = dev.up(&s, &of(me, len));
     // Each check waits for the pool to be idle: send-only operations release their stream
     // before their MPI part (and its staging) is through.
-    let check = |what: &str, got: &duralumin::device::host::HostBuffer<u32>, want: Vec<u32>| {
+    let check = |what: &str, got: &D::Buf<u32>, want: Vec<u32>| {
         c.synchronize().unwrap_or_else(|e| panic!("{what}: {e}"));
-        let got = dev.download(got).unwrap();
+        let got = dev.down(&s, got);
         assert!(got == want, "{what}: wrong result");
         assert_idle(&c, what);
     };
 
     // Back to back with only a synchronize between them: the pool's one block is free again as
     // soon as the stream is through, before the proxy thread has seen it.
-    let mut sum = dev.alloc_zeroed::<u32>(len).unwrap();
+    let mut sum = dev.up(&s, &vec![0u32; len]);
     for _ in 0..10 {
         c.allreduce(&mine, &mut sum, Sum).unwrap();
         c.synchronize().unwrap();
     }
     check("allreduce", &sum, (0..len).map(|i| (0..n).map(|r| val(r, i)).sum()).collect());
-    let mut all = dev.alloc_zeroed::<u32>(n * len).unwrap();
+    let mut all = dev.up(&s, &vec![0u32; n * len]);
     c.allgather(&mine, &mut all).unwrap();
     check("allgather", &all, (0..n).flat_map(|r| of(r, len)).collect());
 
@@ -454,25 +473,25 @@ fn beyond_pool(world: &SimpleCommunicator, direct: bool) {
     let displs: Vec<usize> = counts.iter().scan(0, |a, &x| Some(std::mem::replace(a, *a + x))).collect();
     let total: usize = counts.iter().sum();
     let gathered: Vec<u32> = (0..n).flat_map(|r| of(r, counts[r])).collect();
-    let mine_v = dev.upload(&of(me, counts[me])).unwrap();
-    let mut v = dev.alloc_zeroed::<u32>(total).unwrap();
+    let mine_v = dev.up(&s, &of(me, counts[me]));
+    let mut v = dev.up(&s, &vec![0u32; total]);
     c.allgatherv(&mine_v, &mut v, &counts, &displs).unwrap();
     check("allgatherv", &v, gathered.clone());
-    let mut v = dev.upload(&vec![0; total]).unwrap();
+    let mut v = dev.up(&s, &vec![0; total]);
     let mut own = vec![0; total];
     own[displs[me]..displs[me] + counts[me]].copy_from_slice(&of(me, counts[me]));
-    let mut v_in = dev.upload(&own).unwrap();
+    let mut v_in = dev.up(&s, &own);
     c.allgatherv_in_place(&mut v_in, &counts, &displs).unwrap();
     check("allgatherv in place", &v_in, gathered.clone());
     let root = n - 1;
     c.gatherv(&mine_v, &mut v, &counts, &displs, root).unwrap();
     check("gatherv", &v, if me == root { gathered.clone() } else { vec![0; total] });
     // Scatterv from the root's gathered blocks: rank r gets its own block back.
-    let source = dev.upload(&gathered).unwrap();
-    let mut back = dev.alloc_zeroed::<u32>(counts[me]).unwrap();
+    let source = dev.up(&s, &gathered);
+    let mut back = dev.up(&s, &vec![0u32; counts[me]]);
     c.scatterv(&source, &counts, &displs, &mut back, root).unwrap();
     check("scatterv", &back, of(me, counts[me]));
-    let mut whole = dev.upload(&if me == root { gathered.clone() } else { vec![0; counts[me]] }).unwrap();
+    let mut whole = dev.up(&s, &if me == root { gathered.clone() } else { vec![0; counts[me]] });
     c.scatterv_in_place(&mut whole, &counts, &displs, root).unwrap();
     check("scatterv in place", &whole, if me == root { gathered.clone() } else { of(me, counts[me]) });
     // Alltoallv: rank r sends `len + r + j` elements to rank j.
@@ -482,34 +501,34 @@ fn beyond_pool(world: &SimpleCommunicator, direct: bool) {
     let (sd, rd) = (packed(&sc), packed(&rc));
     let send: Vec<u32> = (0..n).flat_map(|j| (0..sc[j]).map(move |i| val(me, j * 7 + i))).collect();
     let want: Vec<u32> = (0..n).flat_map(|i| (0..rc[i]).map(move |x| val(i, me * 7 + x))).collect();
-    let send = dev.upload(&send).unwrap();
-    let mut recv = dev.alloc_zeroed::<u32>(rc.iter().sum()).unwrap();
+    let send = dev.up(&s, &send);
+    let mut recv = dev.up(&s, &vec![0u32; rc.iter().sum()]);
     c.alltoallv(&send, &sc, &sd, &mut recv, &rc, &rd).unwrap();
     check("alltoallv", &recv, want);
-    let mut rs = dev.alloc_zeroed::<u32>(counts[me]).unwrap();
-    let contrib = dev.upload(&gathered).unwrap();
+    let mut rs = dev.up(&s, &vec![0u32; counts[me]]);
+    let contrib = dev.up(&s, &gathered);
     c.reduce_scatterv(&contrib, &mut rs, &counts, Sum).unwrap();
     check("reduce_scatterv", &rs, of(me, counts[me]).iter().map(|x| x * n as u32).collect());
 
     // Point-to-point around the ring.
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
-    let mut got = dev.alloc_zeroed::<u32>(len).unwrap();
+    let mut got = dev.up(&s, &vec![0u32; len]);
     c.sendrecv(&mine, right, &mut got, left, 1).unwrap();
     check("sendrecv", &got, of(left, len));
-    let mut buf = dev.upload(&of(me, len)).unwrap();
+    let mut buf = dev.up(&s, &of(me, len));
     c.sendrecv_in_place(&mut buf, right, left, 2).unwrap();
     check("sendrecv_in_place", &buf, of(left, len));
-    let (mut a, mut b) = (dev.alloc_zeroed::<u32>(len).unwrap(), dev.alloc_zeroed::<u32>(len).unwrap());
+    let (mut a, mut b) = (dev.up(&s, &vec![0u32; len]), dev.up(&s, &vec![0u32; len]));
     c.multi_sendrecv(&[(&mine, right), (&mine, left)], &mut [(&mut a, left), (&mut b, right)], 3).unwrap();
     check("multi_sendrecv from the left", &a, of(left, len));
     check("multi_sendrecv from the right", &b, of(right, len));
     // A multi-peer send met by a plain receive: both sides cut the message alike.
     if n > 1 {
         if me == 0 {
-            c.multi_sendrecv::<u32, _, duralumin::device::host::HostBuffer<u32>>(&[(&mine, 1)], &mut [], 4).unwrap();
+            c.multi_sendrecv::<u32, _, D::Buf<u32>>(&[(&mine, 1)], &mut [], 4).unwrap();
             c.synchronize().unwrap();
         } else if me == 1 {
-            let mut got = dev.alloc_zeroed::<u32>(len).unwrap();
+            let mut got = dev.up(&s, &vec![0u32; len]);
             c.recv(&mut got, 0, 4).unwrap();
             check("recv of a multi_sendrecv message", &got, of(0, len));
         }
@@ -518,47 +537,62 @@ fn beyond_pool(world: &SimpleCommunicator, direct: bool) {
     assert_idle(&c, "after operations beyond the pool");
 }
 
+/// Runs `$call`, which must fail with `$pat`, then checks that a valid operation still works.
+macro_rules! expect_err {
+    ($still_works:expr, $call:expr, $pat:pat) => {{
+        match $call {
+            Err($pat) => {}
+            other => panic!("{}: expected {}, got {other:?}", stringify!($call), stringify!($pat)),
+        }
+        $still_works(stringify!($call));
+    }};
+}
+
+/// An allreduce that must work (after an input error): checks its result.
+fn still_works<D: TestDevice>(ht: &HostTransfer<D>, after: &str) {
+    let (c, dev, s) = (&ht.comm, &ht.dev, ht.comm.stream());
+    let mut x = dev.up(s, &[c.rank() as u64, 1]);
+    c.allreduce_in_place(&mut x, Sum).unwrap_or_else(|e| panic!("after {after}: {e}"));
+    let k = c.size() as u64;
+    assert_eq!(dev.down(s, &x), [k * (k - 1) / 2, k], "after {after}");
+}
+
 /// Each input error, on every rank at once: the typed error, nothing queued, and the next
 /// valid operation works.
-fn bad_input(ht: &HostTransfer, world: &SimpleCommunicator) {
-    let (c, dev) = (&ht.comm, &ht.dev);
+fn bad_input<D: TestDevice>(ht: &HostTransfer<D>) {
+    let (c, dev, s) = (&ht.comm, &ht.dev, ht.comm.stream());
     let n = c.size();
-    let still_works = |after: &str| {
-        let mut x = dev.upload(&[c.rank() as u64, 1]).unwrap();
-        c.allreduce_in_place(&mut x, Sum).unwrap_or_else(|e| panic!("after {after}: {e}"));
-        let k = n as u64;
-        assert_eq!(dev.download(&x).unwrap(), [k * (k - 1) / 2, k], "after {after}");
-    };
+    let works = |after: &str| still_works(ht, after);
+    let a = dev.up(s, &[1.0f32; 4]);
+    let mut b = dev.up(s, &[0.0f32; 5]);
+    expect_err!(works, c.allreduce(&a, &mut b, Sum), Error::BufferLength { expected: 4, actual: 5, .. });
+    expect_err!(works, c.iallreduce(&a, &mut b, Sum).map(drop), Error::BufferLength { .. });
+    expect_err!(works, c.reduce(&a, &mut b, n, Sum), Error::RankOutOfRange { .. });
+    expect_err!(works, c.bcast(&mut b, n + 2), Error::RankOutOfRange { .. });
+    expect_err!(works, c.gather(&a, &mut b, n), Error::RankOutOfRange { .. });
+    expect_err!(works, c.scatter_in_place(&mut b, n), Error::RankOutOfRange { .. });
+    expect_err!(works, c.allgather(&a, &mut b), Error::BufferLength { .. });
+    expect_err!(works, c.alltoall(&a, &mut b), Error::BufferLength { .. });
+    expect_err!(works, c.reduce_scatter(&a, &mut b, Sum), Error::BufferLength { .. });
+    expect_err!(works, c.send(&a, n, 0), Error::RankOutOfRange { .. });
+    expect_err!(works, c.recv(&mut b, c.rank(), 0), Error::SelfMessage { .. });
+    expect_err!(works, c.send(&a, 0, -1), Error::InvalidTag { .. });
+    if 5 % n != 0 {
+        expect_err!(works, c.allgather_in_place(&mut b), Error::BufferLength { .. });
+    }
+    c.synchronize().unwrap();
+}
+
+/// Buffers and streams of another device (the host device's second ordinal): typed errors,
+/// nothing queued, and bad settings.
+fn wrong_device(ht: &HostTransfer, world: &SimpleCommunicator) {
+    let (c, dev) = (&ht.comm, &ht.dev);
+    let works = |after: &str| still_works(ht, after);
     let a = dev.upload(&[1.0f32; 4]).unwrap();
-    let mut b = dev.alloc_zeroed::<f32>(5).unwrap();
     let other = HostDevice::new(1);
     let mut foreign = other.alloc_zeroed::<f32>(4).unwrap();
-    macro_rules! expect_err {
-        ($call:expr, $pat:pat) => {{
-            match $call {
-                Err($pat) => {}
-                other => panic!("{}: expected {}, got {other:?}", stringify!($call), stringify!($pat)),
-            }
-            still_works(stringify!($call));
-        }};
-    }
-    expect_err!(c.allreduce(&a, &mut b, Sum), Error::BufferLength { expected: 4, actual: 5, .. });
-    expect_err!(c.iallreduce(&a, &mut b, Sum).map(drop), Error::BufferLength { .. });
-    expect_err!(c.allreduce(&a, &mut foreign, Sum), Error::WrongDevice { .. });
-    expect_err!(c.bcast(&mut foreign, 0), Error::WrongDevice { .. });
-    expect_err!(c.reduce(&a, &mut b, n, Sum), Error::RankOutOfRange { .. });
-    expect_err!(c.bcast(&mut b, n + 2), Error::RankOutOfRange { .. });
-    expect_err!(c.gather(&a, &mut b, n), Error::RankOutOfRange { .. });
-    expect_err!(c.scatter_in_place(&mut b, n), Error::RankOutOfRange { .. });
-    expect_err!(c.allgather(&a, &mut b), Error::BufferLength { .. });
-    expect_err!(c.alltoall(&a, &mut b), Error::BufferLength { .. });
-    expect_err!(c.reduce_scatter(&a, &mut b, Sum), Error::BufferLength { .. });
-    expect_err!(c.send(&a, n, 0), Error::RankOutOfRange { .. });
-    expect_err!(c.recv(&mut b, c.rank(), 0), Error::SelfMessage { .. });
-    expect_err!(c.send(&a, 0, -1), Error::InvalidTag { .. });
-    if 5 % n != 0 {
-        expect_err!(c.allgather_in_place(&mut b), Error::BufferLength { .. });
-    }
+    expect_err!(works, c.allreduce(&a, &mut foreign, Sum), Error::WrongDevice { .. });
+    expect_err!(works, c.bcast(&mut foreign, 0), Error::WrongDevice { .. });
     // A stream of another device cannot carry a communicator.
     match HtComm::new(world, dev.clone(), other.stream().unwrap()) {
         Err(Error::WrongDevice { .. }) => {}
@@ -576,8 +610,8 @@ fn bad_input(ht: &HostTransfer, world: &SimpleCommunicator) {
 /// A receive shorter than the message fails inside MPI on the proxy thread: the stream is
 /// released (no hang), the error reaches the caller on the next call, and the communicator
 /// keeps working.
-fn proxy_error(ht: &HostTransfer) {
-    let (c, dev) = (&ht.comm, &ht.dev);
+fn proxy_error<D: TestDevice>(ht: &HostTransfer<D>) {
+    let (c, dev, s) = (&ht.comm, &ht.dev, ht.comm.stream().clone());
     let (me, n) = (c.rank(), c.size());
     if n < 2 {
         return;
@@ -585,18 +619,18 @@ fn proxy_error(ht: &HostTransfer) {
     let partner = me ^ 1;
     if partner < n {
         if me < partner {
-            let long = dev.upload(&[7u8; 10]).unwrap();
+            let long = dev.up(&s, &[7u8; 10]);
             c.send(&long, partner, 9).unwrap();
             c.synchronize().unwrap();
         } else {
-            let mut short = dev.alloc_zeroed::<u8>(4).unwrap();
+            let mut short = dev.up(&s, &[0u8; 4]);
             c.recv(&mut short, partner, 9).unwrap();
             let err = c.synchronize().expect_err("a truncated receive must fail");
             assert!(matches!(err, Error::Mpi { .. } | Error::CountMismatch { .. }), "{err}");
         }
     }
-    let mut x = dev.upload(&[1u32]).unwrap();
+    let mut x = dev.up(&s, &[1u32]);
     c.allreduce_in_place(&mut x, Sum).unwrap();
     c.synchronize().unwrap();
-    assert_eq!(dev.download(&x).unwrap(), [n as u32]);
+    assert_eq!(dev.down(&s, &x), [n as u32]);
 }
