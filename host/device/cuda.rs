@@ -251,8 +251,14 @@ impl CudaDevice {
         LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
     }
 
+    /// Whether `stream` belongs to this device's context: the same `CUcontext` (two
+    /// `CudaContext::new(0)` handles wrap the one primary context).
+    fn same_context(&self, stream: &CudaStream) -> bool {
+        stream.context().cu_ctx() == self.inner.ctx.cu_ctx()
+    }
+
     fn check_stream(&self, stream: &CudaStream) -> Result<()> {
-        if Arc::ptr_eq(stream.context(), &self.inner.ctx) {
+        if self.same_context(stream) {
             Ok(())
         } else {
             Err(Error::WrongDevice {
@@ -480,7 +486,7 @@ impl Device for CudaDevice {
     }
 
     fn owns(&self, stream: &Arc<CudaStream>) -> bool {
-        Arc::ptr_eq(stream.context(), &self.inner.ctx)
+        self.same_context(stream)
     }
 
     fn new_stream(&self) -> Result<Arc<CudaStream>> {

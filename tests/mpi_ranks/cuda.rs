@@ -42,6 +42,14 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
             foreign_home(&ht, &ctx);
             third_stream(&ht, &ctx);
         }
+        // A stream of another handle to the same (primary) context is the device's own.
+        let again = CudaContext::new(0).expect("CUDA context");
+        let ht =
+            HostTransfer::on(world, dev.clone(), again.new_stream().expect("stream"), HostTransferConfig::default());
+        let mut x = ht.dev.up(ht.comm.stream(), &[1u32; 3]);
+        ht.comm.allreduce_in_place(&mut x, Sum).expect("allreduce on a stream of another context handle");
+        assert_eq!(ht.dev.down(ht.comm.stream(), &x), [ht.comm.size() as u32; 3]);
+        drop(ht);
         // Everything else a stream-ordered backend has, written once for every device. The
         // proxy thread queueing copies needs streams that do not share a hardware queue.
         let shared = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() == Ok("1");
