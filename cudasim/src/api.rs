@@ -32,8 +32,9 @@ static INITIALIZED: AtomicBool = AtomicBool::new(false);
 fn primary() -> &'static Arc<Context> {
     static PRIMARY: OnceLock<Arc<Context>> = OnceLock::new();
     PRIMARY.get_or_init(|| {
-        let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
-        Context::new(usize::clamp(queues, 1, 32))
+        let var = |name: &str, default: usize| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+        let queues = var("CUDA_DEVICE_MAX_CONNECTIONS", 8);
+        Context::new(queues.clamp(1, 32), var("CUDASIM_QUEUE_DEPTH", 1024))
     })
 }
 
@@ -166,6 +167,10 @@ fn submit_and_wait(s: &Arc<Stream>, what: &'static str, work: Work) -> Result<()
     ctx().submit_and_wait(s, what, work).map_err(|code| Fault::new(code, "the context faulted".into()))
 }
 
+fn barrier(what: &'static str) -> Result<(), Fault> {
+    ctx().barrier(what).map_err(|code| Fault::new(code, "the context faulted".into()))
+}
+
 fn wait_idle(what: &str) -> Result<(), Fault> {
     ctx().wait_idle(what).map_err(|code| Fault::new(code, "the context faulted".into()))
 }
@@ -194,7 +199,7 @@ fn copy_work(dst: usize, dst_device: bool, src: usize, src_device: bool, n: usiz
 fn host_copy(s: CUstream, dst: usize, src: usize, n: usize, to_host: bool, what: &'static str) -> Result<(), Fault> {
     let s = stream(s)?;
     let host = if to_host { dst } else { src };
-    if n == 0 || memory::pinned(host, n) {
+    if n == 0 || memory::pinned(host, n, what)? {
         return submit(&s, what, copy_work(dst, !to_host, src, to_host, n, what));
     }
     submit_and_wait(&s, what, copy_work(dst, !to_host, src, to_host, n, what))
@@ -272,7 +277,7 @@ fn memcpy_2d(p: &Memcpy2d, s: CUstream) -> Result<(), Fault> {
         }
         Ok(())
     });
-    let pageable = (!src_dev && !memory::pinned(src, se)) || (!dst_dev && !memory::pinned(dst, de));
+    let pageable = (!src_dev && !memory::pinned(src, se, what)?) || (!dst_dev && !memory::pinned(dst, de, what)?);
     if pageable { submit_and_wait(&s, what, work) } else { submit(&s, what, work) }
 }
 
@@ -480,7 +485,7 @@ driver! {
     /// The stream's queued work still runs.
     Context fn cuStreamDestroy_v2(h: CUstream) {
         let s = STREAMS.remove(h as usize, "stream")?;
-        ctx().forget(&s);
+        ctx().destroy(&s);
         Ok(())
     }
 
@@ -539,7 +544,9 @@ driver! {
         }
     }
 
+    /// A device-wide barrier (see [`Context::barrier`]).
     Context fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) {
+        barrier("cuMemAlloc")?;
         let p = memory::alloc(bytes, Kind::Device)
             .ok_or_else(|| Fault::new(CUresult::CUDA_ERROR_OUT_OF_MEMORY, format!("{bytes} bytes")))?;
         // SAFETY: the caller's out-pointer.
@@ -624,8 +631,10 @@ driver! {
         memcpy_2d(unsafe { &*p }, h)
     }
 
+    /// A device-wide barrier (see [`Context::barrier`]).
     Context fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) {
         const DEVICEMAP: c_uint = 2;
+        barrier("cuMemHostAlloc")?;
         let mapped = flags & DEVICEMAP != 0;
         let p = memory::alloc(bytes, Kind::Pinned { mapped })
             .ok_or_else(|| Fault::new(CUresult::CUDA_ERROR_OUT_OF_MEMORY, format!("{bytes} bytes")))?;
@@ -633,7 +642,9 @@ driver! {
         unsafe { out(pp, p as *mut c_void) }
     }
 
+    /// A device-wide barrier (see [`Context::barrier`]).
     Context fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) {
+        barrier("cuMemAllocHost")?;
         let p = memory::alloc(bytes, Kind::Pinned { mapped: true })
             .ok_or_else(|| Fault::new(CUresult::CUDA_ERROR_OUT_OF_MEMORY, format!("{bytes} bytes")))?;
         // SAFETY: the caller's out-pointer.

@@ -7,6 +7,11 @@
 //! hardware queue, streams assigned round robin as they are created. A stream's work runs in
 //! its order; streams on different queues run concurrently.
 //!
+//! A hardware queue holds at most `CUDASIM_QUEUE_DEPTH` (1024) items not yet started, as a
+//! GPU's command buffer does: a call that would queue more blocks until the device has taken
+//! some, so a thread that queues work behind a wait only it can release deadlocks here as on a
+//! GPU.
+//!
 //! After a fault (an access outside any allocation, say) the context is unusable, as after an
 //! illegal address on a GPU: the fault is reported on stderr, later work is skipped, and every
 //! API call returns the error.
@@ -41,13 +46,17 @@ struct Item {
 struct Queue {
     items: Mutex<VecDeque<Item>>,
     ready: Condvar,
+    /// Signalled when an item leaves the queue (a submitter may be waiting for room).
+    room: Condvar,
+    depth: usize,
 }
 
 /// A context: its hardware queues, streams and sticky error.
 pub(crate) struct Context {
     queues: Vec<Arc<Queue>>,
     next_queue: AtomicUsize,
-    /// Every stream made in the context (the null stream first), for context-wide waits.
+    /// Every stream made in the context (the null stream first), for context-wide waits; a
+    /// destroyed one until its work has run.
     streams: Mutex<Vec<Arc<Stream>>>,
     sticky: Mutex<Option<Fault>>,
     /// Retain count of the primary context.
@@ -61,15 +70,18 @@ pub(crate) struct Stream {
     /// `(submitted, completed)` items.
     counts: Mutex<(u64, u64)>,
     progressed: Condvar,
+    destroyed: std::sync::atomic::AtomicBool,
 }
 
 static STREAM_IDS: AtomicU64 = AtomicU64::new(0);
 
 impl Context {
-    /// A context with `queues` hardware queues (their worker threads run for the process's life).
-    pub(crate) fn new(queues: usize) -> Arc<Context> {
-        let queues: Vec<Arc<Queue>> =
-            (0..queues.max(1)).map(|_| Arc::new(Queue { items: Mutex::default(), ready: Condvar::new() })).collect();
+    /// A context with `queues` hardware queues of `depth` items each (their worker threads run
+    /// for the process's life).
+    pub(crate) fn new(queues: usize, depth: usize) -> Arc<Context> {
+        let queue =
+            || Queue { items: Mutex::default(), ready: Condvar::new(), room: Condvar::new(), depth: depth.max(1) };
+        let queues: Vec<Arc<Queue>> = (0..queues.max(1)).map(|_| Arc::new(queue())).collect();
         let ctx = Arc::new(Context {
             queues,
             next_queue: AtomicUsize::new(0),
@@ -96,8 +108,11 @@ impl Context {
             queue: Arc::clone(&self.queues[q]),
             counts: Mutex::new((0, 0)),
             progressed: Condvar::new(),
+            destroyed: std::sync::atomic::AtomicBool::new(false),
         });
-        lock(&self.streams).push(Arc::clone(&s));
+        let mut streams = lock(&self.streams);
+        streams.retain(|s| !(s.destroyed.load(Ordering::Acquire) && s.idle()));
+        streams.push(Arc::clone(&s));
         s
     }
 
@@ -106,9 +121,10 @@ impl Context {
         Arc::clone(&lock(&self.streams)[0])
     }
 
-    /// Forgets a destroyed stream (its queued work still runs).
-    pub(crate) fn forget(&self, stream: &Arc<Stream>) {
-        lock(&self.streams).retain(|s| !Arc::ptr_eq(s, stream));
+    /// Marks a stream destroyed: its queued work still runs (and context-wide waits wait for
+    /// it); it is forgotten once idle.
+    pub(crate) fn destroy(&self, stream: &Arc<Stream>) {
+        stream.destroyed.store(true, Ordering::Release);
     }
 
     /// The context's sticky error, if a fault made it unusable.
@@ -142,13 +158,50 @@ impl Context {
         self.check()
     }
 
-    /// Queues `work` on `stream`.
+    /// Queues `work` on `stream`, waiting for room in its hardware queue.
     pub(crate) fn submit(&self, stream: &Arc<Stream>, what: &'static str, work: Work) -> Result<(), CUresult> {
         self.check()?;
+        let q = &stream.queue;
+        let mut items = lock(&q.items);
+        let (start, mut reported) = (Instant::now(), false);
+        while items.len() >= q.depth {
+            items = q.room.wait_timeout(items, Duration::from_millis(100)).unwrap_or_else(PoisonError::into_inner).0;
+            if !reported && start.elapsed() > STALL_REPORT {
+                reported = true;
+                eprintln!(
+                    "cudasim: {what} on stream {} has waited {:?} for room in its hardware queue ({} items): is the device waiting for this thread?",
+                    stream.id,
+                    start.elapsed(),
+                    q.depth
+                );
+            }
+        }
         lock(&stream.counts).0 += 1;
-        let mut items = lock(&stream.queue.items);
         items.push_back(Item { stream: Arc::clone(stream), what, work });
-        stream.queue.ready.notify_one();
+        q.ready.notify_one();
+        Ok(())
+    }
+
+    /// A device-wide barrier, which the CUDA programming guide lets allocations of device and
+    /// page-locked memory be: work queued on any stream from now on starts only after all work
+    /// queued so far, on every stream, has run. The call itself does not wait.
+    pub(crate) fn barrier(&self, what: &'static str) -> Result<(), CUresult> {
+        let streams: Vec<Arc<Stream>> = lock(&self.streams).clone();
+        let upto: Arc<Vec<(Arc<Stream>, u64)>> =
+            Arc::new(streams.iter().map(|s| (Arc::clone(s), s.submitted())).collect());
+        for s in streams.iter().filter(|s| !s.destroyed.load(Ordering::Acquire)) {
+            let upto = Arc::clone(&upto);
+            self.submit(
+                s,
+                what,
+                Box::new(move || {
+                    for (t, n) in upto.iter() {
+                        t.wait_for(*n, what);
+                    }
+                    Ok(())
+                }),
+            )?;
+        }
         Ok(())
     }
 
@@ -202,6 +255,7 @@ fn worker(q: &Queue, ctx: &std::sync::Weak<Context>) {
             let mut items = lock(&q.items);
             loop {
                 if let Some(item) = items.pop_front() {
+                    q.room.notify_all();
                     break item;
                 }
                 items = q.ready.wait(items).unwrap_or_else(PoisonError::into_inner);
@@ -302,7 +356,7 @@ mod tests {
     #[test]
     fn streams_sharing_a_queue_wait_for_each_other() {
         for queues in [1, 2] {
-            let ctx = Context::new(queues);
+            let ctx = Context::new(queues, 1024);
             let (a, b) = (ctx.new_stream(), ctx.new_stream());
             let (go, ran) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
             let g = Arc::clone(&go);
@@ -323,10 +377,61 @@ mod tests {
         }
     }
 
+    /// A hardware queue holds `depth` items not yet started: the call that queues one more waits
+    /// until the device has started one.
+    #[test]
+    fn a_full_queue_blocks_the_submitter() {
+        let ctx = Context::new(1, 2);
+        let s = ctx.new_stream();
+        let go = Arc::new(AtomicBool::new(false));
+        let g = Arc::clone(&go);
+        ctx.submit(&s, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+        // The worker starts the wait (it leaves the queue), then two items fill the queue.
+        while !s.queue.items.lock().unwrap().is_empty() {
+            std::thread::yield_now();
+        }
+        for _ in 0..2 {
+            ctx.submit(&s, "fill", work(|| ())).unwrap();
+        }
+        let queued = Arc::new(AtomicBool::new(false));
+        let submitter = {
+            let (ctx, s, q) = (Arc::clone(&ctx), Arc::clone(&s), Arc::clone(&queued));
+            std::thread::spawn(move || {
+                ctx.submit(&s, "one more", work(|| ())).unwrap();
+                q.store(true, Ordering::Release);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!queued.load(Ordering::Acquire), "queued into a full hardware queue");
+        go.store(true, Ordering::Release);
+        submitter.join().unwrap();
+        ctx.wait_idle("test").unwrap();
+        assert_eq!(s.submitted(), 4);
+    }
+
+    /// After a barrier (what an allocation is), work queued on any stream waits for all work
+    /// queued before it on every stream, even on another hardware queue; the call returns at once.
+    #[test]
+    fn a_barrier_orders_later_work_after_earlier_work() {
+        let ctx = Context::new(2, 1024);
+        let (a, b) = (ctx.new_stream(), ctx.new_stream());
+        let (go, ran) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let g = Arc::clone(&go);
+        ctx.submit(&a, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+        ctx.barrier("test barrier").unwrap();
+        let r = Arc::clone(&ran);
+        ctx.submit(&b, "after", work(move || r.store(true, Ordering::Release))).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!ran.load(Ordering::Acquire), "ran past a barrier before the work queued ahead of it");
+        go.store(true, Ordering::Release);
+        ctx.wait_idle("test").unwrap();
+        assert!(ran.load(Ordering::Acquire));
+    }
+
     /// A fault makes the context unusable: later work is skipped and every check fails.
     #[test]
     fn a_fault_is_sticky() {
-        let ctx = Context::new(1);
+        let ctx = Context::new(1, 1024);
         let s = ctx.new_stream();
         ctx.submit(&s, "bad", Box::new(|| Err(Fault::illegal("test fault".into())))).unwrap();
         let ran = Arc::new(AtomicBool::new(false));

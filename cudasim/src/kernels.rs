@@ -41,6 +41,17 @@ impl Body {
             Body::StreamWait | Body::Signal => 2,
         }
     }
+
+    /// Whether the last parameter is a `u32` (the rest are 8 bytes wide).
+    fn narrow_last(self) -> bool {
+        matches!(self, Body::Finish { .. } | Body::StreamWait | Body::Signal)
+    }
+
+    /// Each parameter's width in bytes.
+    fn widths(self) -> Vec<usize> {
+        let n = self.params();
+        (0..n).map(|i| if self.narrow_last() && i + 1 == n { 4 } else { 8 }).collect()
+    }
 }
 
 /// # Safety
@@ -98,9 +109,10 @@ fn builtins() -> &'static HashMap<&'static str, Body> {
     })
 }
 
-/// A loaded module: its entry points with their parameter counts, and its launches not yet run.
+/// A loaded module: its entry points with their parameters' widths, and its launches not yet
+/// run.
 pub(crate) struct Module {
-    entries: HashMap<String, usize>,
+    entries: HashMap<String, Vec<usize>>,
     pub(crate) pending: AtomicUsize,
 }
 
@@ -111,7 +123,18 @@ pub(crate) struct Function {
     body: Option<Body>,
 }
 
-/// Reads a PTX module's `.entry` points and counts their parameters.
+/// The width in bytes of a PTX parameter's type (`.u64`, `.b32`…); 0 for others (arrays).
+fn width(param: &str) -> usize {
+    match param.split_whitespace().nth(1).unwrap_or("") {
+        ".u64" | ".s64" | ".b64" | ".f64" => 8,
+        ".u32" | ".s32" | ".b32" | ".f32" => 4,
+        ".u16" | ".s16" | ".b16" | ".f16" => 2,
+        ".u8" | ".s8" | ".b8" => 1,
+        _ => 0,
+    }
+}
+
+/// Reads a PTX module's `.entry` points and their parameters' widths.
 pub(crate) fn parse_ptx(text: &str) -> Result<Module, Fault> {
     if !text.contains(".version") || !text.contains(".target") {
         return Err(Fault::ptx("not PTX (no .version or .target directive)".into()));
@@ -123,7 +146,8 @@ pub(crate) fn parse_ptx(text: &str) -> Result<Module, Fault> {
         let open = rest.find('(').ok_or_else(|| Fault::ptx("an .entry without parameters".into()))?;
         let name = rest[..open].trim().to_string();
         let close = rest[open..].find(')').ok_or_else(|| Fault::ptx(format!("{name}: unclosed parameter list")))?;
-        let params = rest[open..open + close].matches(".param").count();
+        let list = &rest[open + 1..open + close];
+        let params: Vec<usize> = list.split(',').filter(|p| p.contains(".param")).map(|p| width(p.trim())).collect();
         entries.insert(name, params);
         rest = &rest[open + close..];
     }
@@ -134,14 +158,17 @@ impl Module {
     /// The entry point `name`: it must be in the PTX, and a builtin kernel must take as many
     /// parameters there as its body does (a launch passes that many).
     pub(crate) fn function(self: &Arc<Self>, name: &str) -> Result<Function, Fault> {
-        let Some(&params) = self.entries.get(name) else {
+        let Some(params) = self.entries.get(name) else {
             return Err(Fault::not_found(format!("no entry point {name} in the module")));
         };
         let body = builtins().get(name).copied();
         if let Some(b) = body
-            && b.params() != params
+            && b.widths() != *params
         {
-            return Err(Fault::ptx(format!("{name} takes {params} parameters in the PTX, {} in its body", b.params())));
+            return Err(Fault::ptx(format!(
+                "{name} takes parameters of {params:?} bytes in the PTX, {:?} in its body",
+                b.widths()
+            )));
         }
         Ok(Function { name: name.to_string(), module: Arc::clone(self), body })
     }
@@ -207,7 +234,7 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
     // The arguments are read now; the addresses are checked when the kernel runs (memory may
     // be written, or freed, by work queued before it), as a GPU faults only then.
     let n_params = body.params();
-    let narrow = matches!(body, Body::Finish { .. } | Body::StreamWait | Body::Signal);
+    let narrow = body.narrow_last();
     let mut a = [0u64; 6];
     for (i, arg) in a.iter_mut().enumerate().take(n_params) {
         // SAFETY: the caller guarantees the arguments, whose number and sizes `Body::params`
@@ -319,10 +346,13 @@ mod tests {
             .visible .entry duralumin_signal(\n\t.param .u64 a,\n\t.param .u32 b\n)\n{ ret; }\n\
             .visible .entry duralumin_reduce_f32_sum(.param .u64 a, .param .u64 b)\n{ ret; }\n";
         let m = Arc::new(parse_ptx(ptx).unwrap());
-        assert_eq!(m.entries.get("duralumin_signal"), Some(&2));
+        assert_eq!(m.entries.get("duralumin_signal"), Some(&vec![8, 4]));
         assert!(m.function("duralumin_signal").is_ok());
         assert!(m.function("duralumin_stream_wait").is_err(), "not in the module");
         assert!(m.function("duralumin_reduce_f32_sum").is_err(), "two parameters, the body takes three");
+        let wide = ".version 8.0\n.target sm_70\n.visible .entry duralumin_signal(.param .u64 a, .param .u64 b)\n{}";
+        let m = Arc::new(parse_ptx(wide).unwrap());
+        assert!(m.function("duralumin_signal").is_err(), "a u64 value where the body takes a u32");
         assert!(parse_ptx("hello").is_err());
     }
 

@@ -15,17 +15,21 @@
 //! * **host functions** may not call the driver (`CUDA_ERROR_NOT_PERMITTED`, reported);
 //! * **hardware queues**: streams share `CUDA_DEVICE_MAX_CONNECTIONS` (default 8) queues,
 //!   each running its work in submission order, so a stream waiting on the device for work
-//!   queued after it deadlocks, as it can on a GPU;
+//!   queued after it deadlocks, as it can on a GPU; a queue holds `CUDASIM_QUEUE_DEPTH`
+//!   commands (default 1024) and the call that queues one more blocks until one has run;
 //! * **implicit synchronization**: `cuMemFreeHost`, `cuMemFree`, `cuModuleGetFunction` (which
 //!   loads a function under lazy loading) and copies from or to pageable memory wait for the
 //!   device, the worst case the CUDA documentation allows; a wait that lasts 20 s is reported
-//!   on stderr as a likely deadlock (this thread is one the device waits for);
+//!   on stderr as a likely deadlock (this thread is one the device waits for); allocations
+//!   (`cuMemAlloc`, `cuMemAllocHost`, `cuMemHostAlloc`) order themselves after all work queued
+//!   so far, without blocking the caller; a destroyed stream's work counts until it has run;
 //! * **memory**: every device-side access (copies, memsets, kernels, flag operations) must lie
-//!   in a live allocation, device or mapped pinned memory; freed blocks are quarantined, so a
-//!   late access faults instead of touching reused memory. A fault is reported on stderr and
+//!   in a live allocation, device or pinned host memory (unified addressing); freed blocks are
+//!   quarantined, so a late access faults instead of touching reused memory; new memory is
+//!   filled with 0xCD, freed memory with 0xDD. A fault is reported on stderr and
 //!   makes the context unusable (every later call fails), as an illegal address does on a GPU;
 //! * **modules**: PTX is read for its entry points and their parameter counts, which must match
-//!   the kernel bodies; unloading a module with launches of it still queued is a fault.
+//!   the kernel bodies (and their widths); unloading a module with launches of it still queued is a fault.
 //!
 //! `CUDASIM_TRACE=1` prints every call on stderr.
 

@@ -44,7 +44,13 @@ fn heap() -> MutexGuard<'static, Heap> {
     HEAP.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A new zero-filled block of `len` bytes (at least one), 256-byte aligned as device memory is.
+/// What fresh blocks hold (the driver does not clear memory it allocates).
+const FRESH: u8 = 0xcd;
+/// What freed blocks hold while quarantined.
+const FREED: u8 = 0xdd;
+
+/// A new block of `len` bytes (at least one) filled with [`FRESH`], 256-byte aligned as device
+/// memory is.
 pub(crate) fn alloc(len: usize, kind: Kind) -> Option<usize> {
     let align = match kind {
         Kind::Device => 256,
@@ -52,10 +58,12 @@ pub(crate) fn alloc(len: usize, kind: Kind) -> Option<usize> {
     };
     let layout = Layout::from_size_align(len.max(1), align).ok()?;
     // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as usize;
+    let ptr = unsafe { std::alloc::alloc(layout) } as usize;
     if ptr == 0 {
         return None;
     }
+    // SAFETY: a fresh allocation of at least `len` bytes.
+    unsafe { std::ptr::write_bytes(ptr as *mut u8, FRESH, len) };
     heap().blocks.insert(ptr, Block { len, kind, layout, freed: false });
     Some(ptr)
 }
@@ -70,6 +78,9 @@ pub(crate) fn free(ptr: usize, what: &str, kind_ok: impl Fn(Kind) -> bool) -> Re
     };
     block.freed = true;
     let len = block.len;
+    // SAFETY: the block's own `len` bytes, still allocated (quarantined); whoever reads them
+    // now reads a use after free, which the poison makes visible.
+    unsafe { std::ptr::write_bytes(ptr as *mut u8, FREED, len) };
     h.quarantine.push_back(ptr);
     h.quarantined += len;
     while h.quarantined > QUARANTINE_BYTES {
@@ -102,23 +113,27 @@ fn find(h: &Heap, ptr: usize, len: usize) -> Result<(usize, Kind), String> {
     }
 }
 
-/// Checks that the device may access `[ptr, ptr + len)`: device memory or mapped pinned memory.
+/// Checks that the device may access `[ptr, ptr + len)`: device memory or page-locked memory
+/// (with unified addressing its device address is its host address, mapped or not).
 pub(crate) fn device_range(ptr: u64, len: usize, what: &str) -> Result<(), Fault> {
     if len == 0 {
         return Ok(());
     }
-    match find(&heap(), ptr as usize, len) {
-        Ok((_, Kind::Device | Kind::Pinned { mapped: true })) => Ok(()),
-        Ok((_, Kind::Pinned { mapped: false })) => {
-            Err(Fault::illegal(format!("{what}: pinned memory at {ptr:#x} was not allocated with DEVICEMAP")))
-        }
-        Err(e) => Err(Fault::illegal(format!("{what}: device address {e}"))),
-    }
+    find(&heap(), ptr as usize, len).map(drop).map_err(|e| Fault::illegal(format!("{what}: device address {e}")))
 }
 
-/// Whether `[ptr, ptr + len)` is pinned host memory (else the driver treats it as pageable).
-pub(crate) fn pinned(ptr: usize, len: usize) -> bool {
-    matches!(find(&heap(), ptr, len.max(1)), Ok((_, Kind::Pinned { .. })))
+/// Whether the host range `[ptr, ptr + len)` of a copy is pinned memory; `false` for memory the
+/// simulator did not allocate (pageable, which the driver copies synchronously). A range that
+/// starts in a pinned block and runs past it, or lies in a freed one, faults: no driver copies
+/// that correctly.
+pub(crate) fn pinned(ptr: usize, len: usize, what: &str) -> Result<bool, Fault> {
+    let h = heap();
+    match h.blocks.range(..=ptr).next_back() {
+        Some((&start, b)) if matches!(b.kind, Kind::Pinned { .. }) && ptr < start + b.len.max(1) => {
+            find(&h, ptr, len.max(1)).map(|_| true).map_err(|e| Fault::illegal(format!("{what}: host range {e}")))
+        }
+        _ => Ok(false),
+    }
 }
 
 /// The device address of pinned memory at `ptr` (the same address), if it was allocated with
@@ -138,16 +153,23 @@ mod tests {
     #[test]
     fn accesses_are_checked_against_live_blocks() {
         let d = alloc(100, Kind::Device).unwrap();
+        // SAFETY: the block's 100 bytes are allocated.
+        let fresh = unsafe { std::slice::from_raw_parts(d as *const u8, 100) };
+        assert!(fresh.iter().all(|&b| b == FRESH), "new memory is poisoned, not zeroed");
         assert!(device_range(d as u64, 100, "t").is_ok());
         assert!(device_range(d as u64 + 50, 50, "t").is_ok());
         assert!(device_range(d as u64 + 50, 51, "t").is_err(), "past the end");
         assert!(device_range(d as u64 - 1, 1, "t").is_err(), "before the start");
         let p = alloc(64, Kind::Pinned { mapped: false }).unwrap();
-        assert!(pinned(p, 64) && !pinned(d, 1));
-        assert!(device_range(p as u64, 4, "t").is_err(), "unmapped pinned memory");
-        assert!(mapped(p).is_err());
+        assert!(pinned(p, 64, "t").unwrap() && !pinned(d, 1, "t").unwrap());
+        assert!(pinned(p + 60, 8, "t").is_err(), "a host range running past its pinned block");
+        assert!(device_range(p as u64, 4, "t").is_ok(), "pinned memory, mapped or not (unified addressing)");
+        assert!(mapped(p).is_err(), "not allocated with DEVICEMAP");
         free(d, "t", |k| k == Kind::Device).unwrap();
         assert!(device_range(d as u64, 1, "t").is_err(), "use after free");
+        // SAFETY: a freed block stays allocated while quarantined (one block here, far below
+        // the quarantine's bound).
+        assert_eq!(unsafe { *(d as *const u8).add(99) }, FREED, "freed memory is poisoned");
         assert!(free(d, "t", |_| true).is_err(), "double free");
         assert!(free(p, "t", |k| k == Kind::Device).is_err(), "wrong kind");
         free(p, "t", |_| true).unwrap();

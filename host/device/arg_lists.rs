@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::DevicePtr;
+use super::{Device, DevicePtr};
 use crate::error::Result;
 
 /// The smallest block: a page.
@@ -61,6 +61,22 @@ impl ArgLists {
         // it is dropped (taken off the idle blocks or fresh).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host as *mut u8, bytes.len()) };
         Ok(ArgList { lists: Arc::clone(self), class, host, device })
+    }
+
+    /// [`ArgLists::take`] with `device`'s pinned, mapped memory ([`Device::alloc_pinned`],
+    /// [`Device::mapped`]).
+    pub(crate) fn take_on<D: Device>(self: &Arc<Self>, device: &D, bytes: &[u8]) -> Result<ArgList> {
+        self.take(bytes, |size| {
+            let host = device.alloc_pinned(size)?;
+            match device.mapped(host) {
+                Ok(mapped) => Ok((host, mapped)),
+                Err(e) => {
+                    // SAFETY: just allocated; nothing uses it.
+                    unsafe { device.free_pinned(host, size) };
+                    Err(e)
+                }
+            }
+        })
     }
 
     /// Every block allocated, `(host address, bytes)`: the device frees them when it goes,

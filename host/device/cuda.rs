@@ -407,17 +407,7 @@ impl CudaDevice {
         // Device offsets from `base`; the host side is packed in piece order.
         let segments: Vec<Segment> =
             nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect();
-        let list = self.inner.arg_lists.take(bytemuck::cast_slice(&segments), |size| {
-            let host = self.alloc_pinned(size)?;
-            match self.mapped(host) {
-                Ok(device) => Ok((host, device)),
-                Err(e) => {
-                    // SAFETY: just allocated; nothing uses it.
-                    unsafe { self.free_pinned(host, size) };
-                    Err(e)
-                }
-            }
-        })?;
+        let list = self.inner.arg_lists.take_on(self, bytemuck::cast_slice(&segments))?;
         let count = segments.len();
         let (f, dst, src) = if to_host {
             (self.function(fixed::PACK_SEGMENTS)?, mapped.0, base.0)

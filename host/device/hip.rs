@@ -682,21 +682,11 @@ impl HipDevice {
         let function = self.function(if to_host { fixed::PACK_SEGMENTS } else { fixed::UNPACK_SEGMENTS })?;
         let mapped = self.mapped(host)?;
         // Device offsets from the lowest piece; the packed side is consecutive.
-        let segments: Arc<Vec<Segment>> =
-            Arc::new(nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect());
+        let segments: Vec<Segment> =
+            nonempty.iter().map(|&(ptr, bytes)| Segment::new(ptr.0 - base.0, bytes as u64)).collect();
         // The list is written to pinned memory the kernel reads: a copy from pageable memory
         // may wait for a stream that waits for this thread (see `super::arg_lists`).
-        let list = self.inner.arg_lists.take(bytemuck::cast_slice(segments.as_slice()), |size| {
-            let host = self.alloc_pinned(size)?;
-            match self.mapped(host) {
-                Ok(device) => Ok((host, device)),
-                Err(e) => {
-                    // SAFETY: just allocated; nothing uses it.
-                    unsafe { self.free_pinned(host, size) };
-                    Err(e)
-                }
-            }
-        })?;
+        let list = self.inner.arg_lists.take_on(self, bytemuck::cast_slice(&segments))?;
         let (dst, src) = if to_host { (mapped.0, base.0) } else { (base.0, mapped.0) };
         let (mut dst, mut src, mut list_ptr, mut count) = (dst, src, list.device_ptr().0, segments.len());
         let mut args = [arg(&mut dst), arg(&mut src), arg(&mut list_ptr), arg(&mut count)];

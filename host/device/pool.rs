@@ -381,6 +381,14 @@ impl<D: Device> FlagSlot<D> {
         unsafe { self.flag.atomic() }.store(value, Ordering::Release);
         self.pools.device.host_wrote_flag();
     }
+
+    /// Raises the flag from the host to `value` unless it is already higher (flags that count
+    /// chunks only go up, whichever of two threads writes last).
+    pub fn raise(&self, value: u32) {
+        // SAFETY: the slot is held.
+        unsafe { self.flag.atomic() }.fetch_max(value, Ordering::AcqRel);
+        self.pools.device.host_wrote_flag();
+    }
 }
 
 impl<D: Device> Drop for FlagSlot<D> {

@@ -39,8 +39,11 @@ pub fn run(_: &Communicator, world: &SimpleCommunicator) {
             if ht.comm.rank() == 0 {
                 println!("cuda sweep {path:?} chunk {} B: ok in {:.2?}", config.chunk_bytes, t.elapsed());
             }
-            foreign_home(&ht, &ctx);
-            third_stream(&ht, &ctx);
+            // Operations of several chunks (8 MiB, or 4 KiB in small chunks); operations of
+            // thousands of chunks are `host_transfer::long_pipelines`'.
+            let len = (config.chunk_bytes / 8 * 16).min(1 << 20);
+            foreign_home(&ht, &ctx, len);
+            third_stream(&ht, &ctx, len);
         }
         // A stream of another handle to the same (primary) context is the device's own.
         let again = CudaContext::new(0).expect("CUDA context");
@@ -66,10 +69,9 @@ const HOLD: Duration = Duration::from_millis(100);
 
 /// A buffer allocated on another stream: the operation waits for that stream's work before
 /// reading it, and the home stream's later work sees the result.
-fn foreign_home(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
+fn foreign_home(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>, len: usize) {
     let home: Arc<CudaStream> = ctx.new_stream().expect("stream");
     let (me, n) = (ht.comm.rank() as u64, ht.comm.size() as u64);
-    let len = 100_000;
     let mut buf = ht.dev.up(&home, &vec![me; len]);
     ht.comm.allreduce_in_place(&mut buf, Sum).expect("allreduce");
     // Read back on the home stream only: it must have been ordered after the operation.
@@ -103,10 +105,9 @@ pub fn delay(ctx: &Arc<CudaContext>, stream: &CudaStream, how_long: Duration) {
 /// the input queued there runs before the operation reads it, and a copy cudarc queues there
 /// right after the call reads the result. The third stream and the communicator's are each held
 /// up in turn, so each check fails when its ordering is missing.
-fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>) {
+fn third_stream(ht: &HostTransfer<CudaDevice>, ctx: &Arc<CudaContext>, len: usize) {
     let (home, third) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
     let (me, n) = (ht.comm.rank() as u64, ht.comm.size() as u64);
-    let len = 1 << 20;
     let sentinel = u64::MAX;
     let sum = |base: u64| n * (n - 1) / 2 + base * n;
     let mut recv = ht.dev.up(&home, &vec![sentinel; len]);

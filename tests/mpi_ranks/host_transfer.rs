@@ -73,6 +73,7 @@ pub fn stream_ordered<D: TestDevice>(
         beyond_pool(world, dev, &new_stream, true);
     }
     grown_chunks(world, dev, &new_stream);
+    long_pipelines(world, dev, &new_stream);
     waits_for_the_pool(world, dev, &new_stream, false);
     if !shared_queues {
         waits_for_the_pool(world, dev, &new_stream, true);
@@ -288,6 +289,38 @@ fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: 
         high > depth * 2 * chunk && high <= most,
         "pinned high-water mark {high} B, want above 24 KiB, at most {most} B"
     );
+}
+
+/// Operations of a thousand chunks and more, each chunk a few device calls: far more work than
+/// a GPU's command queue holds (about a thousand items), so the calling thread blocks while it
+/// queues them, until the device has run some, which needs the proxy thread to run the
+/// operation's first chunks meanwhile. Point-to-point and alltoallv (chunks always of
+/// `chunk_bytes`) and an allreduce whose chunks may not grow.
+fn long_pipelines<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
+    let config =
+        HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, max_chunks: usize::MAX, ..Default::default() };
+    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
+    let len = 64 << 10; // 256 KiB of u32: 1024 chunks.
+    let of = |r: usize| (0..len).map(|i| (r * 1_000_000 + i) as u32).collect::<Vec<_>>();
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let mine = dev.up(&s, &of(me));
+    let mut got = dev.up(&s, &vec![0u32; len]);
+    c.sendrecv(&mine, right, &mut got, left, 1).unwrap();
+    assert!(dev.down(&s, &got) == of(left), "sendrecv of 1024 chunks");
+    let mut sum = dev.up(&s, &vec![0u32; len]);
+    c.allreduce(&mine, &mut sum, Sum).unwrap();
+    let want: Vec<u32> = (0..len).map(|i| (0..n).map(|r| of(r)[i]).sum()).collect();
+    assert!(dev.down(&s, &sum) == want, "allreduce of 1024 chunks");
+    // Alltoallv: 256 KiB to every rank.
+    let counts = vec![len; n];
+    let displs: Vec<usize> = (0..n).map(|j| j * len).collect();
+    let send = dev.up(&s, &(0..n).flat_map(|_| of(me)).collect::<Vec<_>>());
+    let mut recv = dev.up(&s, &vec![0u32; n * len]);
+    c.alltoallv(&send, &counts, &displs, &mut recv, &counts, &displs).unwrap();
+    assert!(dev.down(&s, &recv) == (0..n).flat_map(of).collect::<Vec<_>>(), "alltoallv of 1024 chunks per block");
+    c.synchronize().unwrap();
+    assert_idle(&c, "after operations of a thousand chunks");
 }
 
 /// Send-only operations release their stream once the data is staged: a bcast root's and a

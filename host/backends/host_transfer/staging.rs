@@ -16,6 +16,7 @@
 //! `depth` slots of one chunk of pinned memory.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use duralumin_kernels::Element;
 use duralumin_kernels::flag::reached;
@@ -177,9 +178,10 @@ struct InFlight<D: Device> {
     turn_held: bool,
     chunks: u32,
     input: FlagSlot<D>,
-    output: FlagSlot<D>,
+    /// Shared with the calling thread while it queues (it releases the waits if that fails).
+    output: Arc<FlagSlot<D>>,
     /// Raised by the output stream when a chunk's slot may be refilled (two-stream staging).
-    freed: Option<FlagSlot<D>>,
+    freed: Option<Arc<FlagSlot<D>>>,
     /// Raised by the stream when it reaches a pipelined operation whose copies the proxy thread
     /// queues (then).
     start: Option<FlagSlot<D>>,
@@ -237,7 +239,7 @@ impl<D: Device> InFlight<D> {
 
     /// Lets every wait the device may have queued for this operation pass.
     fn release_all(&self) {
-        release_waits(&self.output, self.freed.as_ref(), self.chunks);
+        release_waits(&self.output, self.freed.as_deref(), self.chunks);
     }
 }
 
@@ -265,9 +267,9 @@ impl<D: Device> Drop for InFlight<D> {
 /// the output stream, `freed` on the input stream) to their last values, so every such wait
 /// passes.
 fn release_waits<D: Device>(output: &FlagSlot<D>, freed: Option<&FlagSlot<D>>, chunks: u32) {
-    output.store(chunks);
+    output.raise(chunks);
     if let Some(freed) = freed {
-        freed.store(chunks);
+        freed.raise(chunks);
     }
 }
 
@@ -549,7 +551,7 @@ impl<D: Device> Communicator<D> {
             }
         };
         let waits_for_memory = direct.is_none() && staging.is_none();
-        let (input, output, done) = (pools.flag()?, pools.flag()?, Arc::new(pools.flag()?));
+        let (input, output, done) = (pools.flag()?, Arc::new(pools.flag()?), Arc::new(pools.flag()?));
         let mut geo = Geometry {
             sz,
             c,
@@ -576,7 +578,7 @@ impl<D: Device> Communicator<D> {
         // waits for staging memory (or a communicator configured to) has the proxy thread
         // queue them, once the stream raises `start`.
         let deferred = waits_for_memory || (two && self.config.proxy_queues_copies);
-        let freed = if two { Some(pools.flag()?) } else { None };
+        let freed = if two { Some(Arc::new(pools.flag()?)) } else { None };
         let start = if deferred { Some(pools.flag()?) } else { None };
         let (ins, outs) = match self.copy_streams_if(two)? {
             Some((i, o)) => (i.clone(), o.clone()),
@@ -593,7 +595,7 @@ impl<D: Device> Communicator<D> {
             geo,
             input_flag: input.flag(),
             output_flag: output.flag(),
-            freed: freed.as_ref().map(FlagSlot::flag),
+            freed: freed.as_deref().map(FlagSlot::flag),
             done: done.flag(),
             early,
         };
@@ -604,39 +606,22 @@ impl<D: Device> Communicator<D> {
             // wait, which would never end.
             unsafe { device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(&done) as KeepAlive)) }
         };
-        let mut deferred = match &start {
-            Some(start) => {
-                // SAFETY: `start` is held by the operation until the proxy thread has seen it.
-                unsafe { device.write_flag(stream, start.flag(), 1)? };
-                wait_done()?;
-                Some(copies)
-            }
-            None => {
-                // SAFETY: the flags and staging are held by the operation until `done`.
-                let queued = unsafe {
-                    // The copy streams start where the stream is now: its earlier work made
-                    // the data.
-                    let joined = if two { device.join(&copies.ins, stream) } else { Ok(()) };
-                    joined.and_then(|()| copies.queue()).and_then(|()| if two { wait_done() } else { Ok(()) })
-                };
-                if let Err(e) = queued {
-                    // Let what was queued run through (its waits released) before the flags and
-                    // staging go back to the pool; the outputs are unspecified.
-                    release_waits(&output, freed.as_ref(), chunks32);
-                    copies.run_through();
-                    let _ = device.release(stream, &keeps);
-                    return Err(e);
-                }
-                None
-            }
-        };
-        device.release(stream, &keeps)?;
-
+        // The operation goes to the proxy thread before its device work is queued: a GPU's
+        // command queue holds about a thousand items, and a calling thread queueing more (an
+        // operation of hundreds of chunks) blocks until the device has run some, which needs
+        // the proxy thread to run the operation's first chunks meanwhile. Tickets are still
+        // taken in the program's order.
         let ticket = self.next_ticket();
         let grant = direct.is_none().then(|| self.next_grant());
         if let (Some(g), false) = (grant, waits_for_memory) {
             self.shared.grants().pass(g);
         }
+        // Set when the calling thread's queueing failed, after what it queued has run through
+        // with its waits released: the proxy thread then lets the operation go.
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let gave_up = Arc::clone(&abandoned);
+        let (mut deferred, mine) = if start.is_some() { (Some(copies), None) } else { (None, Some(copies)) };
+        let (out_flag, freed_flag) = (Arc::clone(&output), freed.clone());
         let mut op = InFlight {
             shared: Arc::clone(&self.shared),
             ticket,
@@ -651,14 +636,18 @@ impl<D: Device> Communicator<D> {
             staging,
             retired: None,
             grant: grant.filter(|_| waits_for_memory),
-            keep: if direct.is_some() { keeps } else { Vec::new() },
+            keep: if direct.is_some() { keeps.clone() } else { Vec::new() },
         };
+        let start_flag = op.start.as_ref().map(FlagSlot::flag);
         let recv_parts = plan.recv_parts;
         let fut: OpFuture = Box::pin(async move {
             let mut result = Ok(());
             if let (Some(copies), Some(start)) = (&mut deferred, &op.start) {
-                until(|| reached(start.load(), 1)).await;
-                if op.grant.is_some() {
+                until(|| reached(start.load(), 1) || gave_up.load(Ordering::Acquire)).await;
+                if gave_up.load(Ordering::Acquire) {
+                    // The calling thread could not queue the stream's part: nothing to run.
+                    result = Err(Error::Progress("the operation was not queued"));
+                } else if op.grant.is_some() {
                     let mut got = None;
                     until(|| {
                         got = op.try_grant(slot_elems * sz, slots);
@@ -683,16 +672,24 @@ impl<D: Device> Communicator<D> {
                 op.queued = result.is_ok();
             }
             // An error is recorded as soon as it happens: before the output flag that lets the
-            // stream (and so a `synchronize` waiting for it) finish, which then reports it.
+            // stream (and so a `synchronize` waiting for it) finish, which then reports it. (The
+            // calling thread returns its own queueing errors.)
             let mut failed = false;
             if let Err(e) = result {
-                op.shared.errors.record(e);
+                if !gave_up.load(Ordering::Acquire) {
+                    op.shared.errors.record(e);
+                }
                 failed = true;
             }
             until(|| op.shared.has_turn(ticket)).await;
             op.turn_held = true;
             for k in 0..if op.queued { chunks } else { 0 } {
-                until(|| reached(op.input.load(), (k + 1) as u32)).await;
+                until(|| reached(op.input.load(), (k + 1) as u32) || gave_up.load(Ordering::Acquire)).await;
+                if gave_up.load(Ordering::Acquire) {
+                    // The calling thread's queueing failed and what it queued has run through.
+                    op.queued = false;
+                    break;
+                }
                 if !failed {
                     let len = geo.len_of(k);
                     let (send, recv) = geo.areas(k);
@@ -714,7 +711,7 @@ impl<D: Device> Communicator<D> {
                 }
                 if let (true, Some(freed)) = (early, &op.freed) {
                     // No copy back: the slot is free for chunk `k + depth` now.
-                    freed.store((k + 1) as u32);
+                    freed.raise((k + 1) as u32);
                 }
                 if k + 1 == chunks {
                     // Only the stream's last copies back use the staging now: it is free once
@@ -722,23 +719,62 @@ impl<D: Device> Communicator<D> {
                     // before this thread sees `done`.
                     op.retired = op.staging.take().map(|b| b.retire_on(Arc::clone(&op.done)));
                 }
-                op.output.store((k + 1) as u32);
+                // Raised, not stored: a calling thread giving up may have released every wait meanwhile.
+                op.output.raise((k + 1) as u32);
             }
             op.shared.pass_turn(ticket);
             op.turn_held = false;
-            if let (Some(copies), false) = (&deferred, op.queued) {
+            if let (Some(copies), false, false) = (&deferred, op.queued, gave_up.load(Ordering::Acquire)) {
                 // Queueing failed part-way: let what was queued run through, then release the
-                // stream (its output is unspecified; the error is recorded).
+                // stream (its output is unspecified; the error is recorded). (When the calling
+                // thread gave up, this thread queued nothing.)
                 op.release_all();
                 copies.run_through();
                 op.done.store(1);
             }
-            until(|| reached(op.done.load(), 1)).await;
+            if op.queued {
+                until(|| reached(op.done.load(), 1)).await;
+            }
             drop(op);
             Ok(())
         });
-        let task = Task::new(fut);
-        self.engine.submit_now(task);
+        self.engine.submit_now(Task::new(fut));
+
+        // On failure, whether the operation is to be let go: not when the stream already
+        // raised (or will raise) `start`, after which the proxy thread runs it to its end.
+        let queued: std::result::Result<(), (Error, bool)> = match (start_flag, &mine) {
+            // SAFETY: `start` is held by the operation until the proxy thread has seen it.
+            (Some(start), _) => match unsafe { device.write_flag(stream, start, 1) } {
+                Err(e) => Err((e, true)),
+                Ok(()) => wait_done().map_err(|e| (e, false)),
+            },
+            (None, Some(copies)) => {
+                // SAFETY: the flags and staging are held by the operation until `done`.
+                unsafe {
+                    // The copy streams start where the stream is now: its earlier work made
+                    // the data.
+                    let joined = if two { device.join(&copies.ins, stream) } else { Ok(()) };
+                    joined.and_then(|()| copies.queue()).and_then(|()| if two { wait_done() } else { Ok(()) })
+                }
+                .map_err(|e| (e, true))
+            }
+            (None, None) => Ok(()),
+        };
+        if let Err((e, abandon)) = queued {
+            if abandon {
+                // Let what was queued run through (its waits released), then let the proxy
+                // thread drop the operation, whose flags and staging go back to the pool; the
+                // outputs are unspecified.
+                release_waits(&out_flag, freed_flag.as_deref(), chunks32);
+                if let Some(copies) = &mine {
+                    copies.run_through();
+                }
+                abandoned.store(true, Ordering::Release);
+            }
+            let _ = device.release(stream, &keeps);
+            return Err(e);
+        }
+        device.release(stream, &keeps)?;
         Ok(done)
     }
 }
