@@ -350,6 +350,14 @@ mod tests {
         })
     }
 
+    /// Queues on `stream` a device-side wait that lasts until the returned flag is set.
+    fn held(ctx: &Context, stream: &Arc<Stream>) -> Arc<AtomicBool> {
+        let go = Arc::new(AtomicBool::new(false));
+        let g = Arc::clone(&go);
+        ctx.submit(stream, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+        go
+    }
+
     /// A wait on one stream holds up the work of every stream on its hardware queue, and only
     /// those: with one queue the second stream's work waits for the first stream's wait; with
     /// two it runs at once.
@@ -358,9 +366,7 @@ mod tests {
         for queues in [1, 2] {
             let ctx = Context::new(queues, 1024);
             let (a, b) = (ctx.new_stream(), ctx.new_stream());
-            let (go, ran) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-            let g = Arc::clone(&go);
-            ctx.submit(&a, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+            let (go, ran) = (held(&ctx, &a), Arc::new(AtomicBool::new(false)));
             let r = Arc::clone(&ran);
             ctx.submit(&b, "write", work(move || r.store(true, Ordering::Release))).unwrap();
             if queues == 1 {
@@ -383,9 +389,7 @@ mod tests {
     fn a_full_queue_blocks_the_submitter() {
         let ctx = Context::new(1, 2);
         let s = ctx.new_stream();
-        let go = Arc::new(AtomicBool::new(false));
-        let g = Arc::clone(&go);
-        ctx.submit(&s, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+        let go = held(&ctx, &s);
         // The worker starts the wait (it leaves the queue), then two items fill the queue.
         while !s.queue.items.lock().unwrap().is_empty() {
             std::thread::yield_now();
@@ -415,9 +419,7 @@ mod tests {
     fn a_barrier_orders_later_work_after_earlier_work() {
         let ctx = Context::new(2, 1024);
         let (a, b) = (ctx.new_stream(), ctx.new_stream());
-        let (go, ran) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        let g = Arc::clone(&go);
-        ctx.submit(&a, "wait", work(move || device_wait(|| g.load(Ordering::Acquire), || "go".into()))).unwrap();
+        let (go, ran) = (held(&ctx, &a), Arc::new(AtomicBool::new(false)));
         ctx.barrier("test barrier").unwrap();
         let r = Arc::clone(&ran);
         ctx.submit(&b, "after", work(move || r.store(true, Ordering::Release))).unwrap();
