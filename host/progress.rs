@@ -77,6 +77,34 @@ fn progress_count() -> u64 {
     PROGRESS.with(Cell::get)
 }
 
+/// Waits until `done()` holds, calling `help` between checks (see [`crate::device::Help`]), so a thread that waits for its
+/// own operations drives them rather than waiting for the proxy thread to be scheduled (on a
+/// busy machine each hand-off between threads costs microseconds). Backs off as
+/// [`block_on`] does, with `sleep` doing the sleeping (a device cuts it short when it has
+/// news). Returns `Ok(true)` once done, `Ok(false)` as soon as `help` has nothing left to drive:
+/// the caller then waits its own way (blocking in the driver, say).
+pub(crate) fn help_until(
+    mut done: impl FnMut() -> Result<bool>,
+    help: &mut dyn FnMut() -> bool,
+    mut sleep: impl FnMut(Duration),
+) -> Result<bool> {
+    let mut backoff = Backoff::default();
+    loop {
+        let moved = progress_count();
+        if done()? {
+            return Ok(true);
+        }
+        if !help() {
+            return Ok(false);
+        }
+        if progress_count() != moved {
+            backoff.reset();
+        } else {
+            backoff.snooze_with(&mut sleep);
+        }
+    }
+}
+
 /// Polls `fut` on the calling thread until it completes.
 pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
     block_on_with(fut, std::thread::sleep)

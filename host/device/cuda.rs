@@ -678,6 +678,17 @@ impl Device for CudaDevice {
         self.check_stream(stream)?;
         stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
+
+    fn query(&self, stream: &Arc<CudaStream>) -> Result<bool> {
+        self.check_stream(stream)?;
+        self.bind()?;
+        // SAFETY: a live stream of this device's context, which is current.
+        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(driver("cuStreamQuery")(DriverError(e))),
+        }
+    }
 }
 
 /// Implements [`DeviceSlice`] for cudarc's buffer types: the address is read with cudarc's

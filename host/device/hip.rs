@@ -84,6 +84,8 @@ mod sys {
     /// A `hipError_t`.
     pub type Status = c_int;
     pub const SUCCESS: Status = 0;
+    /// `hipErrorNotReady`: queued work has not finished (`hipStreamQuery`).
+    pub const NOT_READY: Status = hip_runtime_sys::hipError_t::hipErrorNotReady as c_int;
 
     pub const STREAM_NON_BLOCKING: c_uint = hip_runtime_sys::hipStreamNonBlocking;
     pub const EVENT_DISABLE_TIMING: c_uint = hip_runtime_sys::hipEventDisableTiming;
@@ -117,6 +119,7 @@ mod sys {
         pub fn hipStreamCreateWithFlags(stream: *mut hipStream_t, flags: c_uint) -> Status;
         pub fn hipStreamDestroy(stream: hipStream_t) -> Status;
         pub fn hipStreamSynchronize(stream: hipStream_t) -> Status;
+        pub fn hipStreamQuery(stream: hipStream_t) -> Status;
         pub fn hipStreamWaitEvent(stream: hipStream_t, event: hipEvent_t, flags: c_uint) -> Status;
         pub fn hipStreamAddCallback(
             stream: hipStream_t,
@@ -1129,6 +1132,16 @@ impl Device for HipDevice {
         self.bind()?;
         // SAFETY: a valid stream handle.
         check("hipStreamSynchronize", unsafe { sys::hipStreamSynchronize(stream.raw()) })
+    }
+
+    fn query(&self, stream: &HipStream) -> Result<bool> {
+        self.check_stream(stream)?;
+        self.bind()?;
+        // SAFETY: a valid stream handle.
+        match unsafe { sys::hipStreamQuery(stream.raw()) } {
+            sys::NOT_READY => Ok(false),
+            status => check("hipStreamQuery", status).map(|()| true),
+        }
     }
 }
 

@@ -1,19 +1,28 @@
 //! The host device: streams are in-order executor threads over host memory.
 //!
 //! Each [`HostStream`] owns one thread that runs the stream's work items in order. Copies run
-//! the shared 2-D copy kernel body ([`duralumin_kernels::pack`]) on that thread; flags are
-//! atomics, written with release stores and read with acquire loads. A waiting stream checks a
+//! the shared 2-D copy kernel body ([`duralumin_kernels::pack`]); flags are atomics, written
+//! with release stores and read with acquire loads. A stream held up by a flag wait checks a
 //! few times, then sleeps until a flag write of the device wakes it, so it costs no core and
-//! still sees the write at once. "Device memory" is host memory owned by [`HostBuffer`]s,
+//! still sees the write at once.
+//!
+//! A thread that synchronizes with a stream (or waits for an operation on it) runs the
+//! stream's work itself while it waits, and drives the host parts of its own operations
+//! ([`Device::synchronize_helping`]); meanwhile the executor thread leaves the work to it,
+//! stepping in only if it has not moved the stream on for a millisecond. So a small operation
+//! followed by a synchronize costs no hand-off between threads, each of which costs
+//! microseconds on a busy machine. Stream order is kept either way: one thread runs an item
+//! at a time, in queue order. A kernel ([`HostDevice::launch`]) therefore runs on the
+//! executor thread or on a thread waiting for its stream. "Device memory" is host memory owned by [`HostBuffer`]s,
 //! which queued work keeps alive, and which the host reads and writes only through
 //! [`HostDevice::download`] and [`HostDevice::write`]: those first wait for every stream of the
 //! device, so no safe code can race with queued work.
 
 use std::alloc::Layout;
+use std::collections::VecDeque;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::mpsc::{Receiver, RecvError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -50,14 +59,19 @@ struct DeviceInner {
     queues: Option<Mutex<(Vec<Weak<Queue>>, usize)>>,
 }
 
-/// How a stream waits for a flag (or another stream): it checks a few times, yielding its core
-/// in between, then sleeps until whoever writes flags of this device wakes it. A sleep that
-/// runs out would cost at least the kernel's timer slack (50 µs by default) per wait; a wake-up
-/// costs the writer one futex call, and only when a stream is asleep.
+/// How threads wait for flags of the device: they check a few times, yielding the core in
+/// between, then sleep until whoever writes a flag of this device wakes them. A sleep that runs
+/// out would cost at least the kernel's timer slack (50 µs by default) per wait; a wake-up costs
+/// the writer one futex call, and only when someone is asleep. Host threads sleep here; a
+/// stream's lane has a condition variable of its own (work queued on one stream wakes no
+/// other), and a lane whose sleeper waits for a flag is woken from here too.
 struct Signals {
+    /// Threads asleep until a flag changes: here, or on a lane.
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+    /// The device's lanes, for waking those with a thread asleep until a flag changes.
+    lanes: Mutex<Vec<Weak<Lane>>>,
     /// The longest a sleeping waiter waits for a wake-up before it checks again.
     longest_sleep: Duration,
 }
@@ -71,7 +85,13 @@ const LONGEST_SLEEP: Duration = Duration::from_millis(10);
 
 impl Signals {
     fn new(longest_sleep: Duration) -> Signals {
-        Signals { sleepers: AtomicUsize::new(0), lock: Mutex::new(()), wake: Condvar::new(), longest_sleep }
+        Signals {
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            lanes: Mutex::default(),
+            longest_sleep,
+        }
     }
 
     /// Returns once `ready()` holds.
@@ -79,30 +99,37 @@ impl Signals {
         if check_a_while(|| ready().then_some(())).is_some() {
             return;
         }
-        loop {
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            // Paired with the fence in `wake_all`: either this check sees the write, or the
-            // writer sees this sleeper and wakes it (it takes the lock, so not before the
-            // `wait` below has released it).
-            fence(Ordering::SeqCst);
-            let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-            let done = ready();
-            if !done {
-                drop(self.wake.wait_timeout(guard, self.longest_sleep).unwrap_or_else(PoisonError::into_inner));
-            }
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-            if done || ready() {
-                return;
-            }
-        }
+        while !self.sleep_unless(self.longest_sleep, &ready) {}
     }
 
-    /// Wakes every sleeping waiter; call after writing what they wait for.
+    /// Sleeps until a write wakes it or `limit` runs out, unless `ready()` already holds;
+    /// returns whether it holds afterwards.
+    fn sleep_unless(&self, limit: Duration, ready: impl Fn() -> bool) -> bool {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        // Paired with the fence in `wake_all`: either this check sees the write, or the writer
+        // sees this sleeper and wakes it (it takes the lock, so not before the `wait` below has
+        // released it).
+        fence(Ordering::SeqCst);
+        let guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let done = ready();
+        if !done {
+            drop(self.wake.wait_timeout(guard, limit).unwrap_or_else(PoisonError::into_inner));
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        done || ready()
+    }
+
+    /// Wakes every thread asleep until a flag changes; call after writing what they wait for.
     fn wake_all(&self) {
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             drop(self.lock.lock().unwrap_or_else(PoisonError::into_inner));
             self.wake.notify_all();
+            let lanes: Vec<_> =
+                self.lanes.lock().unwrap_or_else(PoisonError::into_inner).iter().filter_map(Weak::upgrade).collect();
+            for lane in lanes {
+                lane.wake_flag_sleepers();
+            }
         }
     }
 }
@@ -117,7 +144,7 @@ impl HostDevice {
     /// A host device with ordinal `ordinal` (only used to tell devices apart, like a GPU's
     /// index: a buffer of one cannot be used with a communicator of another).
     pub fn new(ordinal: usize) -> HostDevice {
-        Self::make(ordinal, None)
+        Self::make(ordinal, None, LONGEST_SLEEP)
     }
 
     /// A host device whose streams share `queues` executor threads (at least 1), handed out
@@ -127,17 +154,19 @@ impl HostDevice {
     /// up the others behind it, as a blocked stream wait does on a GPU. So this device shows
     /// any work whose completion depends on work queued after it, which can deadlock a GPU.
     pub fn with_queues(ordinal: usize, queues: usize) -> HostDevice {
-        Self::make(ordinal, Some(Mutex::new(((0..queues.max(1)).map(|_| Weak::new()).collect(), 0))))
+        Self::make(ordinal, Some(Mutex::new(((0..queues.max(1)).map(|_| Weak::new()).collect(), 0))), LONGEST_SLEEP)
     }
 
-    fn make(ordinal: usize, queues: Option<Mutex<(Vec<Weak<Queue>>, usize)>>) -> HostDevice {
+    /// A device whose sleeping threads check again after `longest_sleep` at the latest (tests
+    /// set it long, so that only wake-ups move them).
+    fn make(ordinal: usize, queues: Option<Mutex<(Vec<Weak<Queue>>, usize)>>, longest_sleep: Duration) -> HostDevice {
         HostDevice {
             inner: Arc::new(DeviceInner {
                 id: NEXT_DEVICE_ID.fetch_add(1, Ordering::Relaxed),
                 ordinal,
                 streams: Mutex::new(Vec::new()),
                 pinned_bytes: AtomicUsize::new(0),
-                signals: Arc::new(Signals::new(LONGEST_SLEEP)),
+                signals: Arc::new(Signals::new(longest_sleep)),
                 queues,
             }),
         }
@@ -184,7 +213,10 @@ impl HostDevice {
     }
 
     /// Queues `f` on `stream` to run on the buffer's elements in stream order: the host
-    /// device's kernel launch.
+    /// device's kernel launch. It runs on the stream's executor thread, or on a thread that
+    /// synchronizes with the stream meanwhile. If it panics, the stream's later work still runs
+    /// and every later synchronize of the stream returns an error, as a faulted GPU context
+    /// reports its fault.
     pub fn launch<T: Element>(
         &self,
         stream: &HostStream,
@@ -320,6 +352,18 @@ impl<T: Element> DeviceSliceMut<HostDevice> for HostBuffer<T> {}
 
 type Work = Box<dyn FnOnce() + Send>;
 
+/// Whether a wait item may pass. Checked under its queue's lock by whichever thread advances
+/// the queue, so it only reads (a flag, an event) and never blocks.
+type Ready = Box<dyn Fn() -> bool + Send>;
+
+/// One item of a stream's work.
+enum Item {
+    /// Runs to its end once started: a copy, a flag write, a kernel.
+    Run(Work),
+    /// The stream goes on once this holds (a flag wait, a join).
+    Wait(Ready),
+}
+
 /// Calls `check` up to [`CHECKS_BEFORE_SLEEPING`] times, spinning and then yielding the core
 /// in between, until it returns something; `None` if it never did (the caller then sleeps).
 fn check_a_while<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
@@ -332,36 +376,275 @@ fn check_a_while<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
     None
 }
 
-/// The next message of `rx`, checked for a while before blocking. Work comes in bursts (an
-/// operation queues its copies and flags back to back), and a sender whose receiver is not
-/// blocked wakes nobody: blocking at once would cost the sender a futex wake per item and the
-/// receiver a sleep and a wake-up, which made most of a small operation's time here.
-fn recv_soon<T>(rx: &Receiver<T>) -> std::result::Result<T, RecvError> {
-    let ready = check_a_while(|| match rx.try_recv() {
-        Err(TryRecvError::Empty) => None,
-        got => Some(got.map_err(|_| RecvError)),
-    });
-    ready.unwrap_or_else(|| rx.recv())
+/// The work of one executor (one stream's, or the streams' that share it with
+/// [`HostDevice::with_queues`]), run in order by whichever thread advances it: the executor
+/// thread, or a thread synchronizing with one of its streams, which runs the work itself
+/// rather than wait for the executor thread to be scheduled. One thread runs an item at a time.
+struct Lane {
+    state: Mutex<LaneState>,
+    /// Where the lane's threads sleep: woken when work is queued, an item finishes or the lane
+    /// closes, and (those waiting for one) when a flag of the device is written.
+    changed: Condvar,
+    signals: Arc<Signals>,
 }
 
-/// An executor thread running work items in the order they were sent.
+#[derive(Default)]
+struct LaneState {
+    items: VecDeque<Item>,
+    /// A thread is running an item it took off `items`: no one else may start the next.
+    running: bool,
+    /// Items ever queued and ever finished: a synchronize waits until `finished` reaches the
+    /// `queued` it saw.
+    queued: u64,
+    finished: u64,
+    /// Threads asleep on `changed`, and how many of them also wait for a flag.
+    sleepers: usize,
+    flag_sleepers: usize,
+    /// Threads waiting for the lane that run its work themselves (see [`Lane::wait_helping`]):
+    /// the executor thread leaves the work to them meanwhile.
+    helpers: usize,
+    /// An item panicked (a kernel of [`HostDevice::launch`]): reported by every later
+    /// synchronize, as a faulted GPU context reports its fault; later work still runs, so no
+    /// operation waiting for the stream hangs.
+    panicked: bool,
+    /// The executor thread finishes the queued work and exits.
+    closed: bool,
+}
+
+impl LaneState {
+    /// Whether a thread may run the next item now.
+    fn runnable(&self) -> bool {
+        !self.running
+            && match self.items.front() {
+                Some(Item::Run(_)) => true,
+                Some(Item::Wait(ready)) => ready(),
+                None => false,
+            }
+    }
+
+    /// Whether the lane is held up by a wait (so only a flag write moves it on).
+    fn waiting(&self) -> bool {
+        !self.running && matches!(self.items.front(), Some(Item::Wait(_)))
+    }
+
+    /// Whether the executor thread is through.
+    fn ended(&self) -> bool {
+        self.closed && self.items.is_empty() && !self.running
+    }
+}
+
+type LaneGuard<'a> = std::sync::MutexGuard<'a, LaneState>;
+
+impl Lane {
+    fn new(signals: &Arc<Signals>) -> Arc<Lane> {
+        let lane = Arc::new(Lane { state: Mutex::default(), changed: Condvar::new(), signals: Arc::clone(signals) });
+        let mut lanes = signals.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        lanes.retain(|l| l.strong_count() > 0);
+        lanes.push(Arc::downgrade(&lane));
+        lane
+    }
+
+    fn lock(&self) -> LaneGuard<'_> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Releases the lane after a change of its state made under `st`, then wakes its sleepers.
+    /// Not before: a sleeper woken while the lock is still held would only block on it, and on
+    /// a busy machine could take the core of the thread that holds it.
+    fn unlock_changed(&self, st: LaneGuard<'_>) {
+        let wake = st.sleepers > 0;
+        drop(st);
+        if wake {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Wakes the lane's sleepers that wait for a flag.
+    fn wake_flag_sleepers(&self) {
+        if self.lock().flag_sleepers > 0 {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Sleeps until the lane changes (or, with `flags`, a flag of the device is written) or
+    /// `limit` runs out, unless `ready(state)` holds once the sleeper is counted in.
+    fn sleep<'a>(
+        &'a self,
+        mut st: LaneGuard<'a>,
+        flags: bool,
+        limit: Duration,
+        ready: impl Fn(&LaneState) -> bool,
+    ) -> LaneGuard<'a> {
+        st.sleepers += 1;
+        if flags {
+            st.flag_sleepers += 1;
+            self.signals.sleepers.fetch_add(1, Ordering::SeqCst);
+            // Paired with the fence in `Signals::wake_all`: either `ready` below sees the flag
+            // write, or the writer sees this sleeper and wakes the lane (under the lane's lock,
+            // so not before the wait below has released it).
+            fence(Ordering::SeqCst);
+        }
+        if !ready(&st) {
+            st = self.changed.wait_timeout(st, limit).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        st.sleepers -= 1;
+        if flags {
+            st.flag_sleepers -= 1;
+            self.signals.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        st
+    }
+
+    fn push(&self, item: Item) -> Result<()> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(Error::Device { call: "host stream", message: "the stream's executor has stopped".into() });
+        }
+        st.items.push_back(item);
+        st.queued += 1;
+        if st.items.len() == 1 {
+            // Behind other items it changes nothing until they are through.
+            self.unlock_changed(st);
+        }
+        Ok(())
+    }
+
+    /// Runs items in order until the lane is empty or waits, unless another thread is running
+    /// one. Returns whether any item finished.
+    fn advance(&self) -> bool {
+        let mut st = self.lock();
+        let mut ran = false;
+        while !st.running {
+            match st.items.front() {
+                Some(Item::Wait(ready)) if ready() => {
+                    st.items.pop_front();
+                }
+                Some(Item::Run(_)) => {
+                    let Some(Item::Run(work)) = st.items.pop_front() else { break };
+                    st.running = true;
+                    drop(st);
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+                    st = self.lock();
+                    st.running = false;
+                    st.panicked |= outcome.is_err();
+                }
+                _ => break,
+            }
+            st.finished += 1;
+            ran = true;
+        }
+        if ran {
+            self.unlock_changed(st);
+        }
+        ran
+    }
+
+    /// Returns once `until(state)` holds, advancing the lane on this thread meanwhile and
+    /// calling `help` (see [`Device::synchronize_helping`]); between checks it sleeps until the
+    /// lane changes or a flag of the device is written (or, while `help` has work, a backoff runs
+    /// out).
+    fn wait_helping(&self, until: impl Fn(&LaneState) -> bool, help: super::Help<'_>) {
+        /// Counts the thread in as a helper while it waits (and out, even on a panic in `help`).
+        struct Helping<'a>(&'a Lane);
+        impl Drop for Helping<'_> {
+            fn drop(&mut self) {
+                let mut st = self.0.lock();
+                st.helpers -= 1;
+                self.0.unlock_changed(st);
+            }
+        }
+        self.lock().helpers += 1;
+        let _helping = Helping(self);
+        let done = || {
+            if self.advance() {
+                crate::progress::made_progress();
+            }
+            until(&self.lock())
+        };
+        let news = |st: &LaneState| until(st) || st.runnable();
+        let nap = |limit| drop(self.sleep(self.lock(), true, limit, news));
+        if matches!(crate::progress::help_until(|| Ok(done()), help, nap), Ok(true)) {
+            return;
+        }
+        while check_a_while(|| done().then_some(())).is_none() {
+            nap(self.signals.longest_sleep);
+        }
+    }
+
+    /// Blocks until the work queued so far has run (see [`Lane::wait_helping`]).
+    fn synchronize(&self, help: super::Help<'_>) -> Result<()> {
+        let target = self.lock().queued;
+        self.wait_helping(|st| st.finished >= target, help);
+        if self.lock().panicked {
+            return Err(Error::Device {
+                call: "host stream",
+                message: "a kernel queued on the stream panicked".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The executor thread: runs what it can, sleeps until there is more, and exits once the
+    /// lane is closed and empty. While threads wait for the lane and run its work themselves, it
+    /// leaves the work to them (two threads taking turns at one lane only contend for it), and
+    /// steps in only when they have not moved it on for [`HELPER_GRACE`] (a helper can be busy
+    /// driving an operation), so the lane never depends on them.
+    fn execute(&self) {
+        let go_on = |st: &LaneState| st.ended() || (st.runnable() && st.helpers == 0);
+        loop {
+            self.advance();
+            // Work comes in bursts: look for more a while (without contending for the lock)
+            // before sleeping.
+            let soon = check_a_while(|| self.state.try_lock().ok().filter(|st| go_on(st)).map(drop));
+            let mut st = self.lock();
+            while soon.is_none() && !go_on(&st) {
+                if st.runnable() {
+                    let seen = st.finished;
+                    st = self.sleep(st, false, HELPER_GRACE, |st| st.helpers == 0 || st.finished != seen);
+                    if st.runnable() && st.finished == seen {
+                        break;
+                    }
+                } else if st.helpers > 0 {
+                    // Held up by a wait a helper is there for: no flag write wakes this thread
+                    // (each would cost the writer a system call), only the lane's changes, or
+                    // the longest sleep if a helper never moves it on. Once the helpers leave,
+                    // look for work a while again: their thread is likely to queue more at
+                    // once, and finding this one awake needs no wake-up.
+                    st = self.sleep(st, false, self.signals.longest_sleep, |st| st.helpers == 0 || st.runnable());
+                    if st.helpers == 0 {
+                        break;
+                    }
+                } else {
+                    let flags = st.waiting();
+                    st = self.sleep(st, flags, self.signals.longest_sleep, go_on);
+                }
+            }
+            if st.ended() {
+                return;
+            }
+        }
+    }
+}
+
+/// How long the executor thread leaves runnable work to a thread that waits for the lane and
+/// runs it itself, before running it anyway.
+const HELPER_GRACE: Duration = Duration::from_millis(1);
+
+/// An executor thread and its lane.
 struct Queue {
-    tx: Mutex<Option<Sender<Work>>>,
+    lane: Arc<Lane>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Queue {
-    fn start(ordinal: usize) -> Result<Arc<Queue>> {
-        let (tx, rx) = channel::<Work>();
+    fn start(ordinal: usize, signals: &Arc<Signals>) -> Result<Arc<Queue>> {
+        let lane = Lane::new(signals);
+        let executor = Arc::clone(&lane);
         let thread = std::thread::Builder::new()
             .name(format!("duralumin-host-stream-{ordinal}"))
-            .spawn(move || {
-                while let Ok(work) = recv_soon(&rx) {
-                    work();
-                }
-            })
+            .spawn(move || executor.execute())
             .map_err(|e| Error::Device { call: "spawn host stream", message: e.to_string() })?;
-        Ok(Arc::new(Queue { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }))
+        Ok(Arc::new(Queue { lane, thread: Mutex::new(Some(thread)) }))
     }
 }
 
@@ -375,8 +658,10 @@ struct StreamInner {
 
 impl Drop for Queue {
     fn drop(&mut self) {
-        // Closing the channel lets the thread finish the queued work and exit.
-        self.tx.lock().unwrap_or_else(PoisonError::into_inner).take();
+        // The thread finishes the queued work, then exits.
+        let mut st = self.lane.lock();
+        st.closed = true;
+        self.lane.unlock_changed(st);
         if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
             let _ = t.join();
         }
@@ -400,21 +685,18 @@ impl fmt::Debug for HostStream {
 
 impl HostStream {
     fn submit(&self, work: Work) -> Result<()> {
-        let tx = self.inner.queue.tx.lock().unwrap_or_else(PoisonError::into_inner);
-        match tx.as_ref().map(|tx| tx.send(work)) {
-            Some(Ok(())) => Ok(()),
-            _ => Err(Error::Device { call: "host stream", message: "the stream's executor thread has stopped".into() }),
-        }
+        self.inner.queue.lane.push(Item::Run(work))
     }
 
-    /// Blocks until the work queued so far has run.
+    fn submit_wait(&self, ready: Ready) -> Result<()> {
+        self.inner.queue.lane.push(Item::Wait(ready))
+    }
+
+    /// Blocks until the work queued so far has run. The calling thread runs queued work itself
+    /// while the executor thread is not running it. An error if a kernel queued on the stream
+    /// (or on a stream sharing its executor) panicked.
     pub fn sync(&self) -> Result<()> {
-        let (tx, rx) = channel::<()>();
-        self.submit(Box::new(move || {
-            let _ = tx.send(());
-        }))?;
-        recv_soon(&rx)
-            .map_err(|_| Error::Device { call: "host stream", message: "the stream's executor thread stopped".into() })
+        self.inner.queue.lane.synchronize(&mut || false)
     }
 }
 
@@ -441,7 +723,7 @@ impl Device for HostDevice {
 
     fn new_stream(&self) -> Result<HostStream> {
         let queue = match &self.inner.queues {
-            None => Queue::start(self.inner.ordinal)?,
+            None => Queue::start(self.inner.ordinal, &self.inner.signals)?,
             Some(shared) => {
                 let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 let (list, made) = &mut *shared;
@@ -450,7 +732,7 @@ impl Device for HostDevice {
                 match list[i].upgrade() {
                     Some(q) => q,
                     None => {
-                        let q = Queue::start(self.inner.ordinal)?;
+                        let q = Queue::start(self.inner.ordinal, &self.inner.signals)?;
                         list[i] = Arc::downgrade(&q);
                         q
                     }
@@ -550,15 +832,17 @@ impl Device for HostDevice {
 
     unsafe fn wait_flag(&self, stream: &HostStream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()> {
         self.check_stream(stream)?;
-        let device = self.clone();
         #[cfg(test)]
-        let gate = Arc::clone(&stream.inner.gate);
-        stream.submit(Box::new(move || {
-            let _keep = keep;
+        let (gate, arrived) = (Arc::clone(&stream.inner.gate), AtomicBool::new(false));
+        stream.submit_wait(Box::new(move || {
+            // Dropped with the item, once the wait has passed.
+            let _ = &keep;
             #[cfg(test)]
-            gate.pass();
+            if !gate.open_for(&arrived) {
+                return false;
+            }
             // SAFETY: the caller keeps the flag's slot held until the wait has finished.
-            unsafe { device.host_wait(flag, value) }
+            reached(unsafe { flag.atomic() }.load(Ordering::Acquire), value)
         }))
     }
 
@@ -599,18 +883,34 @@ impl Device for HostDevice {
             return Ok(());
         }
         let event = Arc::new(AtomicBool::new(false));
-        let (set, signals, wake) =
-            (Arc::clone(&event), Arc::clone(&self.inner.signals), Arc::clone(&self.inner.signals));
+        let (set, wake) = (Arc::clone(&event), Arc::clone(&self.inner.signals));
         stream.submit(Box::new(move || {
             set.store(true, Ordering::Release);
             wake.wake_all();
         }))?;
-        waiter.submit(Box::new(move || signals.wait_until(|| event.load(Ordering::Acquire))))
+        waiter.submit_wait(Box::new(move || event.load(Ordering::Acquire)))
     }
 
     fn synchronize(&self, stream: &HostStream) -> Result<()> {
         self.check_stream(stream)?;
         stream.sync()
+    }
+
+    fn query(&self, stream: &HostStream) -> Result<bool> {
+        self.check_stream(stream)?;
+        let st = stream.inner.queue.lane.lock();
+        Ok(st.finished == st.queued)
+    }
+
+    fn synchronize_helping(&self, stream: &HostStream, help: super::Help<'_>) -> Result<()> {
+        self.check_stream(stream)?;
+        stream.inner.queue.lane.synchronize(help)
+    }
+
+    unsafe fn host_wait_helping(&self, stream: &HostStream, flag: Flag, value: u32, help: super::Help<'_>) {
+        // SAFETY: the caller holds the slot.
+        let atomic = unsafe { flag.atomic() };
+        stream.inner.queue.lane.wait_helping(|_| reached(atomic.load(Ordering::Acquire), value), help);
     }
 
     unsafe fn host_wait(&self, flag: Flag, value: u32) {
@@ -703,11 +1003,13 @@ impl HostStream {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use std::sync::{Arc, Condvar, Mutex, PoisonError};
+    use std::thread::ThreadId;
     use std::time::{Duration, Instant};
 
-    use super::Signals;
+    use super::{DevicePtr, Flag, HostDevice, HostStream, Signals};
+    use crate::device::Device;
 
     /// Lets a test hold a stream back: while the gate is held, the stream's flag waits stop
     /// before they look at their flag, as if the stream had fallen behind everything else.
@@ -719,14 +1021,15 @@ pub(crate) mod tests {
     }
 
     impl WaitGate {
-        /// Run by the stream: counts the wait in, then stops while the gate is held.
-        pub(super) fn pass(&self) {
+        /// Checked by a wait of the stream before it looks at its flag: counts the wait in (once:
+        /// `arrived` is the wait's own), and holds it back while the gate is held.
+        pub(super) fn open_for(&self, arrived: &AtomicBool) -> bool {
             let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            st.1 += 1;
-            self.changed.notify_all();
-            while st.0 {
-                st = self.changed.wait(st).unwrap_or_else(PoisonError::into_inner);
+            if !arrived.swap(true, Ordering::Relaxed) {
+                st.1 += 1;
+                self.changed.notify_all();
             }
+            !st.0
         }
 
         /// Holds the stream's flag waits from now on.
@@ -790,6 +1093,100 @@ pub(crate) mod tests {
         }
         // Streams 0 and 2 share the first executor, stream 1 has the second.
         assert_eq!(*order.lock().unwrap(), [1, 0, 2]);
+    }
+
+    /// A stream waiting for a flag, then a kernel that notes the thread it runs on.
+    fn flag_then_kernel(dev: &HostDevice, flag: &AtomicU32) -> (HostStream, Arc<Mutex<Option<ThreadId>>>) {
+        let stream = dev.stream().unwrap();
+        let ran_on = Arc::new(Mutex::new(None));
+        let note = Arc::clone(&ran_on);
+        let flag = Flag { host: flag, device: DevicePtr(flag as *const AtomicU32 as u64) };
+        // SAFETY: the flag outlives the stream's work (the tests synchronize before it goes).
+        unsafe { dev.wait_flag(&stream, flag, 1, None).unwrap() };
+        let mut buf = dev.alloc_zeroed::<u8>(1).unwrap();
+        dev.launch(&stream, &mut buf, move |_| *note.lock().unwrap() = Some(std::thread::current().id())).unwrap();
+        (stream, ran_on)
+    }
+
+    /// A thread that synchronizes runs the stream's work itself, once what it drives meanwhile
+    /// (`help`) has raised the flag the stream waits for. The flag is raised without waking
+    /// anyone and the device's sleepers never check again on their own, so the executor thread,
+    /// asleep on the flag, cannot be the one that runs the kernel: without helping, the
+    /// synchronize would hang.
+    #[test]
+    fn a_synchronizing_thread_runs_the_streams_work() {
+        let dev = HostDevice::make(0, None, Duration::from_secs(3600));
+        let flag = Arc::new(AtomicU32::new(0));
+        let (stream, ran_on) = flag_then_kernel(&dev, &flag);
+        // Long enough for the executor to reach the wait and fall asleep on it.
+        std::thread::sleep(Duration::from_millis(50));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (helper_dev, helper_stream, raised) = (dev.clone(), stream.clone(), Arc::clone(&flag));
+        std::thread::spawn(move || {
+            let mut calls = 0;
+            let mut help = || {
+                calls += 1;
+                raised.store(1, Ordering::Release);
+                true
+            };
+            let r = helper_dev.synchronize_helping(&helper_stream, &mut help);
+            let _ = tx.send((r, calls, std::thread::current().id()));
+        });
+        let Ok((r, calls, helper)) = rx.recv_timeout(Duration::from_secs(60)) else {
+            // The stream's work waits for nothing now that the flag is up; dropping it would
+            // wait for the sleeping executor.
+            std::mem::forget(stream);
+            panic!("the synchronize hung: the helper did not run the stream's work")
+        };
+        r.unwrap();
+        assert!(calls >= 1, "help was never called");
+        assert_eq!(*ran_on.lock().unwrap(), Some(helper), "the kernel ran on another thread than the helper");
+    }
+
+    /// A helper busy with what it drives does not hold the stream up: the executor thread runs
+    /// work that became runnable while the helper was away.
+    #[test]
+    fn the_executor_runs_work_a_busy_helper_leaves() {
+        let dev = HostDevice::new(0);
+        let flag = Arc::new(AtomicU32::new(0));
+        let (stream, ran_on) = flag_then_kernel(&dev, &flag);
+        // The executor reaches the wait and falls asleep on it before the helper comes.
+        std::thread::sleep(Duration::from_millis(50));
+        let signals = Arc::clone(&dev.inner.signals);
+        let mut help = || {
+            flag.store(1, Ordering::Release);
+            signals.wake_all();
+            // Busy for far longer than the executor leaves work to helpers.
+            std::thread::sleep(Duration::from_millis(200));
+            true
+        };
+        dev.synchronize_helping(&stream, &mut help).unwrap();
+        let ran_on = ran_on.lock().unwrap().expect("the kernel never ran");
+        assert_ne!(ran_on, std::thread::current().id(), "the helper ran the kernel: the executor never stepped in");
+    }
+
+    /// A kernel that panics fails the synchronize that follows (and every later one, as a
+    /// faulted context does); the stream's later work still runs.
+    #[test]
+    fn a_panicking_kernel_fails_synchronize_and_later_work_still_runs() {
+        let dev = HostDevice::new(0);
+        let stream = dev.stream().unwrap();
+        let mut buf = dev.alloc_zeroed::<u32>(4).unwrap();
+        dev.launch(&stream, &mut buf, |_| panic!("a kernel that panics (expected by the test)")).unwrap();
+        dev.launch(&stream, &mut buf, |b| b.fill(7)).unwrap();
+        let err = stream.sync().expect_err("the panic must be reported");
+        assert!(err.to_string().contains("panicked"), "{err}");
+        assert_eq!(dev.download(&buf).expect_err("sticky").to_string(), err.to_string());
+        let mut fresh = dev.alloc_zeroed::<u32>(1).unwrap();
+        let other = dev.stream().unwrap();
+        dev.launch(&other, &mut fresh, |b| b[0] = 1).unwrap();
+        other.sync().expect("another stream of the device is not broken");
+        // The kernel after the panic ran (its write is there once the stream is through).
+        assert!(stream.sync().is_err());
+        let mem = buf.mem.ptr.cast::<u32>();
+        // SAFETY: the stream is through with the buffer (synchronized above) and nothing else
+        // queued work on it.
+        assert_eq!(unsafe { std::slice::from_raw_parts(mem, 4) }, [7; 4]);
     }
 
     /// Two threads take turns through [`Signals`], each pausing before its write so the other

@@ -107,6 +107,12 @@ impl Flag {
     }
 }
 
+/// What a thread that waits for a device can do meanwhile: poll the host parts of its own
+/// operations (the tasks the proxy thread polls too; a task's lock lets one thread poll it at a
+/// time). Returns whether any of them is still pending. Used by
+/// [`Device::synchronize_helping`] and [`Device::host_wait_helping`].
+pub type Help<'a> = &'a mut dyn FnMut() -> bool;
+
 /// Something a stream keeps alive until the work queued with it has run (the host device's
 /// buffers are reference-counted; GPU allocations are freed in stream order and need nothing).
 pub type KeepAlive = Arc<dyn Any + Send + Sync>;
@@ -324,6 +330,23 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// Blocks the calling thread until the work queued on `stream` so far has run.
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
 
+    /// Whether the work queued on `stream` so far has run, without blocking.
+    fn query(&self, stream: &Self::Stream) -> Result<bool>;
+
+    /// [`Device::synchronize`], calling `help` while it waits: the calling thread drives the
+    /// host parts of its own operations on the stream itself instead of waiting for the proxy
+    /// thread to be scheduled (which still drives them too). GPUs poll the stream between
+    /// calls, and block in the driver once `help` has nothing left to do; the host device also
+    /// runs the stream's queued work on the calling thread whenever its executor thread is not
+    /// running it.
+    fn synchronize_helping(&self, stream: &Self::Stream, help: Help<'_>) -> Result<()> {
+        if crate::progress::help_until(|| self.query(stream), help, std::thread::sleep)? {
+            Ok(())
+        } else {
+            self.synchronize(stream)
+        }
+    }
+
     /// Blocks the calling thread until `flag` reaches `value` (modulo 2³², as in
     /// [`Device::wait_flag`]), whoever writes it. By default it polls with a backoff that ends
     /// in short sleeps; the host device sleeps until one of its flag writes wakes it.
@@ -336,6 +359,23 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
         let mut backoff = crate::progress::Backoff::default();
         while !duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value) {
             backoff.snooze();
+        }
+    }
+
+    /// [`Device::host_wait`], calling `help` while it waits, as
+    /// [`Device::synchronize_helping`] does; `stream` is the stream whose work raises the flag
+    /// (the host device runs it on the calling thread when its executor is not running it).
+    ///
+    /// # Safety
+    /// As [`Device::host_wait`].
+    unsafe fn host_wait_helping(&self, stream: &Self::Stream, flag: Flag, value: u32, help: Help<'_>) {
+        let _ = stream;
+        // SAFETY: the caller holds the slot.
+        let atomic = unsafe { flag.atomic() };
+        let reached = || Ok(duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value));
+        if !matches!(crate::progress::help_until(reached, help, std::thread::sleep), Ok(true)) {
+            // SAFETY: as above.
+            unsafe { self.host_wait(flag, value) }
         }
     }
 

@@ -89,9 +89,9 @@ macro_rules! stream_ordered_and_nonblocking {
             let plan = self.$plan($($pa),*)?;
             let side = self.side_stream()?;
             $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
-            let done = self.enqueue(side, plan)?;
+            let queued = self.enqueue(side, plan)?;
             $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
-            Ok(DeviceRequest::new(done, Arc::clone(&self.shared)))
+            Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
         }
     )*};
 }
@@ -285,8 +285,8 @@ impl<D: Device> Communicator<D> {
     pub fn ibarrier(&self) -> Result<DeviceRequest<'_, D>> {
         self.shared.errors.check()?;
         let side = self.side_stream()?;
-        let done = self.enqueue::<u8>(side, self.plan_barrier())?;
-        Ok(DeviceRequest::new(done, Arc::clone(&self.shared)))
+        let queued = self.enqueue::<u8>(side, self.plan_barrier())?;
+        Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
     }
 
     fn plan_barrier(&self) -> Plan<u8> {

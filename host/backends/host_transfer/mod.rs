@@ -46,7 +46,7 @@ mod collectives;
 mod request;
 mod staging;
 
-use std::cell::{Cell, OnceCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,7 +57,7 @@ pub use request::DeviceRequest;
 use crate::device::pool::{PoolStats, Pools};
 use crate::device::{Device, DeviceSlice};
 use crate::error::{Error, Result};
-use crate::progress::Engine;
+use crate::progress::{Engine, Task};
 use crate::request::DeferredError;
 
 /// Pipelining and memory settings of a HostTransfer communicator. Every rank must use the same
@@ -224,6 +224,9 @@ pub struct Communicator<D: Device> {
     tickets: Cell<u64>,
     /// Staging turns handed out (see [`Grants`]).
     grants_issued: Cell<u64>,
+    /// The host parts of operations queued and maybe not yet through, which
+    /// [`Communicator::synchronize`] drives while it waits.
+    pending: RefCell<Vec<Arc<Task>>>,
     config: HostTransferConfig,
     engine: Arc<Engine>,
     _not_sync: PhantomData<Cell<()>>,
@@ -293,6 +296,7 @@ impl<D: Device> Communicator<D> {
             copies: OnceCell::new(),
             tickets: Cell::new(0),
             grants_issued: Cell::new(0),
+            pending: RefCell::default(),
             config,
             engine: Engine::get()?,
             _not_sync: PhantomData,
@@ -338,12 +342,37 @@ impl<D: Device> Communicator<D> {
 
     /// Blocks until every operation queued so far has completed on the stream (and the
     /// non-blocking ones on the internal stream), then reports any error they had.
+    ///
+    /// While it waits, the calling thread drives the host parts of this communicator's
+    /// operations itself (the proxy thread's polls, MPI's progress), and on the host device runs
+    /// the stream's queued work, rather than waiting for those threads to be scheduled: a
+    /// small operation followed by `synchronize` then costs about what the MPI call does, plus
+    /// the queueing.
     pub fn synchronize(&self) -> Result<()> {
-        self.shared.device.synchronize(&self.stream)?;
+        let device = &self.shared.device;
+        device.synchronize_helping(&self.stream, &mut || self.drive_pending())?;
         if let Some(side) = self.side.get() {
-            self.shared.device.synchronize(side)?;
+            device.synchronize_helping(side, &mut || self.drive_pending())?;
         }
         self.shared.errors.check()
+    }
+
+    /// Remembers the host part of an operation just queued, for [`Communicator::synchronize`].
+    fn track(&self, task: Arc<Task>) {
+        let mut pending = self.pending.borrow_mut();
+        pending.retain(|t| !t.is_done());
+        pending.push(task);
+    }
+
+    /// Polls the host parts of this communicator's operations once, in the order they were
+    /// queued; whether any is still pending.
+    fn drive_pending(&self) -> bool {
+        let mut pending = self.pending.take();
+        pending.retain(|t| !t.poll_once());
+        let mut list = self.pending.borrow_mut();
+        pending.append(&mut list);
+        *list = pending;
+        !list.is_empty()
     }
 
     /// The internal stream of non-blocking operations, made to wait for the work queued on the

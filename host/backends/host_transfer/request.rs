@@ -6,9 +6,11 @@ use std::sync::Arc;
 use duralumin_kernels::flag::reached;
 
 use super::Shared;
+use super::staging::Queued;
 use crate::device::pool::FlagSlot;
 use crate::device::{Device, KeepAlive};
 use crate::error::Result;
+use crate::progress::Task;
 
 /// A non-blocking HostTransfer operation in flight on the communicator's internal stream.
 ///
@@ -22,6 +24,10 @@ use crate::error::Result;
 #[must_use = "a request must be waited on (dropping it waits and defers its error)"]
 pub struct DeviceRequest<'a, D: Device> {
     done: Arc<FlagSlot<D>>,
+    /// The operation's host part, which a waiting thread drives too.
+    task: Arc<Task>,
+    /// The internal stream the operation runs on.
+    stream: D::Stream,
     shared: Arc<Shared<D>>,
     reported: bool,
     _buffers: PhantomData<&'a mut ()>,
@@ -34,8 +40,9 @@ impl<D: Device> std::fmt::Debug for DeviceRequest<'_, D> {
 }
 
 impl<'a, D: Device> DeviceRequest<'a, D> {
-    pub(crate) fn new(done: Arc<FlagSlot<D>>, shared: Arc<Shared<D>>) -> Self {
-        DeviceRequest { done, shared, reported: false, _buffers: PhantomData }
+    pub(crate) fn new(queued: Queued<D>, stream: D::Stream, shared: Arc<Shared<D>>) -> Self {
+        let Queued { done, task } = queued;
+        DeviceRequest { done, task, stream, shared, reported: false, _buffers: PhantomData }
     }
 
     /// Whether the operation has completed on the device.
@@ -44,8 +51,10 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     }
 
     /// Whether the operation has completed; the first time it has, returns any error recorded
-    /// on the communicator.
+    /// on the communicator. Polls the operation's host part once on the calling thread, as
+    /// `MPI_Test` makes progress.
     pub fn test(&mut self) -> Result<bool> {
+        self.task.poll_once();
         if !self.is_complete() {
             return Ok(false);
         }
@@ -57,7 +66,9 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     }
 
     /// Blocks until the operation has completed, then returns any error recorded on the
-    /// communicator.
+    /// communicator. While it waits, the calling thread drives the operation's host part (and on
+    /// the host device runs the internal stream's queued work), as
+    /// [`Communicator::synchronize`](super::Communicator::synchronize) does.
     pub fn wait(mut self) -> Result<()> {
         self.reported = true;
         self.block();
@@ -74,7 +85,9 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     }
 
     fn block(&self) {
-        self.done.wait_for(1);
+        let mut help = || !self.task.poll_once();
+        // SAFETY: `self.done` holds the flag's slot until this returns.
+        unsafe { self.shared.device.host_wait_helping(&self.stream, self.done.flag(), 1, &mut help) }
     }
 }
 

@@ -486,6 +486,14 @@ impl<D: Device> Copies<D> {
     }
 }
 
+/// An operation handed to the proxy thread and queued on a stream.
+pub(crate) struct Queued<D: Device> {
+    /// Raised to 1 by the stream once the operation has completed there.
+    pub(crate) done: Arc<FlagSlot<D>>,
+    /// Its host part, which a thread waiting for the operation drives too.
+    pub(crate) task: Arc<Task>,
+}
+
 impl<D: Device> Communicator<D> {
     /// Waits on the calling thread until the pool can lend `bytes` of staging: the earlier
     /// operations holding it are fully queued, so the proxy thread and the device finish them
@@ -503,7 +511,8 @@ impl<D: Device> Communicator<D> {
     }
 
     /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
-    /// stream raises to 1 when the operation has completed on it.
+    /// stream raises to 1 when the operation has completed on it, and the task of its host part
+    /// (which [`Communicator::synchronize`] drives too).
     ///
     /// The calling thread queues the device work of every chunk: one chunk on `stream`; more on
     /// the two internal copy streams (device-to-host on one, host-to-device on the other, so
@@ -514,7 +523,7 @@ impl<D: Device> Communicator<D> {
     /// waiting for memory then), the stream raises *start* and waits for *done*, and the proxy
     /// thread queues the copies once it sees *start*: two flag operations on the calling
     /// thread whatever the size.
-    pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>) -> Result<Arc<FlagSlot<D>>> {
+    pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>) -> Result<Queued<D>> {
         let sz = size_of::<T>().max(1);
         let device = &*self.shared.device;
         // Device memory the host can address needs no staging: the MPI part runs on it.
@@ -738,7 +747,9 @@ impl<D: Device> Communicator<D> {
             drop(op);
             Ok(())
         });
-        self.engine.submit_now(Task::new(fut));
+        let task = Task::new(fut);
+        self.engine.submit_now(Arc::clone(&task));
+        self.track(Arc::clone(&task));
 
         // On failure, whether the operation is to be let go: not when the stream already
         // raised (or will raise) `start`, after which the proxy thread runs it to its end.
@@ -775,7 +786,7 @@ impl<D: Device> Communicator<D> {
             return Err(e);
         }
         device.release(stream, &keeps)?;
-        Ok(done)
+        Ok(Queued { done, task })
     }
 }
 
