@@ -16,19 +16,16 @@
 //! for a moment after the last operation. A waiting caller does not depend on the proxy thread at all: it
 //! polls the task itself (the task's lock makes sure only one thread polls at a time), which is
 //! what keeps a non-blocking small-message operation close to its blocking latency even on an
-//! oversubscribed machine. Meanwhile the proxy thread leaves that task to it
-//! ([`Task::helping`]), polling it only every [`HELPER_GRACE`], so one thread polls an
-//! operation, not two contending for it and for the cores. HostTransfer's `synchronize` and
-//! request waits drive their operations the same way ([`help_until`]).
+//! oversubscribed machine.
 
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 
@@ -52,16 +49,9 @@ const IDLE_CHECKS: u32 = 64;
 /// Empty dozes (about 100 ms) before the proxy thread parks until woken.
 const DOZES_BEFORE_PARKING: u32 = 100;
 
-/// How long the proxy thread leaves an operation to a thread that waits for it and drives it
-/// itself ([`Task::helping`]) before polling it anyway: a waiting thread can be busy elsewhere
-/// (running its stream's work, say), and no operation may depend on it.
-pub(crate) const HELPER_GRACE: Duration = Duration::from_millis(1);
-
 thread_local! {
     /// Steps operations polled on this thread have taken (see [`made_progress`]).
     static PROGRESS: Cell<u64> = const { Cell::new(0) };
-    /// Whether this thread is waiting in [`help_until`], driving its own operations.
-    static HELPING: Cell<u32> = const { Cell::new(0) };
     /// Whether this is the proxy thread.
     static PROXY: Cell<bool> = const { Cell::new(false) };
 }
@@ -87,36 +77,17 @@ fn progress_count() -> u64 {
     PROGRESS.with(Cell::get)
 }
 
-/// Waits until `done()` holds, calling `help` between checks (see [`crate::device::Help`]), so
-/// a thread that waits for its own operations drives them rather than waiting for the proxy
-/// thread to be scheduled (on a busy machine each hand-off between threads costs
-/// microseconds). While `help` has work, the proxy thread leaves it to this thread
-/// ([`Task::helping`]): one thread polls, not two contending for the operation and for cores.
-/// Backs off as [`block_on`] does, with `sleep` doing the sleeping (a device cuts it short when
-/// it has news); for its short sleeps to last about as long as asked, the thread's timer slack
-/// is lowered as the proxy thread's is, from its first sleep until this returns. Returns
-/// `Ok(true)` once done, `Ok(false)` as soon as `help` has nothing left to drive: the caller
-/// then waits its own way (sleeping until a device writes a flag, or blocking in the driver).
+/// Waits until `done()` holds, calling `help` between checks (see [`crate::device::Help`]), so a thread that waits for its
+/// own operations drives them rather than waiting for the proxy thread to be scheduled (on a
+/// busy machine each hand-off between threads costs microseconds). Backs off as
+/// [`block_on`] does, with `sleep` doing the sleeping (a device cuts it short when it has
+/// news). Returns `Ok(true)` once done, `Ok(false)` as soon as `help` has nothing left to drive:
+/// the caller then waits its own way (blocking in the driver, say).
 pub(crate) fn help_until(
     mut done: impl FnMut() -> Result<bool>,
     help: &mut dyn FnMut() -> bool,
     mut sleep: impl FnMut(Duration),
 ) -> Result<bool> {
-    /// Counts the thread as helping while it waits (see [`nudge`]), and gives the thread its
-    /// timer slack back if it was lowered.
-    struct HelpingThread {
-        slack: Option<u64>,
-    }
-    impl Drop for HelpingThread {
-        fn drop(&mut self) {
-            HELPING.with(|h| h.set(h.get() - 1));
-            if let Some(ns) = self.slack {
-                crate::ffi::os::set_timer_slack(ns);
-            }
-        }
-    }
-    HELPING.with(|h| h.set(h.get() + 1));
-    let mut helping = HelpingThread { slack: None };
     let mut backoff = Backoff::default();
     loop {
         let moved = progress_count();
@@ -129,13 +100,7 @@ pub(crate) fn help_until(
         if progress_count() != moved {
             backoff.reset();
         } else {
-            backoff.snooze_with(|d| {
-                if helping.slack.is_none() {
-                    helping.slack = crate::ffi::os::timer_slack();
-                    crate::ffi::os::set_timer_slack(TIMER_SLACK_NS);
-                }
-                sleep(d)
-            });
+            backoff.snooze_with(&mut sleep);
         }
     }
 }
@@ -201,20 +166,6 @@ enum TaskState {
 pub(crate) struct Task {
     state: Mutex<TaskState>,
     done: AtomicBool,
-    /// Threads waiting for the operation that drive it themselves ([`Task::helping`]).
-    helpers: AtomicUsize,
-}
-
-/// A thread drives a task while it waits for it; see [`Task::helping`].
-pub(crate) struct Helping<'a>(&'a Task);
-
-impl Drop for Helping<'_> {
-    fn drop(&mut self) {
-        // The proxy thread may have left the task to this thread: it takes it back now.
-        if self.0.helpers.fetch_sub(1, Ordering::AcqRel) == 1 && !self.0.is_done() {
-            nudge();
-        }
-    }
 }
 
 impl std::fmt::Debug for Task {
@@ -225,24 +176,7 @@ impl std::fmt::Debug for Task {
 
 impl Task {
     pub(crate) fn new(fut: OpFuture) -> Arc<Task> {
-        Arc::new(Task {
-            state: Mutex::new(TaskState::Running(fut)),
-            done: AtomicBool::new(false),
-            helpers: AtomicUsize::new(0),
-        })
-    }
-
-    /// Marks the task as driven by the calling thread, which waits for it, until the guard
-    /// drops: the proxy thread then polls it only every [`HELPER_GRACE`]. Two threads polling
-    /// one operation only contend for it, and take cores that other ranks need when a machine
-    /// runs more threads than it has cores.
-    pub(crate) fn helping(&self) -> Helping<'_> {
-        self.helpers.fetch_add(1, Ordering::AcqRel);
-        Helping(self)
-    }
-
-    fn is_helped(&self) -> bool {
-        self.helpers.load(Ordering::Acquire) > 0
+        Arc::new(Task { state: Mutex::new(TaskState::Running(fut)), done: AtomicBool::new(false) })
     }
 
     pub(crate) fn is_done(&self) -> bool {
@@ -279,7 +213,6 @@ impl Task {
     /// `Ok(())`: the outcome is reported once. The waiter spins, then yields its core between
     /// polls, but never sleeps: it is the one waiting, so it should notice completion at once.
     pub(crate) fn wait(&self) -> Result<()> {
-        let _helping = self.helping();
         let mut spins = 0u32;
         while !self.poll_once() {
             spins = spins.saturating_add(1);
@@ -336,13 +269,7 @@ static QUEUE: Mutex<Weak<Shared>> = Mutex::new(Weak::new());
 
 /// Wakes the proxy thread if it is waiting between polls: a device just wrote a flag that an
 /// operation polls, so there is progress to make now rather than after the backoff.
-///
-/// A thread waiting in [`help_until`] does not: it drives its own operations, which the flags it
-/// writes are for, itself (waking the proxy thread would only have it contend for them).
 pub(crate) fn nudge() {
-    if HELPING.with(Cell::get) > 0 {
-        return;
-    }
     let shared = QUEUE.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
     if let Some(shared) = shared {
         // Set under the lock, so a proxy thread about to sleep either sees it or is already
@@ -421,7 +348,6 @@ fn run(shared: &Shared) {
     PROXY.with(|p| p.set(true));
     let mut active: Vec<Arc<Task>> = Vec::new();
     let mut backoff = Backoff::default();
-    let mut last_sweep = Instant::now();
     loop {
         {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
@@ -463,42 +389,30 @@ fn run(shared: &Shared) {
             }
         }
         let (before, moved) = (active.len(), progress_count());
-        // Operations a waiting thread drives are polled here only every HELPER_GRACE.
-        let sweep = last_sweep.elapsed() >= HELPER_GRACE;
-        if sweep {
-            last_sweep = Instant::now();
-        }
-        active.retain(|t| (t.is_helped() && !sweep) || !t.poll_once());
-        // Sleeping on the condition variable lets a submission or a device's flag write
-        // ([`nudge`]) cut the sleep short.
-        let nap = |d: Duration| {
-            let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if q.incoming.is_empty() && !q.nudged {
-                q.sleeping = true;
-                q = shared.wake.wait_timeout(q, d).unwrap_or_else(PoisonError::into_inner).0;
-                q.sleeping = false;
-            }
-            q.nudged = false;
-        };
+        active.retain(|t| !t.poll_once());
         if active.len() < before || progress_count() != moved {
             backoff.reset();
-        } else if active.iter().all(|t| t.is_helped()) {
-            nap(HELPER_GRACE.saturating_sub(last_sweep.elapsed()));
         } else {
-            backoff.snooze_with(nap);
+            // Sleeping on the condition variable lets a submission or a device's flag write
+            // ([`nudge`]) cut the sleep short.
+            backoff.snooze_with(|d| {
+                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                if q.incoming.is_empty() && !q.nudged {
+                    q.sleeping = true;
+                    q = shared.wake.wait_timeout(q, d).unwrap_or_else(PoisonError::into_inner).0;
+                    q.sleeping = false;
+                }
+                q.nudged = false;
+            });
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU32, Ordering};
     use std::task::Poll;
-    use std::time::{Duration, Instant};
 
-    use super::{Engine, Task, block_on_with, help_until, made_progress};
+    use super::{block_on_with, made_progress};
 
     /// A future pending `polls` times, reporting progress each time if `moving`.
     fn steps(polls: u32, moving: bool) -> impl std::future::Future<Output = ()> {
@@ -522,47 +436,5 @@ mod tests {
         assert_eq!(sleeps, 0, "an operation that moved on at every poll was polled after sleeps");
         block_on_with(steps(500, false), |_| sleeps += 1);
         assert!(sleeps > 0, "an operation that did not move on was polled without backing off");
-    }
-
-    /// An operation marked as driven by a waiting thread that never polls it (busy elsewhere)
-    /// is still driven to its end by the proxy thread: it only polls it less often.
-    #[test]
-    fn the_proxy_thread_drives_a_task_its_helper_leaves_alone() {
-        let engine = Engine::get().expect("engine");
-        let polls = Arc::new(AtomicU32::new(0));
-        let counted = Arc::clone(&polls);
-        let task = Task::new(Box::pin(std::future::poll_fn(move |_| {
-            if counted.fetch_add(1, Ordering::Relaxed) >= 10 { Poll::Ready(Ok(())) } else { Poll::Pending }
-        })));
-        let helping = task.helping();
-        engine.submit_now(Arc::clone(&task));
-        let end = Instant::now() + Duration::from_secs(30);
-        while !task.is_done() {
-            assert!(
-                Instant::now() < end,
-                "the proxy thread left a helped task alone: {} polls",
-                polls.load(Ordering::Relaxed)
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        drop(helping);
-        task.take_result().expect("the operation's result");
-    }
-
-    /// A waiting thread that sleeps while it helps lowers its timer slack meanwhile and gives it
-    /// back when it returns.
-    #[test]
-    fn help_until_gives_the_thread_its_timer_slack_back() {
-        let Some(before) = crate::ffi::os::timer_slack() else { return };
-        let (polls, lowered) = (Cell::new(0u32), Cell::new(false));
-        let done = || Ok(polls.get() >= 200);
-        let mut help = || {
-            polls.set(polls.get() + 1);
-            true
-        };
-        let sleep = |_| lowered.set(lowered.get() || crate::ffi::os::timer_slack() == Some(super::TIMER_SLACK_NS));
-        assert!(help_until(done, &mut help, sleep).expect("done"));
-        assert!(lowered.get(), "the thread slept with its own timer slack");
-        assert_eq!(crate::ffi::os::timer_slack(), Some(before), "the timer slack was not given back");
     }
 }

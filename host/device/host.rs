@@ -13,12 +13,10 @@
 //! followed by a synchronize costs no hand-off between threads, each of which costs
 //! microseconds on a busy machine. Stream order is kept either way: one thread runs an item
 //! at a time, in queue order. A kernel ([`HostDevice::launch`]) therefore runs on the
-//! executor thread or on a thread waiting for its stream.
-//!
-//! "Device memory" is host memory owned by [`HostBuffer`]s, which queued work keeps alive, and
-//! which the host reads and writes only through [`HostDevice::download`] and
-//! [`HostDevice::write`]: those first wait for every stream of the device, so no safe code can
-//! race with queued work.
+//! executor thread or on a thread waiting for its stream. "Device memory" is host memory owned by [`HostBuffer`]s,
+//! which queued work keeps alive, and which the host reads and writes only through
+//! [`HostDevice::download`] and [`HostDevice::write`]: those first wait for every stream of the
+//! device, so no safe code can race with queued work.
 
 use std::alloc::Layout;
 use std::collections::VecDeque;
@@ -35,7 +33,6 @@ use duralumin_kernels::grid::HostGrid;
 
 use super::{Copy2d, Device, DevicePtr, DeviceSlice, DeviceSliceMut, Flag, KeepAlive, ReduceFns, sealed};
 use crate::error::{Error, Result};
-use crate::progress::HELPER_GRACE;
 
 /// Alignment of host-device allocations: enough for the copy bodies' 16-byte accesses and for
 /// any element type.
@@ -498,7 +495,6 @@ impl Lane {
         st
     }
 
-    /// Queues an item, waking the lane's sleepers if it is the next one to run.
     fn push(&self, item: Item) -> Result<()> {
         let mut st = self.lock();
         if st.closed {
@@ -629,6 +625,10 @@ impl Lane {
         }
     }
 }
+
+/// How long the executor thread leaves runnable work to a thread that waits for the lane and
+/// runs it itself, before running it anyway.
+const HELPER_GRACE: Duration = Duration::from_millis(1);
 
 /// An executor thread and its lane.
 struct Queue {

@@ -335,10 +335,10 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
 
     /// [`Device::synchronize`], calling `help` while it waits: the calling thread drives the
     /// host parts of its own operations on the stream itself instead of waiting for the proxy
-    /// thread to be scheduled (which leaves them to it meanwhile, see
-    /// [`crate::progress::help_until`]). GPUs poll the stream between calls, and block in the
-    /// driver once `help` has nothing left to do; the host device also runs the stream's queued
-    /// work on the calling thread whenever its executor thread is not running it.
+    /// thread to be scheduled (which still drives them too). GPUs poll the stream between
+    /// calls, and block in the driver once `help` has nothing left to do; the host device also
+    /// runs the stream's queued work on the calling thread whenever its executor thread is not
+    /// running it.
     fn synchronize_helping(&self, stream: &Self::Stream, help: Help<'_>) -> Result<()> {
         if crate::progress::help_until(|| self.query(stream), help, std::thread::sleep)? {
             Ok(())

@@ -14,16 +14,3 @@ pub(crate) fn set_timer_slack(ns: u64) {
     #[cfg(not(target_os = "linux"))]
     let _ = ns;
 }
-
-/// The calling thread's timer slack in nanoseconds (see [`set_timer_slack`]); `None` off Linux
-/// or if the call fails.
-pub(crate) fn timer_slack() -> Option<u64> {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: `PR_GET_TIMERSLACK` takes no argument and returns the calling thread's slack.
-        let ns = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK) };
-        u64::try_from(ns).ok()
-    }
-    #[cfg(not(target_os = "linux"))]
-    None
-}

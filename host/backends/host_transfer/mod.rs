@@ -349,8 +349,6 @@ impl<D: Device> Communicator<D> {
     /// small operation followed by `synchronize` then costs about what the MPI call does, plus
     /// the queueing.
     pub fn synchronize(&self) -> Result<()> {
-        let tasks = self.pending.borrow().clone();
-        let _helping: Vec<_> = tasks.iter().map(|t| t.helping()).collect();
         let device = &self.shared.device;
         device.synchronize_helping(&self.stream, &mut || self.drive_pending())?;
         if let Some(side) = self.side.get() {

@@ -85,7 +85,6 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     }
 
     fn block(&self) {
-        let _helping = self.task.helping();
         let mut help = || !self.task.poll_once();
         // SAFETY: `self.done` holds the flag's slot until this returns.
         unsafe { self.shared.device.host_wait_helping(&self.stream, self.done.flag(), 1, &mut help) }
