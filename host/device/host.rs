@@ -13,10 +13,12 @@
 //! followed by a synchronize costs no hand-off between threads, each of which costs
 //! microseconds on a busy machine. Stream order is kept either way: one thread runs an item
 //! at a time, in queue order. A kernel ([`HostDevice::launch`]) therefore runs on the
-//! executor thread or on a thread waiting for its stream. "Device memory" is host memory owned by [`HostBuffer`]s,
-//! which queued work keeps alive, and which the host reads and writes only through
-//! [`HostDevice::download`] and [`HostDevice::write`]: those first wait for every stream of the
-//! device, so no safe code can race with queued work.
+//! executor thread or on a thread waiting for its stream.
+//!
+//! "Device memory" is host memory owned by [`HostBuffer`]s, which queued work keeps alive, and
+//! which the host reads and writes only through [`HostDevice::download`] and
+//! [`HostDevice::write`]: those first wait for every stream of the device, so no safe code can
+//! race with queued work.
 
 use std::alloc::Layout;
 use std::collections::VecDeque;
@@ -495,6 +497,7 @@ impl Lane {
         st
     }
 
+    /// Queues an item, waking the lane's sleepers if it is the next one to run.
     fn push(&self, item: Item) -> Result<()> {
         let mut st = self.lock();
         if st.closed {
