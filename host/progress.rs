@@ -77,7 +77,7 @@ fn progress_count() -> u64 {
     PROGRESS.with(Cell::get)
 }
 
-/// Waits until `done()` holds, calling `help` between checks (see [`crate::device::Help`]), so a thread that waits for its
+/// Waits until `done()` holds, calling `help` between checks, so a thread that waits for its
 /// own operations drives them rather than waiting for the proxy thread to be scheduled (on a
 /// busy machine each hand-off between threads costs microseconds). Backs off as
 /// [`block_on`] does, with `sleep` doing the sleeping (a device cuts it short when it has
@@ -85,7 +85,7 @@ fn progress_count() -> u64 {
 /// the caller then waits its own way (blocking in the driver, say).
 pub(crate) fn help_until(
     mut done: impl FnMut() -> Result<bool>,
-    help: &mut dyn FnMut() -> bool,
+    help: crate::device::Help<'_>,
     mut sleep: impl FnMut(Duration),
 ) -> Result<bool> {
     let mut backoff = Backoff::default();

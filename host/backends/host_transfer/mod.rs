@@ -365,14 +365,12 @@ impl<D: Device> Communicator<D> {
     }
 
     /// Polls the host parts of this communicator's operations once, in the order they were
-    /// queued; whether any is still pending.
+    /// queued; whether any is still pending. (An operation's future holds the shared state, not
+    /// the communicator, so polling it cannot come back here.)
     fn drive_pending(&self) -> bool {
-        let mut pending = self.pending.take();
+        let mut pending = self.pending.borrow_mut();
         pending.retain(|t| !t.poll_once());
-        let mut list = self.pending.borrow_mut();
-        pending.append(&mut list);
-        *list = pending;
-        !list.is_empty()
+        !pending.is_empty()
     }
 
     /// The internal stream of non-blocking operations, made to wait for the work queued on the
