@@ -152,16 +152,21 @@ unsafe extern "C" fn user_op_trampoline<T: Element, O: ReduceOp<T>>(
     let n = unsafe { *len }.max(0) as usize;
     let input = invec.cast::<T>().cast_const();
     let inout = inoutvec.cast::<T>();
-    for i in 0..n {
-        // SAFETY: both vectors hold `n` elements (see the function's contract); MPI's
-        // temporary buffers need not be aligned for `T`, hence the unaligned accesses. T is
-        // Pod, so any bytes are a valid value.
-        unsafe {
-            let a = input.add(i).read_unaligned();
-            let b = inout.add(i).read_unaligned();
-            inout.add(i).write_unaligned(O::combine(a, b));
+    // A panic must not unwind into MPI (it would abort the process with no word, or worse):
+    // it ends the job with a message.
+    let what = || format!("in reduction operator {} on {} inside MPI", O::NAME, T::NAME);
+    crate::reliability::abort::or_abort(what, || {
+        for i in 0..n {
+            // SAFETY: both vectors hold `n` elements (see the function's contract); MPI's
+            // temporary buffers need not be aligned for `T`, hence the unaligned accesses. T is
+            // Pod, so any bytes are a valid value.
+            unsafe {
+                let a = input.add(i).read_unaligned();
+                let b = inout.add(i).read_unaligned();
+                inout.add(i).write_unaligned(O::combine(a, b));
+            }
         }
-    }
+    })
 }
 
 #[cfg(test)]

@@ -97,6 +97,41 @@ pub enum Error {
     /// The operation's task was lost (its thread panicked), so its outcome is unknown.
     #[error("the progress engine lost this operation: {0}")]
     Progress(&'static str),
+
+    /// The operation ran past its communicator's deadline (see
+    /// [`OnTimeout`](crate::reliability::OnTimeout)). `report` is the desync report: what every
+    /// rank was doing at that moment (format in `docs/reliability.md`). The communicator is
+    /// poisoned: later calls on it fail with [`Error::Aborted`].
+    #[error("{op} #{seq} timed out after {elapsed:.1?}\n{report}")]
+    Timeout { op: &'static str, seq: u64, elapsed: std::time::Duration, report: String },
+
+    /// The communicator was given up ([`OnTimeout::Error`](crate::reliability::OnTimeout::Error)
+    /// after a timeout or a failed collective, here or on another rank): every later call on it
+    /// fails at once with this error, and operations pending on it complete with it.
+    #[error("the communicator was aborted: {reason}")]
+    Aborted { reason: String },
+
+    /// The signature check (`DURALUMIN_CHECK=1`, or
+    /// [`Communicator::set_check`](crate::Communicator::set_check)) found that the ranks called
+    /// different collectives at this point, or the same one with arguments that do not match,
+    /// or that another rank's arguments were invalid. Nothing was sent; the communicator stays
+    /// usable. `report` has one line per rank that differs.
+    #[error("{op} #{seq}: the ranks' calls do not match\n{report}")]
+    SignatureMismatch { op: &'static str, seq: u64, report: String },
+
+    /// Processes of the communicator failed (an MPI library with ULFM reported it). Recover
+    /// with [`Communicator::shrink`](crate::Communicator::shrink).
+    #[error("processes failed: ranks {ranks:?} of the communicator")]
+    ProcessFailed { ranks: Vec<usize> },
+
+    /// The communicator was revoked ([`Communicator::revoke`](crate::Communicator::revoke) on
+    /// some rank, with an MPI library that has ULFM).
+    #[error("the communicator was revoked")]
+    Revoked,
+
+    /// The feature needs something this build or MPI library lacks; the message says what.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
 }
 
 /// `Result` with [`Error`].

@@ -7,6 +7,7 @@ use mpi::environment::Universe;
 
 use crate::error::{Error, Result};
 use crate::ffi::{self, check, sys};
+use crate::reliability::InitOptions;
 
 /// Initializes MPI with `MPI_THREAD_MULTIPLE` and returns rsmpi's [`Universe`] (MPI is
 /// finalized when it drops; drop every [`crate::Communicator`] first).
@@ -14,12 +15,24 @@ use crate::ffi::{self, check, sys};
 /// Duralumin needs `MPI_THREAD_MULTIPLE` because non-blocking operations progress on a proxy
 /// thread while the program keeps calling MPI. If the MPI library provides less, this returns
 /// [`Error::ThreadLevel`] naming what it provides.
+///
+/// It also settles what a panic does from now on: by default (`DURALUMIN_ON_PANIC` unset or
+/// `abort`) a panic ends the whole job after its message, so no rank waits for a dead one (see
+/// [`init_with`] and [`OnPanic`](crate::reliability::OnPanic)).
 pub fn init() -> Result<Universe> {
+    init_with(InitOptions::default())
+}
+
+/// [`init`] with options: what panics do ([`InitOptions::on_panic`], else
+/// `DURALUMIN_ON_PANIC=abort|unwind`, else abort).
+pub fn init_with(options: InitOptions) -> Result<Universe> {
     let (universe, provided) = mpi::initialize_with_threading(Threading::Multiple)
         .ok_or(Error::Init("MPI is already initialized (use Communicator::new on your communicator)"))?;
     if provided != Threading::Multiple {
         return Err(Error::ThreadLevel { provided: level_name(provided as c_int) });
     }
+    ffi::set_world_errhandler()?;
+    crate::reliability::abort::settle(options.requested_on_panic())?;
     Ok(universe)
 }
 

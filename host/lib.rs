@@ -17,10 +17,17 @@
 //!
 //! Backends:
 //! * [`backends::mpi`] (re-exported at the root as [`Communicator`]): host memory over MPI.
+//! * [`backends::host_transfer`]: device memory staged through pinned host memory, ordered on
+//!   a device stream.
+//!
+//! Nothing hangs silently: a panic ends the job, every operation has a deadline past which the
+//! ranks report who is out of step, and collectives can check their signatures across ranks
+//! ([`reliability`], `docs/reliability.md`).
 
 pub mod backends;
 pub mod device;
 pub mod device_code;
+pub mod reliability;
 
 mod algorithms;
 mod buffer;
@@ -43,6 +50,6 @@ pub use duralumin_kernels::{
     Sum,
 };
 pub use error::{Error, Result};
-pub use init::init;
+pub use init::{init, init_with};
 pub use request::{Request, Scope, scope};
 pub use {bytemuck, half, mpi};

@@ -105,6 +105,27 @@ pub(crate) fn help_until(
     }
 }
 
+/// `fut`, unless `give_up` says otherwise first: its output, or `give_up`'s error. A future
+/// given up on is leaked, not dropped: it may hold MPI requests that will never complete
+/// (dropping it would wait for them) on memory that must then never be freed.
+pub(crate) async fn unless(fut: OpFuture, mut give_up: impl FnMut() -> Option<Error>) -> Result<Result<()>> {
+    let mut fut = Some(fut);
+    std::future::poll_fn(move |cx| {
+        let Some(f) = fut.as_mut() else { return Poll::Ready(Err(Error::Progress("polled after giving up"))) };
+        if let Poll::Ready(r) = f.as_mut().poll(cx) {
+            return Poll::Ready(Ok(r));
+        }
+        match give_up() {
+            Some(e) => {
+                std::mem::forget(fut.take());
+                Poll::Ready(Err(e))
+            }
+            None => Poll::Pending,
+        }
+    })
+    .await
+}
+
 /// Polls `fut` on the calling thread until it completes.
 pub(crate) fn block_on<F: Future>(fut: F) -> F::Output {
     block_on_with(fut, std::thread::sleep)
@@ -200,8 +221,15 @@ impl Task {
                 true
             }
             Err(_) => {
-                // A panic in an operation (a user `combine` that panics, say) must not take the
-                // proxy thread down with it: the caller gets a typed error instead.
+                // A panic in an operation (a user `combine` that panics, say) leaves its
+                // collective half done: the other ranks would wait for this one for ever, so
+                // under MPI the job ends, whatever `OnPanic` says. Without MPI (the host device
+                // alone) the caller gets a typed error.
+                if crate::ffi::is_initialized() && !crate::ffi::is_finalized() {
+                    crate::reliability::abort::abort_job(
+                        "panic inside an operation in flight (a ReduceOp's combine?), aborting the job",
+                    );
+                }
                 *state = TaskState::Finished(Some(Err(Error::Progress("the operation panicked"))));
                 self.done.store(true, Ordering::Release);
                 true

@@ -575,9 +575,9 @@ impl Lane {
     }
 
     /// Blocks until the work queued so far has run (see [`Lane::wait_helping`]).
-    fn synchronize(&self, help: super::Help<'_>) -> Result<()> {
+    fn synchronize(&self, help: super::Help<'_>, give_up: super::GiveUp<'_>) -> Result<()> {
         let target = self.lock().queued;
-        self.wait_helping(|st| st.finished >= target, help);
+        self.wait_helping(|st| st.finished >= target || give_up.is_some_and(|g| g()), help);
         if self.lock().panicked {
             return Err(Error::Device {
                 call: "host stream",
@@ -699,7 +699,7 @@ impl HostStream {
     /// while the executor thread is not running it. An error if a kernel queued on the stream
     /// (or on a stream sharing its executor) panicked.
     pub fn sync(&self) -> Result<()> {
-        self.inner.queue.lane.synchronize(&mut || false)
+        self.inner.queue.lane.synchronize(&mut || false, None)
     }
 }
 
@@ -905,15 +905,28 @@ impl Device for HostDevice {
         Ok(st.finished == st.queued)
     }
 
-    fn synchronize_helping(&self, stream: &HostStream, help: super::Help<'_>) -> Result<()> {
+    fn synchronize_helping(
+        &self,
+        stream: &HostStream,
+        help: super::Help<'_>,
+        give_up: super::GiveUp<'_>,
+    ) -> Result<()> {
         self.check_stream(stream)?;
-        stream.inner.queue.lane.synchronize(help)
+        stream.inner.queue.lane.synchronize(help, give_up)
     }
 
-    unsafe fn host_wait_helping(&self, stream: &HostStream, flag: Flag, value: u32, help: super::Help<'_>) {
+    unsafe fn host_wait_helping(
+        &self,
+        stream: &HostStream,
+        flag: Flag,
+        value: u32,
+        help: super::Help<'_>,
+        give_up: super::GiveUp<'_>,
+    ) {
         // SAFETY: the caller holds the slot.
         let atomic = unsafe { flag.atomic() };
-        stream.inner.queue.lane.wait_helping(|_| reached(atomic.load(Ordering::Acquire), value), help);
+        let stop = || give_up.is_some_and(|g| g());
+        stream.inner.queue.lane.wait_helping(|_| reached(atomic.load(Ordering::Acquire), value) || stop(), help);
     }
 
     unsafe fn host_wait(&self, flag: Flag, value: u32) {
@@ -1132,7 +1145,7 @@ pub(crate) mod tests {
                 raised.store(1, Ordering::Release);
                 true
             };
-            let r = helper_dev.synchronize_helping(&helper_stream, &mut help);
+            let r = helper_dev.synchronize_helping(&helper_stream, &mut help, None);
             let _ = tx.send((r, calls, std::thread::current().id()));
         });
         let Ok((r, calls, helper)) = rx.recv_timeout(Duration::from_secs(60)) else {
@@ -1163,7 +1176,7 @@ pub(crate) mod tests {
             std::thread::sleep(Duration::from_millis(200));
             true
         };
-        dev.synchronize_helping(&stream, &mut help).unwrap();
+        dev.synchronize_helping(&stream, &mut help, None).unwrap();
         let ran_on = ran_on.lock().unwrap().expect("the kernel never ran");
         assert_ne!(ran_on, std::thread::current().id(), "the helper ran the kernel: the executor never stepped in");
     }

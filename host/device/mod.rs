@@ -113,6 +113,11 @@ impl Flag {
 /// [`Device::synchronize_helping`] and [`Device::host_wait_helping`].
 pub type Help<'a> = &'a mut dyn FnMut() -> bool;
 
+/// When a thread waiting for a device should stop waiting (its communicator was given up,
+/// and the work it waits for may never end). `None`: wait until done, blocking in the
+/// driver once there is nothing to help with.
+pub type GiveUp<'a> = Option<&'a dyn Fn() -> bool>;
+
 /// Something a stream keeps alive until the work queued with it has run (the host device's
 /// buffers are reference-counted; GPU allocations are freed in stream order and need nothing).
 pub type KeepAlive = Arc<dyn Any + Send + Sync>;
@@ -333,17 +338,27 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// Whether the work queued on `stream` so far has run, without blocking.
     fn query(&self, stream: &Self::Stream) -> Result<bool>;
 
-    /// [`Device::synchronize`], calling `help` while it waits: the calling thread drives the
+    /// [`Device::synchronize`], calling `help` while it waits (and returning early once
+    /// `give_up` says so): the calling thread drives the
     /// host parts of its own operations on the stream itself instead of waiting for the proxy
     /// thread to be scheduled (which still drives them too). GPUs poll the stream between
     /// calls, and block in the driver once `help` has nothing left to do; the host device also
     /// runs the stream's queued work on the calling thread whenever its executor thread is not
     /// running it.
-    fn synchronize_helping(&self, stream: &Self::Stream, help: Help<'_>) -> Result<()> {
-        if crate::progress::help_until(|| self.query(stream), help, std::thread::sleep)? {
-            Ok(())
-        } else {
-            self.synchronize(stream)
+    fn synchronize_helping(&self, stream: &Self::Stream, help: Help<'_>, give_up: GiveUp<'_>) -> Result<()> {
+        let stop = || give_up.is_some_and(|g| g());
+        if crate::progress::help_until(|| Ok(stop() || self.query(stream)?), help, std::thread::sleep)? {
+            return Ok(());
+        }
+        match give_up {
+            None => self.synchronize(stream),
+            Some(g) => {
+                let mut backoff = crate::progress::Backoff::default();
+                while !g() && !self.query(stream)? {
+                    backoff.snooze();
+                }
+                Ok(())
+            }
         }
     }
 
@@ -368,14 +383,31 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     ///
     /// # Safety
     /// As [`Device::host_wait`].
-    unsafe fn host_wait_helping(&self, stream: &Self::Stream, flag: Flag, value: u32, help: Help<'_>) {
+    unsafe fn host_wait_helping(
+        &self,
+        stream: &Self::Stream,
+        flag: Flag,
+        value: u32,
+        help: Help<'_>,
+        give_up: GiveUp<'_>,
+    ) {
         let _ = stream;
         // SAFETY: the caller holds the slot.
         let atomic = unsafe { flag.atomic() };
-        let reached = || Ok(duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value));
-        if !matches!(crate::progress::help_until(reached, help, std::thread::sleep), Ok(true)) {
+        let reached = || duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value);
+        let stop = || give_up.is_some_and(|g| g());
+        if matches!(crate::progress::help_until(|| Ok(reached() || stop()), help, std::thread::sleep), Ok(true)) {
+            return;
+        }
+        match give_up {
             // SAFETY: as above.
-            unsafe { self.host_wait(flag, value) }
+            None => unsafe { self.host_wait(flag, value) },
+            Some(g) => {
+                let mut backoff = crate::progress::Backoff::default();
+                while !reached() && !g() {
+                    backoff.snooze();
+                }
+            }
         }
     }
 

@@ -9,6 +9,7 @@
 
 pub(crate) mod native;
 pub(crate) mod os;
+pub(crate) mod ulfm;
 
 use std::ffi::{c_int, c_void};
 
@@ -18,6 +19,28 @@ use crate::error::{Error, Result};
 
 unsafe extern "C" {
     fn duralumin_mpi_in_place() -> *mut c_void;
+    fn duralumin_set_world_errhandler() -> c_int;
+    fn duralumin_completing_requests(on: c_int);
+}
+
+/// Gives `MPI_COMM_WORLD` the shim's error handler: fatal, as MPI's default, except while a
+/// thread completes Duralumin's requests, where the error is returned (Open MPI 4.1 raises a
+/// failed non-blocking collective's error there, not on the request's communicator).
+pub(crate) fn set_world_errhandler() -> Result<()> {
+    // SAFETY: MPI is initialized (called from `init` after MPI_Init); the shim creates a
+    // handler and sets it on MPI_COMM_WORLD.
+    check(unsafe { duralumin_set_world_errhandler() }, "MPI_Comm_set_errhandler")
+}
+
+/// Runs `f` (which completes Duralumin's requests) with MPI_COMM_WORLD's handler returning
+/// errors on this thread (see [`set_world_errhandler`]).
+fn completing<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: sets a thread-local flag of the shim.
+    unsafe { duralumin_completing_requests(1) };
+    let r = f();
+    // SAFETY: as above.
+    unsafe { duralumin_completing_requests(0) };
+    r
 }
 
 /// `MPI_IN_PLACE`, whose value is implementation-defined (a C macro, read through the shim).
@@ -46,7 +69,12 @@ pub(crate) fn mpi_error(code: c_int, call: &'static str) -> Error {
         sys::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len);
     }
     buf.truncate(len.max(0) as usize);
-    Error::Mpi { call, code, class, message: String::from_utf8_lossy(&buf).into_owned() }
+    match ulfm::classify(class) {
+        // The failed ranks are filled in by the caller, who knows the communicator.
+        Some(ulfm::Failure::ProcessFailed) => Error::ProcessFailed { ranks: Vec::new() },
+        Some(ulfm::Failure::Revoked) => Error::Revoked,
+        None => Error::Mpi { call, code, class, message: String::from_utf8_lossy(&buf).into_owned() },
+    }
 }
 
 /// An MPI communicator handle that may be used from any thread.
@@ -95,6 +123,69 @@ pub(crate) fn is_finalized() -> bool {
     // MPI_Finalize; it writes one int.
     unsafe { sys::MPI_Finalized(&mut flag) };
     flag != 0
+}
+
+/// `MPI_COMM_WORLD`.
+pub(crate) fn world() -> RawComm {
+    // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+    RawComm(unsafe { sys::RSMPI_COMM_WORLD })
+}
+
+/// `MPI_Abort(MPI_COMM_WORLD, code)`: ends every process of the job. Returns only if MPI is
+/// not running (not initialized, or finalized) or the library failed to abort.
+pub(crate) fn abort(code: c_int) {
+    if !is_initialized() || is_finalized() {
+        return;
+    }
+    // SAFETY: MPI is initialized; MPI_Abort may be called from any thread at any time.
+    unsafe { sys::MPI_Abort(world().0, code) };
+}
+
+/// The MPI library's own description of itself (`MPI_Get_library_version`).
+pub(crate) fn library_version() -> String {
+    let mut buf = vec![0u8; sys::MPI_MAX_LIBRARY_VERSION_STRING as usize + 1];
+    let mut len: c_int = 0;
+    // SAFETY: MPI writes at most MPI_MAX_LIBRARY_VERSION_STRING bytes and one int; the call
+    // is valid before MPI_Init and after MPI_Finalize.
+    unsafe { sys::MPI_Get_library_version(buf.as_mut_ptr().cast(), &mut len) };
+    buf.truncate(len.clamp(0, buf.len() as c_int) as usize);
+    String::from_utf8_lossy(&buf).trim_end_matches('\0').trim().to_string()
+}
+
+/// Runs `f` at the start of `MPI_Finalize`, while MPI still works (the MPI standard calls the
+/// delete callbacks of `MPI_COMM_SELF`'s attributes first thing in `MPI_Finalize`). Threads that
+/// call MPI on their own stop there, so none calls MPI after it is finalized.
+pub(crate) fn on_finalize(f: fn()) -> Result<()> {
+    unsafe extern "C" fn no_copy(
+        _: sys::MPI_Comm,
+        _: c_int,
+        _: *mut c_void,
+        _: *mut c_void,
+        _: *mut c_void,
+        flag: *mut c_int,
+    ) -> c_int {
+        // SAFETY: MPI passes a valid flag to write.
+        unsafe { *flag = 0 };
+        sys::MPI_SUCCESS as c_int
+    }
+    unsafe extern "C" fn run(_: sys::MPI_Comm, _: c_int, _: *mut c_void, extra: *mut c_void) -> c_int {
+        // SAFETY: `extra` is the `fn()` registered below, cast to a pointer.
+        let f: fn() = unsafe { std::mem::transmute::<*mut c_void, fn()>(extra) };
+        // A panic must not unwind into MPI.
+        let _ = std::panic::catch_unwind(f);
+        sys::MPI_SUCCESS as c_int
+    }
+    let mut key: c_int = 0;
+    // SAFETY: both callbacks have the signatures MPI declares; `extra` carries a plain function
+    // pointer, valid for the whole program. MPI_COMM_SELF is live until MPI_Finalize, whose first
+    // step deletes the attribute and calls `run`.
+    unsafe {
+        check(
+            sys::MPI_Comm_create_keyval(Some(no_copy), Some(run), &mut key, f as *mut c_void),
+            "MPI_Comm_create_keyval",
+        )?;
+        check(sys::MPI_Comm_set_attr(sys::RSMPI_COMM_SELF, key, std::ptr::null_mut()), "MPI_Comm_set_attr")
+    }
 }
 
 pub(crate) fn is_initialized() -> bool {
@@ -262,17 +353,23 @@ pub(crate) mod p2p {
     pub(crate) fn test(req: &mut RawRequest) -> Result<Option<sys::MPI_Status>> {
         let mut flag: c_int = 0;
         let mut status = empty_status();
-        // SAFETY: `req` is a live or null request owned by the caller; MPI writes the flag and
-        // status we own. Completing a request is always allowed.
-        check(unsafe { sys::MPI_Test(&mut req.0, &mut flag, &mut status) }, "MPI_Test")?;
+        let code = completing(|| {
+            // SAFETY: `req` is a live or null request owned by the caller; MPI writes the flag
+            // and status we own. Completing a request is always allowed.
+            unsafe { sys::MPI_Test(&mut req.0, &mut flag, &mut status) }
+        });
+        check(code, "MPI_Test")?;
         Ok((flag != 0).then_some(status))
     }
 
     /// `MPI_Wait` on one request.
     pub(crate) fn wait(req: &mut RawRequest) -> Result<sys::MPI_Status> {
         let mut status = empty_status();
-        // SAFETY: as for `test`.
-        check(unsafe { sys::MPI_Wait(&mut req.0, &mut status) }, "MPI_Wait")?;
+        let code = completing(|| {
+            // SAFETY: as for `test`.
+            unsafe { sys::MPI_Wait(&mut req.0, &mut status) }
+        });
+        check(code, "MPI_Wait")?;
         Ok(status)
     }
 
@@ -290,6 +387,37 @@ pub(crate) mod p2p {
             let mut status = empty_status();
             sys::MPI_Wait(&mut req.0, &mut status);
         }
+    }
+
+    /// A message waiting on `comm` from any source with any tag (`MPI_Iprobe`): its source, tag
+    /// and length in bytes.
+    pub(crate) fn probe_any(comm: RawComm) -> Result<Option<(c_int, c_int, usize)>> {
+        let mut flag: c_int = 0;
+        let mut status = empty_status();
+        // SAFETY: `comm` is live; MPI writes the flag and status we own.
+        let code =
+            unsafe { sys::MPI_Iprobe(sys::RSMPI_ANY_SOURCE, sys::RSMPI_ANY_TAG, comm.0, &mut flag, &mut status) };
+        check(code, "MPI_Iprobe")?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+        let bytes = received_count(&status, RawDatatype(unsafe { sys::RSMPI_UINT8_T }))?;
+        Ok(Some((status.MPI_SOURCE, status.MPI_TAG, bytes)))
+    }
+
+    /// `MPI_Recv` of a message `probe_any` found (so it does not block), as bytes.
+    pub(crate) fn recv_bytes(comm: RawComm, source: c_int, tag: c_int, bytes: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; bytes];
+        let count =
+            c_int::try_from(bytes).map_err(|_| Error::CountOverflow { what: "message", value: bytes as u128 })?;
+        let mut status = empty_status();
+        // SAFETY: `buf` holds `bytes` bytes for MPI to write; `comm` is live.
+        let code = unsafe {
+            sys::MPI_Recv(buf.as_mut_ptr().cast(), count, sys::RSMPI_UINT8_T, source, tag, comm.0, &mut status)
+        };
+        check(code, "MPI_Recv")?;
+        Ok(buf)
     }
 
     /// `MPI_Get_count` of a completed receive.

@@ -13,6 +13,8 @@ use crate::buffer::RawBuf;
 use crate::check;
 use crate::device::{Device, DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
+use crate::reliability::crosscheck::Pairs;
+use crate::reliability::recorder::{OpKind, Signature};
 use crate::transport::MpiTransport;
 
 /// `parts` rows of `pitch` elements of `buf` from element `offset`, back to back.
@@ -57,13 +59,14 @@ impl<T> ChunkBufs<T> {
 }
 
 /// Emits the stream-ordered and the non-blocking method of an operation from its plan.
-/// `uses(...)` names the buffers the operation reads (`read`, `reads` for a list) and writes
-/// (`write`, `writes`), for the buffers' own dependency tracking (see [`uses`]).
+/// `sig(|c| ..)` is its [`Signature`] and `pairs(|c| ..)` its per-pair counts, as on the Mpi
+/// backend; `uses(...)` names the buffers the operation reads (`read`, `reads` for a list) and
+/// writes (`write`, `writes`), for the buffers' own dependency tracking (see [`uses`]).
 macro_rules! stream_ordered_and_nonblocking {
     ($(
         $(#[$doc:meta])*
         fn $name:ident / $iname:ident <$($g:ident : $bound:path),*> ($($arg:ident : $ty:ty),* $(,)?)
-            uses($($kind:ident $buf:ident),*) => $plan:ident ($($pa:expr),* $(,)?);
+            sig($sig:expr) $(pairs($pairs:expr))? uses($($kind:ident $buf:ident),*) => $plan:ident ($($pa:expr),* $(,)?);
     )*) => {$(
         $(#[$doc])*
         ///
@@ -72,10 +75,11 @@ macro_rules! stream_ordered_and_nonblocking {
         /// the MPI part are returned by the communicator's next call or [`Communicator::synchronize`].
         #[allow(clippy::too_many_arguments)]
         pub fn $name<'a, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
-            self.shared.errors.check()?;
-            let plan = self.$plan($($pa),*)?;
+            let sig: Signature = ($sig)(self);
+            let pairs: Option<Pairs> = if self.checks(&sig) { None $(.or_else(|| Some(($pairs)(self))))? } else { None };
+            let (id, plan) = self.prepare(sig, pairs, || self.$plan($($pa),*))?;
             $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
-            self.enqueue(&self.stream, plan)?;
+            self.enqueue(&self.stream, plan, id)?;
             $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
             Ok(())
         }
@@ -85,11 +89,12 @@ macro_rules! stream_ordered_and_nonblocking {
             returns a [`DeviceRequest`] that borrows the buffers until the operation completes.")]
         #[allow(clippy::too_many_arguments)]
         pub fn $iname<'a, $($g: $bound),*>(&'a self, $($arg: $ty),*) -> Result<DeviceRequest<'a, D>> {
-            self.shared.errors.check()?;
-            let plan = self.$plan($($pa),*)?;
+            let sig: Signature = ($sig)(self);
+            let pairs: Option<Pairs> = if self.checks(&sig) { None $(.or_else(|| Some(($pairs)(self))))? } else { None };
             let side = self.side_stream()?;
+            let (id, plan) = self.prepare(sig, pairs, || self.$plan($($pa),*))?;
             $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
-            let queued = self.enqueue(side, plan)?;
+            let queued = self.enqueue(side, plan, id)?;
             $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
             Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
         }
@@ -139,114 +144,157 @@ impl<D: Device> Communicator<D> {
         /// Allreduce: `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every rank (equal
         /// lengths everywhere).
         fn allreduce / iallreduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, op: O) uses(read send, write recv) => plan_allreduce(Some(send), recv, op);
+            (send: &'a S, recv: &'a mut R, op: O)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len()))
+            uses(read send, write recv) => plan_allreduce(Some(send), recv, op);
         /// In-place allreduce: `buf` is the input and receives the result.
         fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, op: O) uses(write buf) => plan_allreduce(None::<&B>, buf, op);
+            (buf: &'a mut B, op: O)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(buf.len()).in_place())
+            uses(write buf) => plan_allreduce(None::<&B>, buf, op);
 
         /// Reduce to `root`: at the root `recv` (the length of `send`) receives the reduction;
         /// elsewhere `recv` is not used.
         fn reduce / ireduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, root: usize, op: O) uses(read send, write recv) => plan_reduce(Some(send), recv, root, op);
+            (send: &'a S, recv: &'a mut R, root: usize, op: O)
+            sig(|_| Signature::new(OpKind::Reduce).reduce::<T, O>().count(send.len()).root(root))
+            uses(read send, write recv) => plan_reduce(Some(send), recv, root, op);
         /// In-place reduce: `buf` is every rank's input; the root's receives the result.
         fn reduce_in_place / ireduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, root: usize, op: O) uses(write buf) => plan_reduce(None::<&B>, buf, root, op);
+            (buf: &'a mut B, root: usize, op: O)
+            sig(|_| Signature::new(OpKind::Reduce).reduce::<T, O>().count(buf.len()).root(root).in_place())
+            uses(write buf) => plan_reduce(None::<&B>, buf, root, op);
 
         /// Broadcast of the root's `buf` into every rank's `buf` (equal lengths). The root's
         /// stream does not wait for the other ranks' copies back.
-        fn bcast / ibcast <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize) uses(write buf)
+        fn bcast / ibcast <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
+            sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root)) uses(write buf)
             => plan_bcast(buf, root);
 
         /// Allgather: rank `i`'s `send` (`c` elements) lands at `recv[i*c..]` on every rank.
         fn allgather / iallgather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R) uses(read send, write recv) => plan_allgather(Some(send), recv);
+            (send: &'a S, recv: &'a mut R)
+            sig(|_| Signature::new(OpKind::Allgather).elem::<T>().count(send.len()))
+            uses(read send, write recv) => plan_allgather(Some(send), recv);
         /// In-place allgather: this rank's block is already at `buf[rank*c..]`.
-        fn allgather_in_place / iallgather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B) uses(write buf)
-            => plan_allgather(None::<&B>, buf);
+        fn allgather_in_place / iallgather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B)
+            sig(|c: &Self| Signature::new(OpKind::Allgather).elem::<T>().count(buf.len() / c.size()).in_place())
+            uses(write buf) => plan_allgather(None::<&B>, buf);
 
         /// All-to-all: block `j` of `send` goes to rank `j`, block `i` of `recv` comes from
         /// rank `i` (`size * c` elements each).
         fn alltoall / ialltoall <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R) uses(read send, write recv) => plan_alltoall(Some(send), recv);
+            (send: &'a S, recv: &'a mut R)
+            sig(|_| Signature::new(OpKind::Alltoall).elem::<T>().count(send.len()))
+            uses(read send, write recv) => plan_alltoall(Some(send), recv);
         /// In-place all-to-all on `buf`.
-        fn alltoall_in_place / ialltoall_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B) uses(write buf)
-            => plan_alltoall(None::<&B>, buf);
+        fn alltoall_in_place / ialltoall_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B)
+            sig(|_| Signature::new(OpKind::Alltoall).elem::<T>().count(buf.len()).in_place())
+            uses(write buf) => plan_alltoall(None::<&B>, buf);
 
         /// Gather to `root`: rank `i`'s `send` lands at `recv[i*c..]` on the root; `recv` is
         /// not used elsewhere.
         fn gather / igather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, root: usize) uses(read send, write recv) => plan_gather(Some(send), recv, root);
+            (send: &'a S, recv: &'a mut R, root: usize)
+            sig(|_| Signature::new(OpKind::Gather).elem::<T>().count(send.len()).root(root))
+            uses(read send, write recv) => plan_gather(Some(send), recv, root);
         /// In-place gather: at the root `buf` has `size * c` elements with its own block in
         /// place; elsewhere `buf` is the `c`-element contribution.
-        fn gather_in_place / igather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize) uses(write buf)
-            => plan_gather(None::<&B>, buf, root);
+        fn gather_in_place / igather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
+            sig(|c: &Self| Signature::new(OpKind::Gather).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            uses(write buf) => plan_gather(None::<&B>, buf, root);
 
         /// Scatter from `root`: block `i` of the root's `send` lands in rank `i`'s `recv`;
         /// `send` is not used elsewhere.
         fn scatter / iscatter <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, root: usize) uses(read send, write recv) => plan_scatter(Some(send), recv, root);
+            (send: &'a S, recv: &'a mut R, root: usize)
+            sig(|_| Signature::new(OpKind::Scatter).elem::<T>().count(recv.len()).root(root))
+            uses(read send, write recv) => plan_scatter(Some(send), recv, root);
         /// In-place scatter: at the root `buf` holds all blocks and keeps its own; elsewhere
         /// `buf` receives the block.
-        fn scatter_in_place / iscatter_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize) uses(write buf)
-            => plan_scatter(None::<&B>, buf, root);
+        fn scatter_in_place / iscatter_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
+            sig(|c: &Self| Signature::new(OpKind::Scatter).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            uses(write buf) => plan_scatter(None::<&B>, buf, root);
 
         /// Reduce-scatter with equal blocks: `send` has `size * c` elements, rank `i` receives
         /// the reduction of block `i` in `recv` (`c` elements).
         fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, op: O) uses(read send, write recv) => plan_reduce_scatter(Some(send), recv, op);
+            (send: &'a S, recv: &'a mut R, op: O)
+            sig(|_| Signature::new(OpKind::ReduceScatter).reduce::<T, O>().count(recv.len()))
+            uses(read send, write recv) => plan_reduce_scatter(Some(send), recv, op);
         /// In-place reduce-scatter: `buf` (`size * c`) is the input; the result goes to
         /// `buf[..c]`.
         fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, op: O) uses(write buf) => plan_reduce_scatter(None::<&B>, buf, op);
+            (buf: &'a mut B, op: O)
+            sig(|c: &Self| Signature::new(OpKind::ReduceScatter).reduce::<T, O>().count(buf.len() / c.size()).in_place())
+            uses(write buf) => plan_reduce_scatter(None::<&B>, buf, op);
 
         /// Allgatherv: rank `i`'s `send` (`counts[i]` elements) lands at
         /// `recv[displs[i]..]` on every rank.
         fn allgatherv / iallgatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize]) uses(read send, write recv)
+            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize])
+            sig(|_| Signature::new(OpKind::Allgatherv).elem::<T>().counts(counts)) uses(read send, write recv)
             => plan_allgatherv(Some(send), recv, counts, displs);
         /// In-place allgatherv: this rank's block is already at `buf[displs[rank]..]`.
         fn allgatherv_in_place / iallgatherv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], displs: &[usize]) uses(write buf) => plan_allgatherv(None::<&B>, buf, counts, displs);
+            (buf: &'a mut B, counts: &[usize], displs: &[usize])
+            sig(|_| Signature::new(OpKind::Allgatherv).elem::<T>().counts(counts).in_place())
+            uses(write buf) => plan_allgatherv(None::<&B>, buf, counts, displs);
 
         /// Alltoallv: `send[send_displs[j]..][..send_counts[j]]` goes to rank `j`, and what
         /// rank `i` sends lands at `recv[recv_displs[i]..][..recv_counts[i]]`.
         fn alltoallv / ialltoallv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, send_counts: &[usize], send_displs: &[usize], recv: &'a mut R, recv_counts: &[usize], recv_displs: &[usize]) uses(read send, write recv)
+            (send: &'a S, send_counts: &[usize], send_displs: &[usize], recv: &'a mut R, recv_counts: &[usize], recv_displs: &[usize])
+            sig(|_| Signature::new(OpKind::Alltoallv).elem::<T>().count(send.len()))
+            pairs(|c: &Self| Pairs::alltoallv(c.size(), send_counts, recv_counts)) uses(read send, write recv)
             => plan_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
 
         /// Gatherv to `root`: rank `i`'s `send` lands at `recv[displs[i]..][..counts[i]]` on
         /// the root; `counts`, `displs` and `recv` are used at the root only.
         fn gatherv / igatherv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize], root: usize) uses(read send, write recv)
+            (send: &'a S, recv: &'a mut R, counts: &[usize], displs: &[usize], root: usize)
+            sig(|_| Signature::new(OpKind::Gatherv).elem::<T>().count(send.len()).root(root))
+            pairs(|c: &Self| Pairs::gatherv(c.size(), c.rank(), root, send.len(), counts)) uses(read send, write recv)
             => plan_gatherv(Some(send), recv, counts, displs, root);
         /// In-place gatherv: the root's own block is already in place; elsewhere `buf` is the
         /// contribution.
         fn gatherv_in_place / igatherv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize) uses(write buf)
+            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize)
+            sig(|_| Signature::new(OpKind::Gatherv).elem::<T>().count(buf.len()).root(root).in_place())
+            pairs(|c: &Self| Pairs::gatherv(c.size(), c.rank(), root, buf.len(), counts)) uses(write buf)
             => plan_gatherv(None::<&B>, buf, counts, displs, root);
 
         /// Scatterv from `root`: `send[displs[i]..][..counts[i]]` lands in rank `i`'s `recv`;
         /// `send`, `counts` and `displs` are used at the root only.
         fn scatterv / iscatterv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, counts: &[usize], displs: &[usize], recv: &'a mut R, root: usize) uses(read send, write recv)
+            (send: &'a S, counts: &[usize], displs: &[usize], recv: &'a mut R, root: usize)
+            sig(|_| Signature::new(OpKind::Scatterv).elem::<T>().count(recv.len()).root(root))
+            pairs(|c: &Self| Pairs::scatterv(c.size(), c.rank(), root, recv.len(), counts)) uses(read send, write recv)
             => plan_scatterv(Some(send), counts, displs, recv, root);
         /// In-place scatterv: at the root `buf` is the send buffer and keeps its own block;
         /// elsewhere `buf` receives the block.
         fn scatterv_in_place / iscatterv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize) uses(write buf)
+            (buf: &'a mut B, counts: &[usize], displs: &[usize], root: usize)
+            sig(|_| Signature::new(OpKind::Scatterv).elem::<T>().count(buf.len()).root(root).in_place())
+            pairs(|c: &Self| Pairs::scatterv(c.size(), c.rank(), root, buf.len(), counts)) uses(write buf)
             => plan_scatterv(None::<&B>, counts, displs, buf, root);
 
         /// Reduce-scatter with per-rank counts: `send` holds the blocks back to back, rank `i`
         /// receives the reduction of block `i` (`counts[i]` elements).
         fn reduce_scatterv / ireduce_scatterv <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, recv: &'a mut R, counts: &[usize], op: O) uses(read send, write recv) => plan_reduce_scatterv(Some(send), recv, counts, op);
+            (send: &'a S, recv: &'a mut R, counts: &[usize], op: O)
+            sig(|_| Signature::new(OpKind::ReduceScatterv).reduce::<T, O>().counts(counts))
+            uses(read send, write recv) => plan_reduce_scatterv(Some(send), recv, counts, op);
         /// In-place reduce-scatterv: the result goes to `buf[..counts[rank]]`.
         fn reduce_scatterv_in_place / ireduce_scatterv_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, counts: &[usize], op: O) uses(write buf) => plan_reduce_scatterv(None::<&B>, buf, counts, op);
+            (buf: &'a mut B, counts: &[usize], op: O)
+            sig(|_| Signature::new(OpKind::ReduceScatterv).reduce::<T, O>().counts(counts).in_place())
+            uses(write buf) => plan_reduce_scatterv(None::<&B>, buf, counts, op);
 
         /// Sends `buf` to `dest` with `tag`. Sending to this rank itself is refused
         /// ([`Error::SelfMessage`]): the stream would wait forever.
-        fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32) uses(read buf)
+        fn send / isend <T: Element, B: DeviceSlice<D, Elem = T>> (buf: &'a B, dest: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::Send).elem::<T>().count(buf.len()).root(dest).tag(tag)) uses(read buf)
             => plan_p2p(Some((buf, dest)), None::<(&mut B, usize)>, tag, "send");
         /// Receives exactly `buf.len()` elements from `source` with `tag`.
         ///
@@ -256,37 +304,49 @@ impl<D: Device> Communicator<D> {
         /// ([`Error::CountMismatch`]) and a longer one as MPI's truncation error, but the
         /// sender of a message longer than the receive by a whole chunk or more is left
         /// waiting for a receiver of its last chunks.
-        fn recv / irecv <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, source: usize, tag: i32) uses(write buf)
+        fn recv / irecv <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, source: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::Recv).elem::<T>().count(buf.len()).root(source).tag(tag)) uses(write buf)
             => plan_p2p(None::<(&B, usize)>, Some((buf, source)), tag, "recv");
         /// Sends `send` to `dest` and receives `recv` from `source` at once; either peer may be
         /// this rank.
         fn sendrecv / isendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (send: &'a S, dest: usize, recv: &'a mut R, source: usize, tag: i32) uses(read send, write recv)
-            => plan_p2p(Some((send, dest)), Some((recv, source)), tag, "sendrecv");
+            (send: &'a S, dest: usize, recv: &'a mut R, source: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::SendRecv).elem::<T>().count(send.len()).root(dest).tag(tag))
+            uses(read send, write recv) => plan_p2p(Some((send, dest)), Some((recv, source)), tag, "sendrecv");
         /// Sends `buf` to `dest` and replaces it with the same number of elements from
         /// `source`.
         fn sendrecv_in_place / isendrecv_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>>
-            (buf: &'a mut B, dest: usize, source: usize, tag: i32) uses(write buf) => plan_sendrecv_in_place(buf, dest, source, tag);
+            (buf: &'a mut B, dest: usize, source: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::SendRecv).elem::<T>().count(buf.len()).root(dest).tag(tag).in_place())
+            uses(write buf) => plan_sendrecv_in_place(buf, dest, source, tag);
         /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
         /// `recvs`, all at once (Aluminum's MultiSendRecv), each message cut into chunks as by
         /// [`recv`](Self::recv), one pack launch per chunk and direction.
         fn multi_sendrecv / imulti_sendrecv <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
-            (sends: &[(&'a S, usize)], recvs: &mut [(&'a mut R, usize)], tag: i32) uses(reads sends, writes recvs) => plan_multi(sends, recvs, tag);
+            (sends: &[(&'a S, usize)], recvs: &mut [(&'a mut R, usize)], tag: i32)
+            sig(|_| Signature::new(OpKind::MultiSendRecv).elem::<T>().count(sends.iter().map(|s| s.0.len()).sum()).tag(tag))
+            uses(reads sends, writes recvs) => plan_multi(sends, recvs, tag);
     }
 
     /// Barrier, ordered on the stream: work queued after it starts once every rank's stream
     /// has reached the barrier. Returns at once.
     pub fn barrier(&self) -> Result<()> {
-        self.shared.errors.check()?;
-        self.enqueue::<u8>(&self.stream, self.plan_barrier()).map(drop)
+        let (id, plan) = self.prepare(Signature::new(OpKind::Barrier), None, || Ok(self.plan_barrier()))?;
+        self.enqueue::<u8>(&self.stream, plan, id).map(drop)
     }
 
     /// Non-blocking [`barrier`](Self::barrier) on the internal stream.
     pub fn ibarrier(&self) -> Result<DeviceRequest<'_, D>> {
-        self.shared.errors.check()?;
         let side = self.side_stream()?;
-        let queued = self.enqueue::<u8>(side, self.plan_barrier())?;
+        let (id, plan) = self.prepare(Signature::new(OpKind::Barrier), None, || Ok(self.plan_barrier()))?;
+        let queued = self.enqueue::<u8>(side, plan, id)?;
         Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
+    }
+
+    /// One rank's block of a rooted in-place call on `len` elements (the root's buffer holds
+    /// every rank's block).
+    fn block_of(&self, len: usize, root: usize) -> usize {
+        if self.rank() == root { len / self.size() } else { len }
     }
 
     fn plan_barrier(&self) -> Plan<u8> {

@@ -58,6 +58,10 @@ use crate::device::pool::{PoolStats, Pools};
 use crate::device::{Device, DeviceSlice};
 use crate::error::{Error, Result};
 use crate::progress::{Engine, Task};
+use crate::reliability::OnTimeout;
+use crate::reliability::crosscheck::Pairs;
+use crate::reliability::monitor::{Asker, Monitor, OpId};
+use crate::reliability::recorder::{Signature, State};
 use crate::request::DeferredError;
 
 /// Pipelining and memory settings of a HostTransfer communicator. Every rank must use the same
@@ -174,6 +178,9 @@ pub(crate) struct Shared<D: Device> {
     pub(crate) max_tag: i32,
     /// Whose turn it is to take staging memory.
     grants: Mutex<Grants>,
+    /// The operations' numbers, flight recorder, deadline and poisoned state (the Mpi
+    /// communicator's: see [`crate::reliability`]).
+    pub(crate) monitor: Arc<Monitor>,
 }
 
 /// Staging memory is taken in the order operations were queued: operation `g` (counting the
@@ -278,6 +285,7 @@ impl<D: Device> Communicator<D> {
             return Err(Error::InvalidConfig("chunk_bytes, max_chunks and depth must be at least 1"));
         }
         let (rank, size, max_tag) = (mpi.rank(), mpi.size(), mpi.max_tag());
+        let monitor = Arc::clone(mpi.monitor());
         let pools = Pools::new(Arc::clone(&device), config.pool_cap_bytes);
         Ok(Communicator {
             shared: Arc::new(Shared {
@@ -290,6 +298,7 @@ impl<D: Device> Communicator<D> {
                 size,
                 max_tag,
                 grants: Mutex::default(),
+                monitor,
             }),
             stream,
             side: OnceCell::new(),
@@ -348,13 +357,87 @@ impl<D: Device> Communicator<D> {
     /// the stream's queued work, rather than waiting for those threads to be scheduled: a
     /// small operation followed by `synchronize` then costs about what the MPI call does, plus
     /// the queueing.
+    ///
+    /// The wait has the communicator's deadline (see [`set_timeout`](Self::set_timeout)): past
+    /// it, the ranks report where they are, then the job is aborted or, under
+    /// [`OnTimeout::Error`], this returns [`Error::Timeout`] once the communicator is given up
+    /// (its flags raised, so the streams go on; the outputs are then undefined).
     pub fn synchronize(&self) -> Result<()> {
-        let device = &self.shared.device;
-        device.synchronize_helping(&self.stream, &mut || self.drive_pending())?;
-        if let Some(side) = self.side.get() {
-            device.synchronize_helping(side, &mut || self.drive_pending())?;
+        let (device, m) = (&self.shared.device, &self.shared.monitor);
+        let wait = m.wait_begin("synchronize");
+        let stop = || m.poisoned().is_some();
+        let give_up: crate::device::GiveUp<'_> = (m.on_timeout() == OnTimeout::Error).then_some(&stop);
+        let mut waited = device.synchronize_helping(&self.stream, &mut || self.drive_pending(), give_up);
+        if let (Ok(()), Some(side)) = (&waited, self.side.get()) {
+            waited = device.synchronize_helping(side, &mut || self.drive_pending(), give_up);
         }
+        m.wait_end(wait);
+        waited?;
+        m.check_poison(Asker::Waiter(wait))?;
         self.shared.errors.check()
+    }
+
+    /// The deadline of every operation and wait (`None`: none), as on the Mpi backend
+    /// ([`crate::Communicator::timeout`]).
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        self.shared.monitor.timeout()
+    }
+
+    /// Sets the deadline of every operation and wait from now on (`None`: none). An operation
+    /// whose MPI part runs past it on the proxy thread, or a [`synchronize`](Self::synchronize)
+    /// or request wait that does, is reported by every rank that can, then handled as
+    /// [`on_timeout`](Self::on_timeout) says.
+    pub fn set_timeout(&mut self, timeout: Option<std::time::Duration>) {
+        self.shared.monitor.set_timeout(timeout);
+    }
+
+    /// What a timeout does ([`OnTimeout::Abort`] by default).
+    pub fn on_timeout(&self) -> OnTimeout {
+        self.shared.monitor.on_timeout()
+    }
+
+    /// Sets what a timeout does. Under [`OnTimeout::Error`] the MPI parts always stage (never
+    /// run on host-accessible device memory directly), so an abandoned operation leaves MPI
+    /// only memory the library owns.
+    pub fn set_on_timeout(&mut self, on_timeout: OnTimeout) {
+        self.shared.monitor.set_on_timeout(on_timeout);
+    }
+
+    /// Whether collectives compare their signatures across ranks before anything is queued.
+    pub fn check(&self) -> bool {
+        self.shared.monitor.check()
+    }
+
+    /// Turns the signature check on or off (the same on every rank). The check runs on the
+    /// calling thread when an operation is queued: it waits for every rank to queue the same
+    /// operation.
+    pub fn set_check(&mut self, on: bool) {
+        self.shared.monitor.set_check(on);
+    }
+
+    /// Whether the communicator was given up (every call on it fails).
+    pub fn is_aborted(&self) -> bool {
+        self.shared.monitor.poisoned().is_some()
+    }
+
+    /// Operations of this communicator queued or running.
+    pub fn ops_in_flight(&self) -> usize {
+        self.shared.monitor.in_flight()
+    }
+
+    /// Numbers, records and plans an operation (see [`crate::reliability::prepare`]); a
+    /// planned one is recorded as queued.
+    fn prepare<P>(&self, sig: Signature, pairs: Option<Pairs>, plan: impl FnOnce() -> Result<P>) -> Result<(OpId, P)> {
+        let m = &self.shared.monitor;
+        let op = m.begin(sig, State::Running)?;
+        let planned = crate::reliability::prepare(m, &self.shared.errors, op, &sig, pairs, plan)?;
+        m.set(op, State::Queued, None);
+        Ok((op, planned))
+    }
+
+    /// Whether the signature check is on for operations like `sig`.
+    fn checks(&self, sig: &Signature) -> bool {
+        self.shared.monitor.checks(sig)
     }
 
     /// Remembers the host part of an operation just queued, for [`Communicator::synchronize`].

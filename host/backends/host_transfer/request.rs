@@ -8,9 +8,11 @@ use duralumin_kernels::flag::reached;
 use super::Shared;
 use super::staging::Queued;
 use crate::device::pool::FlagSlot;
-use crate::device::{Device, KeepAlive};
+use crate::device::{Device, GiveUp, KeepAlive};
 use crate::error::Result;
 use crate::progress::Task;
+use crate::reliability::OnTimeout;
+use crate::reliability::monitor::Asker;
 
 /// A non-blocking HostTransfer operation in flight on the communicator's internal stream.
 ///
@@ -55,12 +57,16 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     /// `MPI_Test` makes progress.
     pub fn test(&mut self) -> Result<bool> {
         self.task.poll_once();
-        if !self.is_complete() {
+        let given_up = self.shared.monitor.poisoned();
+        if !self.is_complete() && given_up.is_none() {
             return Ok(false);
         }
         if !self.reported {
             self.reported = true;
             self.shared.errors.check()?;
+            if let Some(p) = given_up {
+                return Err(p.error(Asker::Waiter(0)));
+            }
         }
         Ok(true)
     }
@@ -69,10 +75,14 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     /// communicator. While it waits, the calling thread drives the operation's host part (and on
     /// the host device runs the internal stream's queued work), as
     /// [`Communicator::synchronize`](super::Communicator::synchronize) does.
+    ///
+    /// The wait has the communicator's deadline, as
+    /// [`synchronize`](super::Communicator::synchronize) has.
     pub fn wait(mut self) -> Result<()> {
         self.reported = true;
-        self.block();
-        self.shared.errors.check()
+        let wait = self.block();
+        self.shared.errors.check()?;
+        self.shared.monitor.check_poison(Asker::Waiter(wait))
     }
 
     /// Makes `stream` wait, on the device, until the operation has completed: work queued on
@@ -84,10 +94,18 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
         unsafe { self.shared.device.wait_flag(stream, self.done.flag(), 1, Some(keep)) }
     }
 
-    fn block(&self) {
+    /// Waits for the operation (or until the communicator is given up, under
+    /// [`OnTimeout::Error`]), as a wait the watchdog watches; returns the wait's id.
+    fn block(&self) -> u64 {
+        let m = &self.shared.monitor;
+        let wait = m.wait_begin("a request's wait");
         let mut help = || !self.task.poll_once();
+        let stop = || m.poisoned().is_some();
+        let give_up: GiveUp<'_> = (m.on_timeout() == OnTimeout::Error).then_some(&stop);
         // SAFETY: `self.done` holds the flag's slot until this returns.
-        unsafe { self.shared.device.host_wait_helping(&self.stream, self.done.flag(), 1, &mut help) }
+        unsafe { self.shared.device.host_wait_helping(&self.stream, self.done.flag(), 1, &mut help, give_up) };
+        m.wait_end(wait);
+        wait
     }
 }
 

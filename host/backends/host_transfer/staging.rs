@@ -28,6 +28,9 @@ use crate::device::pool::{FlagSlot, PinnedBlock, Retired};
 use crate::device::{Copy2d, Device, DevicePtr, Flag, KeepAlive, ReduceFns};
 use crate::error::{Error, Result};
 use crate::progress::{OpFuture, Task};
+use crate::reliability::OnTimeout;
+use crate::reliability::monitor::{Asker, Monitor, OpId};
+use crate::reliability::recorder::State;
 
 /// Device rows: `parts` rows of `len` elements starting at `ptr`, `pitch` elements apart.
 /// `len` is the plan's `count` except for point-to-point, whose two directions may differ.
@@ -240,6 +243,29 @@ impl<D: Device> InFlight<D> {
     /// Lets every wait the device may have queued for this operation pass.
     fn release_all(&self) {
         release_waits(&self.output, self.freed.as_deref(), self.chunks);
+    }
+
+    /// The communicator was given up ([`OnTimeout::Error`](crate::reliability::OnTimeout)):
+    /// every wait the device has queued for the operation passes (the stream goes on, its
+    /// outputs undefined), later operations get their turns, and the operation's staging,
+    /// flags and buffers are leaked rather than freed or waited for, since MPI or the device
+    /// may still use them. The operation's error is recorded for `synchronize`.
+    fn abandon(self, m: &Monitor, id: OpId) -> Result<()> {
+        self.release_all();
+        if !self.queued {
+            self.done.store(1);
+        }
+        if self.turn_held {
+            self.shared.pass_turn(self.ticket);
+        }
+        if let Some(grant) = self.grant {
+            self.shared.grants().abandon(grant);
+        }
+        if let Some(p) = m.poisoned() {
+            self.shared.errors.record(p.error(Asker::Op(id)));
+        }
+        std::mem::forget(self);
+        Ok(())
     }
 }
 
@@ -500,14 +526,22 @@ impl<D: Device> Communicator<D> {
     /// without this thread (as NCCL's host waits when its queue of work is full). An MPI
     /// failure recorded meanwhile ends the wait with that error.
     fn wait_for_staging(&self, bytes: usize) -> Result<PinnedBlock<D>> {
+        let m = &self.shared.monitor;
+        let wait = m.wait_begin("a wait for staging memory");
         let mut backoff = crate::progress::Backoff::default();
-        loop {
-            if let Some(block) = self.shared.pools.try_take(bytes, true)? {
-                return Ok(block);
+        let got = loop {
+            match self.shared.pools.try_take(bytes, true) {
+                Ok(Some(block)) => break Ok(block),
+                Err(e) => break Err(e),
+                Ok(None) => {}
             }
-            self.shared.errors.check()?;
+            if let Err(e) = self.shared.errors.check().and_then(|()| m.check_poison(Asker::Waiter(wait))) {
+                break Err(e);
+            }
             backoff.snooze();
-        }
+        };
+        m.wait_end(wait);
+        got
     }
 
     /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
@@ -523,12 +557,28 @@ impl<D: Device> Communicator<D> {
     /// waiting for memory then), the stream raises *start* and waits for *done*, and the proxy
     /// thread queues the copies once it sees *start*: two flag operations on the calling
     /// thread whatever the size.
-    pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>) -> Result<Queued<D>> {
+    ///
+    /// `id` is the operation's record: the proxy thread marks it running when the stream
+    /// reaches the operation, and done or failed when its MPI part ends; a failure to queue
+    /// marks it failed.
+    pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, plan: Plan<T>, id: OpId) -> Result<Queued<D>> {
+        let queued = self.enqueue_recorded(stream, plan, id);
+        if let Err(e) = &queued {
+            self.shared.monitor.set(id, State::Failed, Some(e.to_string()));
+        }
+        queued
+    }
+
+    fn enqueue_recorded<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>, id: OpId) -> Result<Queued<D>> {
         let sz = size_of::<T>().max(1);
         let device = &*self.shared.device;
         // Device memory the host can address needs no staging: the MPI part runs on it.
-        let direct =
-            (self.config.direct && !plan.exchange && device.host_accessible()).then(|| plan.direct_areas(sz)).flatten();
+        // Not when the operation may be abandoned (`OnTimeout::Error`): MPI must then only hold
+        // memory the library owns (staging, which is leaked with the operation).
+        let abandonable = self.shared.monitor.on_timeout() == OnTimeout::Error;
+        let direct = (self.config.direct && !plan.exchange && device.host_accessible() && !abandonable)
+            .then(|| plan.direct_areas(sz))
+            .flatten();
         let c = match direct {
             Some(_) => plan.count.max(1),
             None => {
@@ -649,10 +699,17 @@ impl<D: Device> Communicator<D> {
         };
         let start_flag = op.start.as_ref().map(FlagSlot::flag);
         let recv_parts = plan.recv_parts;
+        let m = Arc::clone(&self.shared.monitor);
         let fut: OpFuture = Box::pin(async move {
+            // Whether the communicator was given up: every wait below also ends then, and the
+            // operation is abandoned (see `InFlight::abandon`).
+            let stop = || m.poisoned().is_some();
             let mut result = Ok(());
             if let (Some(copies), Some(start)) = (&mut deferred, &op.start) {
-                until(|| reached(start.load(), 1) || gave_up.load(Ordering::Acquire)).await;
+                until(|| reached(start.load(), 1) || gave_up.load(Ordering::Acquire) || stop()).await;
+                if stop() {
+                    return op.abandon(&m, id);
+                }
                 if gave_up.load(Ordering::Acquire) {
                     // The calling thread could not queue the stream's part: nothing to run.
                     result = Err(Error::Progress("the operation was not queued"));
@@ -660,9 +717,12 @@ impl<D: Device> Communicator<D> {
                     let mut got = None;
                     until(|| {
                         got = op.try_grant(slot_elems * sz, slots);
-                        got.is_some()
+                        got.is_some() || stop()
                     })
                     .await;
+                    if stop() {
+                        return op.abandon(&m, id);
+                    }
                     match got {
                         Some(Ok((block, granted))) => {
                             geo.base = block.ptr() as usize;
@@ -686,14 +746,25 @@ impl<D: Device> Communicator<D> {
             let mut failed = false;
             if let Err(e) = result {
                 if !gave_up.load(Ordering::Acquire) {
-                    op.shared.errors.record(e);
+                    op.shared.errors.record(m.end(id, Err(e)).err().unwrap_or(Error::Progress("queueing failed")));
                 }
                 failed = true;
             }
-            until(|| op.shared.has_turn(ticket)).await;
+            until(|| op.shared.has_turn(ticket) || stop()).await;
+            if stop() {
+                return op.abandon(&m, id);
+            }
             op.turn_held = true;
             for k in 0..if op.queued { chunks } else { 0 } {
-                until(|| reached(op.input.load(), (k + 1) as u32) || gave_up.load(Ordering::Acquire)).await;
+                until(|| reached(op.input.load(), (k + 1) as u32) || gave_up.load(Ordering::Acquire) || stop()).await;
+                if stop() {
+                    return op.abandon(&m, id);
+                }
+                if k == 0 && !failed && !gave_up.load(Ordering::Acquire) {
+                    // The stream has reached the operation: this rank is in it, and the
+                    // deadline runs.
+                    m.set(id, State::Running, None);
+                }
                 if gave_up.load(Ordering::Acquire) {
                     // The calling thread's queueing failed and what it queued has run through.
                     op.queued = false;
@@ -710,11 +781,18 @@ impl<D: Device> Communicator<D> {
                         (plan.chunk)(&mpi, bufs).map(|job| mpi.job_future(job))
                     };
                     let ran = match job {
-                        Ok(f) => f.await,
+                        Ok(f) => {
+                            match crate::progress::unless(f, || m.poisoned().map(|p| p.error(Asker::Op(id)))).await {
+                                Ok(ran) => ran,
+                                Err(_) => return op.abandon(&m, id),
+                            }
+                        }
                         Err(e) => Err(e),
                     };
                     if let Err(e) = ran {
-                        op.shared.errors.record(e);
+                        // A failed collective may leave the other ranks waiting: the monitor
+                        // has the watchdog report it (see `Monitor::fault`).
+                        op.shared.errors.record(m.end(id, Err(e)).err().unwrap_or(Error::Progress("chunk failed")));
                         failed = true;
                     }
                 }
@@ -733,6 +811,9 @@ impl<D: Device> Communicator<D> {
             }
             op.shared.pass_turn(ticket);
             op.turn_held = false;
+            if !failed {
+                m.set(id, State::Done, None);
+            }
             if let (Some(copies), false, false) = (&deferred, op.queued, gave_up.load(Ordering::Acquire)) {
                 // Queueing failed part-way: let what was queued run through, then release the
                 // stream (its output is unspecified; the error is recorded). (When the calling
@@ -742,7 +823,12 @@ impl<D: Device> Communicator<D> {
                 op.done.store(1);
             }
             if op.queued {
-                until(|| reached(op.done.load(), 1)).await;
+                until(|| reached(op.done.load(), 1) || stop()).await;
+                if !reached(op.done.load(), 1) {
+                    // Given up while the stream is held up (by the program's own work): never
+                    // wait for it here.
+                    return op.abandon(&m, id);
+                }
             }
             drop(op);
             Ok(())

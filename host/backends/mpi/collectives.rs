@@ -26,6 +26,8 @@ use crate::error::{Error, Result};
 use crate::ffi::in_place;
 use crate::ffi::native::Native;
 use crate::reducer::{HostReducer, Reducer};
+use crate::reliability::crosscheck::Pairs;
+use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::{Request, Scope};
 use crate::transport::MpiTransport;
 
@@ -60,6 +62,16 @@ pub enum BcastAlgorithm {
     Chain,
 }
 
+impl BcastAlgorithm {
+    fn name(self) -> &'static str {
+        match self {
+            BcastAlgorithm::Auto => "auto",
+            BcastAlgorithm::Native => "native",
+            BcastAlgorithm::Chain => "chain",
+        }
+    }
+}
+
 impl AllreduceAlgorithm {
     fn name(self) -> &'static str {
         match self {
@@ -81,9 +93,15 @@ fn at<T>(p: RawBuf<T>, off: usize) -> *mut c_void {
     p.block(off, 0).ptr().cast()
 }
 
-fn cnt(n: usize) -> c_int {
-    // Only called with counts already checked against `max_message_elements <= c_int::MAX`.
-    c_int::try_from(n).unwrap_or(c_int::MAX)
+/// `n` as an MPI count. Callers pass counts already checked against
+/// `max_message_elements <= c_int::MAX`; one that is not is an error, never a smaller count.
+fn cnt(n: usize) -> Result<c_int> {
+    c_int::try_from(n).map_err(|_| Error::CountOverflow { what: "MPI count", value: n as u128 })
+}
+
+/// [`cnt`] of every entry.
+fn cnts(v: &[usize]) -> Result<Vec<c_int>> {
+    v.iter().map(|&n| cnt(n)).collect()
 }
 
 fn finish_slice<T: Element, O: ReduceOp<T>>(s: &mut [T], ranks: u32) {
@@ -102,19 +120,36 @@ fn pieces(len: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
     crate::algorithms::segments(len, max)
 }
 
-/// Emits the blocking and the non-blocking public method of a collective from its plan.
+/// Emits the blocking and the non-blocking public method of an operation from its plan.
+///
+/// `sig(|c| ..)` is the operation's [`Signature`] (what the flight recorder keeps and the
+/// signature check compares), `pairs(|c| ..)` its per-pair counts for the check where counts
+/// are per pair, and `bufs(..)` the buffers it reads (`read`, `reads` for a list of `(buffer,
+/// peer)`) and writes (`write`, `writes`): on a communicator whose operations may be abandoned
+/// ([`Monitor::guarded`](crate::reliability::monitor::Monitor::guarded)), MPI works on copies of
+/// those ([`super::shadow`]).
 macro_rules! blocking_and_nonblocking {
     ($(
         $(#[$doc:meta])*
         fn $name:ident / $iname:ident <$($g:ident : $bound:path),*> ($($arg:ident : $ty:ty),* $(,)?)
+            sig($sig:expr) $(pairs($pairs:expr))? bufs($($kind:ident $buf:ident),*)
             => $plan:ident ($($pa:expr),* $(,)?);
     )*) => {$(
         $(#[$doc])*
         #[allow(clippy::too_many_arguments)]
         pub fn $name<'buf, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
-            self.core.errors.check()?;
-            let job = self.$plan($($pa,)* Mode::Blocking)?;
-            self.run(job)
+            let sig: crate::reliability::recorder::Signature = ($sig)(self);
+            let pairs: Option<crate::reliability::crosscheck::Pairs> =
+                if self.checks(&sig) { None $(.or_else(|| Some(($pairs)(self))))? } else { None };
+            let op = self.begin(sig)?;
+            if self.core.monitor.guarded() {
+                let mut shadow = super::shadow::Shadow::default();
+                $(shadow!(shadow, $kind $buf);)*
+                let job = self.prepare(op, &sig, pairs, || self.$plan($($pa,)* Mode::NonBlocking))?;
+                return self.run_shadowed(op, job, shadow);
+            }
+            let job = self.prepare(op, &sig, pairs, || self.$plan($($pa,)* Mode::Blocking))?;
+            self.run_op(op, job)
         }
 
         #[doc = concat!("Non-blocking [`", stringify!($name), "`](Self::", stringify!($name), "): starts the \
@@ -127,13 +162,47 @@ macro_rules! blocking_and_nonblocking {
             scope: &'s Scope<'s, '_>,
             $($arg: $ty),*
         ) -> Result<Request<'s>> {
-            self.core.errors.check()?;
-            let job = self.$plan($($pa,)* Mode::NonBlocking)?;
-            self.start(scope, job)
+            let sig: crate::reliability::recorder::Signature = ($sig)(self);
+            let pairs: Option<crate::reliability::crosscheck::Pairs> =
+                if self.checks(&sig) { None $(.or_else(|| Some(($pairs)(self))))? } else { None };
+            let op = self.begin(sig)?;
+            if self.core.monitor.guarded() {
+                let mut shadow = super::shadow::Shadow::default();
+                $(shadow!(shadow, $kind $buf);)*
+                let job = self.prepare(op, &sig, pairs, || self.$plan($($pa,)* Mode::NonBlocking))?;
+                return self.start_op(scope, op, job, Some(shadow));
+            }
+            let job = self.prepare(op, &sig, pairs, || self.$plan($($pa,)* Mode::NonBlocking))?;
+            self.start_op(scope, op, job, None)
         }
     )*};
 }
+
+/// Rebinds a buffer argument to its copy in a [`super::shadow::Shadow`].
+macro_rules! shadow {
+    ($sh:ident, read $b:ident) => {
+        // SAFETY: the copy is used by this operation alone, which completes before the shadow
+        // is committed or dropped (or is abandoned with it).
+        let $b = unsafe { $sh.read($b) };
+    };
+    ($sh:ident, write $b:ident) => {
+        // SAFETY: as for `read`; the caller's buffer stays borrowed by the public method (or
+        // its scope) until the commit.
+        let $b = unsafe { $sh.write($b) };
+    };
+    ($sh:ident, reads $b:ident) => {
+        // SAFETY: as for `read`, for every buffer of the list.
+        let copies = unsafe { $sh.reads($b) };
+        let $b = &copies[..];
+    };
+    ($sh:ident, writes $b:ident) => {
+        // SAFETY: as for `write`, for every buffer of the list.
+        let mut copies = unsafe { $sh.writes($b) };
+        let $b = &mut copies[..];
+    };
+}
 pub(super) use blocking_and_nonblocking;
+pub(super) use shadow;
 
 impl Communicator {
     fn fits(&self, n: usize) -> bool {
@@ -157,61 +226,79 @@ impl Communicator {
         /// rank. `send` and `recv` have equal lengths on every rank. The algorithm is chosen by
         /// size ([`AllreduceAlgorithm::Auto`]).
         fn allreduce / iallreduce <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], op: O)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len())) bufs(read send, write recv)
             => plan_allreduce(Some(send), recv, op, AllreduceAlgorithm::Auto);
         /// In-place allreduce: `buf` is both the input and the result.
         fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>> (buf: &'buf mut [T], op: O)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(buf.len()).in_place()) bufs(write buf)
             => plan_allreduce(None, buf, op, AllreduceAlgorithm::Auto);
         /// Allreduce with an explicit algorithm. Algorithms other than `Native` and `Auto`
         /// need a commutative operator ([`Error::AlgorithmUnsupported`] otherwise).
         fn allreduce_with / iallreduce_with <T: Element, O: ReduceOp<T>>
             (send: &'buf [T], recv: &'buf mut [T], op: O, algorithm: AllreduceAlgorithm)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len()).algorithm(algorithm.name()))
+            bufs(read send, write recv)
             => plan_allreduce(Some(send), recv, op, algorithm);
         /// In-place allreduce with an explicit algorithm.
         fn allreduce_in_place_with / iallreduce_in_place_with <T: Element, O: ReduceOp<T>>
             (buf: &'buf mut [T], op: O, algorithm: AllreduceAlgorithm)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(buf.len()).algorithm(algorithm.name()).in_place())
+            bufs(write buf)
             => plan_allreduce(None, buf, op, algorithm);
 
         /// Reduce (`MPI_Reduce`) to `root`: at the root `recv` (as long as `send`) receives the
         /// reduction; elsewhere `recv` is not used (pass `&mut []`).
         fn reduce / ireduce <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], root: usize, op: O)
+            sig(|_| Signature::new(OpKind::Reduce).reduce::<T, O>().count(send.len()).root(root)) bufs(read send, write recv)
             => plan_reduce(Some(send), recv, root, op);
         /// In-place reduce: `buf` is every rank's input; at the root it receives the result,
         /// elsewhere it is left unchanged.
         fn reduce_in_place / ireduce_in_place <T: Element, O: ReduceOp<T>> (buf: &'buf mut [T], root: usize, op: O)
+            sig(|_| Signature::new(OpKind::Reduce).reduce::<T, O>().count(buf.len()).root(root).in_place()) bufs(write buf)
             => plan_reduce(None, buf, root, op);
 
         /// Broadcast (`MPI_Bcast`) of `buf` from `root`; `buf` has the same length everywhere.
         fn bcast / ibcast <T: Element> (buf: &'buf mut [T], root: usize)
+            sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root)) bufs(write buf)
             => plan_bcast(buf, root, BcastAlgorithm::Auto);
         /// Broadcast with an explicit algorithm.
         fn bcast_with / ibcast_with <T: Element> (buf: &'buf mut [T], root: usize, algorithm: BcastAlgorithm)
+            sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root).algorithm(algorithm.name()))
+            bufs(write buf)
             => plan_bcast(buf, root, algorithm);
 
         /// Allgather (`MPI_Allgather`): rank `i`'s `send` lands at `recv[i*c..(i+1)*c]` on every
         /// rank, `c = send.len()`, `recv.len() == size * c`.
         fn allgather / iallgather <T: Element> (send: &'buf [T], recv: &'buf mut [T])
+            sig(|_| Signature::new(OpKind::Allgather).elem::<T>().count(send.len())) bufs(read send, write recv)
             => plan_allgather(Some(send), recv);
         /// In-place allgather: this rank's block of `buf` (length `size * c`) is its input.
         fn allgather_in_place / iallgather_in_place <T: Element> (buf: &'buf mut [T])
+            sig(|c: &Self| Signature::new(OpKind::Allgather).elem::<T>().count(buf.len() / c.size()).in_place())
+            bufs(write buf)
             => plan_allgather(None, buf);
 
         /// Allgatherv (`MPI_Allgatherv`): rank `i`'s `send` (of `counts[i]` elements) lands at
         /// `recv[displs[i]..]`. Receive blocks must not overlap.
         fn allgatherv / iallgatherv <T: Element>
             (send: &'buf [T], recv: &'buf mut [T], counts: &[usize], displs: &[usize])
+            sig(|_| Signature::new(OpKind::Allgatherv).elem::<T>().counts(counts)) bufs(read send, write recv)
             => plan_allgatherv(Some(send), recv, counts, displs);
         /// In-place allgatherv: this rank's block of `buf` is its input.
         fn allgatherv_in_place / iallgatherv_in_place <T: Element>
             (buf: &'buf mut [T], counts: &[usize], displs: &[usize])
+            sig(|_| Signature::new(OpKind::Allgatherv).elem::<T>().counts(counts).in_place()) bufs(write buf)
             => plan_allgatherv(None, buf, counts, displs);
 
         /// All-to-all (`MPI_Alltoall`): block `j` of `send` goes to rank `j`, block `i` of
         /// `recv` comes from rank `i`; both have `size * c` elements.
         fn alltoall / ialltoall <T: Element> (send: &'buf [T], recv: &'buf mut [T])
+            sig(|_| Signature::new(OpKind::Alltoall).elem::<T>().count(send.len())) bufs(read send, write recv)
             => plan_alltoall(Some(send), recv);
         /// In-place all-to-all: block `j` of `buf` is sent to rank `j` and replaced by the
         /// block rank `j` sent.
         fn alltoall_in_place / ialltoall_in_place <T: Element> (buf: &'buf mut [T])
+            sig(|_| Signature::new(OpKind::Alltoall).elem::<T>().count(buf.len()).in_place()) bufs(write buf)
             => plan_alltoall(None, buf);
 
         /// All-to-all with per-rank counts and displacements (`MPI_Alltoallv`):
@@ -220,15 +307,20 @@ impl Communicator {
         fn alltoallv / ialltoallv <T: Element> (
             send: &'buf [T], send_counts: &[usize], send_displs: &[usize],
             recv: &'buf mut [T], recv_counts: &[usize], recv_displs: &[usize],
-        ) => plan_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        ) sig(|_| Signature::new(OpKind::Alltoallv).elem::<T>().count(send.len()))
+          pairs(|c: &Self| Pairs::alltoallv(c.size(), send_counts, recv_counts)) bufs(read send, write recv)
+          => plan_alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs);
 
         /// Gather (`MPI_Gather`) to `root`: rank `i`'s `send` lands at `recv[i*c..]` on the
         /// root (`recv.len() == size * c`); `recv` is not used elsewhere (pass `&mut []`).
         fn gather / igather <T: Element> (send: &'buf [T], recv: &'buf mut [T], root: usize)
+            sig(|_| Signature::new(OpKind::Gather).elem::<T>().count(send.len()).root(root)) bufs(read send, write recv)
             => plan_gather(Some(send), recv, root);
         /// In-place gather: at the root `buf` has `size * c` elements with its own block in
         /// place; elsewhere `buf` is the `c`-element contribution (only read).
         fn gather_in_place / igather_in_place <T: Element> (buf: &'buf mut [T], root: usize)
+            sig(|c: &Self| Signature::new(OpKind::Gather).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            bufs(write buf)
             => plan_gather(None, buf, root);
 
         /// Gatherv (`MPI_Gatherv`) to `root`: rank `i`'s `send` lands at
@@ -236,66 +328,96 @@ impl Communicator {
         /// root only (pass `&[]` elsewhere).
         fn gatherv / igatherv <T: Element>
             (send: &'buf [T], recv: &'buf mut [T], counts: &[usize], displs: &[usize], root: usize)
+            sig(|_| Signature::new(OpKind::Gatherv).elem::<T>().count(send.len()).root(root))
+            pairs(|c: &Self| Pairs::gatherv(c.size(), c.rank(), root, send.len(), counts)) bufs(read send, write recv)
             => plan_gatherv(Some(send), recv, counts, displs, root);
         /// In-place gatherv: the root's own block is already in place in `buf`; elsewhere
         /// `buf` is the contribution (only read).
         fn gatherv_in_place / igatherv_in_place <T: Element>
             (buf: &'buf mut [T], counts: &[usize], displs: &[usize], root: usize)
+            sig(|_| Signature::new(OpKind::Gatherv).elem::<T>().count(buf.len()).root(root).in_place())
+            pairs(|c: &Self| Pairs::gatherv(c.size(), c.rank(), root, buf.len(), counts)) bufs(write buf)
             => plan_gatherv(None, buf, counts, displs, root);
 
         /// Scatter (`MPI_Scatter`) from `root`: block `i` of the root's `send`
         /// (`send.len() == size * recv.len()`) lands in rank `i`'s `recv`; `send` is not used
         /// elsewhere (pass `&[]`).
         fn scatter / iscatter <T: Element> (send: &'buf [T], recv: &'buf mut [T], root: usize)
+            sig(|_| Signature::new(OpKind::Scatter).elem::<T>().count(recv.len()).root(root)) bufs(read send, write recv)
             => plan_scatter(Some(send), recv, root);
         /// In-place scatter: at the root `buf` holds all `size` blocks and keeps its own;
         /// elsewhere `buf` receives the block.
         fn scatter_in_place / iscatter_in_place <T: Element> (buf: &'buf mut [T], root: usize)
+            sig(|c: &Self| Signature::new(OpKind::Scatter).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            bufs(write buf)
             => plan_scatter(None, buf, root);
 
         /// Scatterv (`MPI_Scatterv`) from `root`: `send[displs[i]..][..counts[i]]` lands in rank
         /// `i`'s `recv`. `send`, `counts` and `displs` are used at the root only.
         fn scatterv / iscatterv <T: Element>
             (send: &'buf [T], counts: &[usize], displs: &[usize], recv: &'buf mut [T], root: usize)
+            sig(|_| Signature::new(OpKind::Scatterv).elem::<T>().count(recv.len()).root(root))
+            pairs(|c: &Self| Pairs::scatterv(c.size(), c.rank(), root, recv.len(), counts)) bufs(read send, write recv)
             => plan_scatterv(Some(send), counts, displs, recv, root);
         /// In-place scatterv: at the root `buf` is the send buffer and its own block stays in
         /// place; elsewhere `buf` receives the block.
         fn scatterv_in_place / iscatterv_in_place <T: Element>
             (buf: &'buf mut [T], counts: &[usize], displs: &[usize], root: usize)
+            sig(|_| Signature::new(OpKind::Scatterv).elem::<T>().count(buf.len()).root(root).in_place())
+            pairs(|c: &Self| Pairs::scatterv(c.size(), c.rank(), root, buf.len(), counts)) bufs(write buf)
             => plan_scatterv(None, counts, displs, buf, root);
 
         /// Reduce-scatter with equal blocks (`MPI_Reduce_scatter_block` semantics): `send` has
         /// `size * c` elements and rank `i` receives the reduction of block `i` in `recv`
         /// (`c` elements).
         fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], op: O)
+            sig(|_| Signature::new(OpKind::ReduceScatter).reduce::<T, O>().count(recv.len())) bufs(read send, write recv)
             => plan_reduce_scatter(Some(send), recv, op);
         /// In-place reduce-scatter: `buf` (`size * c` elements) is the input; the result for
         /// this rank is written to `buf[..c]` (MPI's `MPI_IN_PLACE` convention).
         fn reduce_scatter_in_place / ireduce_scatter_in_place <T: Element, O: ReduceOp<T>> (buf: &'buf mut [T], op: O)
+            sig(|c: &Self| Signature::new(OpKind::ReduceScatter).reduce::<T, O>().count(buf.len() / c.size()).in_place())
+            bufs(write buf)
             => plan_reduce_scatter(None, buf, op);
 
         /// Reduce-scatter with per-rank counts (`MPI_Reduce_scatter`): `send` holds the blocks
         /// back to back (`sum(counts)` elements), rank `i` receives block `i` (`counts[i]`).
         fn reduce_scatterv / ireduce_scatterv <T: Element, O: ReduceOp<T>>
             (send: &'buf [T], recv: &'buf mut [T], counts: &[usize], op: O)
+            sig(|_| Signature::new(OpKind::ReduceScatterv).reduce::<T, O>().counts(counts)) bufs(read send, write recv)
             => plan_reduce_scatterv(Some(send), recv, counts, op);
         /// In-place reduce-scatterv: `buf` (`sum(counts)` elements) is the input; the result is
         /// written to `buf[..counts[rank]]`.
         fn reduce_scatterv_in_place / ireduce_scatterv_in_place <T: Element, O: ReduceOp<T>>
             (buf: &'buf mut [T], counts: &[usize], op: O)
+            sig(|_| Signature::new(OpKind::ReduceScatterv).reduce::<T, O>().counts(counts).in_place()) bufs(write buf)
             => plan_reduce_scatterv(None, buf, counts, op);
     }
 
     /// Barrier (`MPI_Barrier`): returns once every rank has entered it.
     pub fn barrier(&self) -> Result<()> {
-        self.core.errors.check()?;
-        self.run::<u8>(Job::native(datatype::<u8>()?, Native::Barrier))
+        let sig = Signature::new(OpKind::Barrier);
+        let op = self.begin(sig)?;
+        let job = self.prepare(op, &sig, None, || self.plan_barrier::<u8>())?;
+        if self.core.monitor.guarded() {
+            return self.run_shadowed(op, job, super::shadow::Shadow::default());
+        }
+        self.run_op(op, job)
     }
 
     /// Non-blocking barrier (`MPI_Ibarrier`).
     pub fn ibarrier<'s>(&'s self, scope: &'s Scope<'s, '_>) -> Result<Request<'s>> {
-        self.core.errors.check()?;
-        self.start::<u8>(scope, self.plan_barrier()?)
+        let sig = Signature::new(OpKind::Barrier);
+        let op = self.begin(sig)?;
+        let job = self.prepare(op, &sig, None, || self.plan_barrier::<u8>())?;
+        let shadow = self.core.monitor.guarded().then(super::shadow::Shadow::default);
+        self.start_op(scope, op, job, shadow)
+    }
+
+    /// One rank's block of a rooted in-place call on `len` elements: the root's buffer holds
+    /// every rank's block.
+    fn block_of(&self, len: usize, root: usize) -> usize {
+        if self.rank() == root { len / self.size() } else { len }
     }
 
     pub(crate) fn plan_barrier<T>(&self) -> Result<Job<T>> {
@@ -335,13 +457,15 @@ impl Communicator {
             let dt = datatype::<T>()?;
             let op = mpi_op::<T, O>()?;
             let calls = pieces(n, self.tuning.max_message_elements)
-                .map(|(off, len)| Native::Allreduce {
-                    send: send.map_or(in_place().cast_const(), |s| at(RawBuf::from_ref(s), off).cast_const()),
-                    recv: at(out, off),
-                    count: cnt(len),
-                    op,
+                .map(|(off, len)| {
+                    Ok(Native::Allreduce {
+                        send: send.map_or(in_place().cast_const(), |s| at(RawBuf::from_ref(s), off).cast_const()),
+                        recv: at(out, off),
+                        count: cnt(len)?,
+                        op,
+                    })
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             return Ok(Job::Native { dt, calls, post: finish::<T, O>(out, self.size()).into_iter().collect() });
         }
         let input = send.map(RawBuf::from_ref);
@@ -406,9 +530,9 @@ impl Communicator {
                     (None, true) => (in_place(), at(out, off)),
                     (None, false) => (at(out, off), std::ptr::null_mut()),
                 };
-                Native::Reduce { send: s.cast_const(), recv: r, count: cnt(len), op, root: root as c_int }
+                Ok(Native::Reduce { send: s.cast_const(), recv: r, count: cnt(len)?, op, root: root as c_int })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let post = if is_root { finish::<T, O>(out, self.size()) } else { None };
         Ok(Job::Native { dt, calls, post: post.into_iter().collect() })
     }
@@ -430,8 +554,8 @@ impl Communicator {
         let out = RawBuf::from_mut(buf);
         if !chain {
             let calls = pieces(out.len(), self.tuning.max_message_elements)
-                .map(|(off, len)| Native::Bcast { buf: at(out, off), count: cnt(len), root: root as c_int })
-                .collect();
+                .map(|(off, len)| Ok(Native::Bcast { buf: at(out, off), count: cnt(len)?, root: root as c_int }))
+                .collect::<Result<_>>()?;
             return Ok(Job::Native { dt: datatype::<T>()?, calls, post: Vec::new() });
         }
         let x = self.transport::<T>(mode)?;
@@ -454,7 +578,7 @@ impl Communicator {
             let send = send.map_or(in_place().cast_const(), cptr);
             return Ok(Job::native(
                 datatype::<T>()?,
-                Native::Allgather { send, recv: out.ptr().cast(), count: cnt(count) },
+                Native::Allgather { send, recv: out.ptr().cast(), count: cnt(count)? },
             ));
         }
         let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
@@ -507,10 +631,10 @@ impl Communicator {
                 datatype::<T>()?,
                 Native::Allgatherv {
                     send: send_ptr,
-                    count: cnt(counts[self.rank()]),
+                    count: cnt(counts[self.rank()])?,
                     recv: out.ptr().cast(),
-                    counts: counts.iter().map(|&c| cnt(c)).collect(),
-                    displs: displs.iter().map(|&d| cnt(d)).collect(),
+                    counts: cnts(counts)?,
+                    displs: cnts(displs)?,
                 },
             ));
         }
@@ -529,7 +653,7 @@ impl Communicator {
             let send = send.map_or(in_place().cast_const(), cptr);
             return Ok(Job::native(
                 datatype::<T>()?,
-                Native::Alltoall { send, recv: out.ptr().cast(), count: cnt(count) },
+                Native::Alltoall { send, recv: out.ptr().cast(), count: cnt(count)? },
             ));
         }
         let counts = vec![count; n];
@@ -636,7 +760,7 @@ impl Communicator {
                 (false, true) => (in_place(), out.ptr().cast()),
                 (_, false) => (mine.ptr().cast(), std::ptr::null_mut()),
             };
-            let call = Native::Gather { send: s.cast_const(), recv: r, count: cnt(count), root: root as c_int };
+            let call = Native::Gather { send: s.cast_const(), recv: r, count: cnt(count)?, root: root as c_int };
             return Ok(Job::native(datatype::<T>()?, call));
         }
         let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
@@ -725,7 +849,7 @@ impl Communicator {
                 (false, true) => (out.ptr().cast_const().cast(), in_place()),
                 (_, false) => (std::ptr::null(), out.ptr().cast()),
             };
-            let call = Native::Scatter { send: s, recv: r, count: cnt(count), root: root as c_int };
+            let call = Native::Scatter { send: s, recv: r, count: cnt(count)?, root: root as c_int };
             return Ok(Job::native(datatype::<T>()?, call));
         }
         let blocks: Vec<_> =
@@ -811,7 +935,7 @@ impl Communicator {
             let call = Native::ReduceScatter {
                 send: send.map_or(in_place().cast_const(), cptr),
                 recv: out.ptr().cast(),
-                counts: counts.iter().map(|&c| cnt(c)).collect(),
+                counts: cnts(counts)?,
                 op,
             };
             return Ok(Job::native(dt, call).then(finish::<T, O>(result, n)));
@@ -829,7 +953,7 @@ impl Communicator {
                     (true, false) => (in_place().cast_const(), src),
                     (false, _) => (src.cast_const(), std::ptr::null_mut()),
                 };
-                calls.push(Native::Reduce { send: s, recv: d, count: cnt(len), op, root: r as c_int });
+                calls.push(Native::Reduce { send: s, recv: d, count: cnt(len)?, op, root: r as c_int });
             }
         }
         let mut post = Vec::new();
@@ -937,5 +1061,19 @@ impl Communicator {
             }
             Ok(())
         })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cnt;
+
+    /// A count MPI's `int` cannot hold is an error: it once came back clamped to
+    /// `c_int::MAX`, which would have moved a different amount of data than asked.
+    #[test]
+    fn counts_beyond_an_mpi_int_are_refused() {
+        assert_eq!(cnt(7).unwrap(), 7);
+        assert_eq!(cnt(i32::MAX as usize).unwrap(), i32::MAX);
+        assert!(matches!(cnt(i32::MAX as usize + 1), Err(crate::Error::CountOverflow { .. })));
     }
 }

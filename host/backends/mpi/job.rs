@@ -9,11 +9,15 @@ use std::task::{Context, Poll};
 use duralumin_kernels::Element;
 
 use super::Communicator;
+use super::shadow::Shadow;
 use crate::buffer::RawBuf;
 use crate::error::Result;
 use crate::ffi::native::Native;
 use crate::ffi::{RawDatatype, RawRequest, p2p};
 use crate::progress::{OpFuture, Task, block_on};
+use crate::reliability::crosscheck::Pairs;
+use crate::reliability::monitor::{Asker, OpId};
+use crate::reliability::recorder::{Signature, State};
 use crate::request::{Request, Scope};
 
 /// Whether an operation is being built for a blocking call or for the progress engine.
@@ -163,13 +167,98 @@ impl Communicator {
         }
     }
 
-    /// Starts a job and hands it to the progress engine.
-    pub(crate) fn start<'s, T: Element>(&'s self, scope: &'s Scope<'s, '_>, job: Job<T>) -> Result<Request<'s>> {
+    /// Hands an operation's future to the progress engine (after one poll here).
+    pub(crate) fn start<'s>(&'s self, scope: &'s Scope<'s, '_>, fut: OpFuture) -> Result<Request<'s>> {
         let engine = self.engine()?;
-        let task = Task::new(self.job_future(job));
+        let task = Task::new(fut);
         if !task.poll_once() {
             engine.submit(Arc::clone(&task));
         }
         Ok(scope.register(task, Arc::clone(&self.core.errors)))
+    }
+
+    /// Numbers and records an operation that begins now (see [`crate::reliability`]); fails
+    /// at once if the communicator was given up.
+    pub(crate) fn begin(&self, sig: Signature) -> Result<OpId> {
+        self.core.monitor.begin(sig, State::Running)
+    }
+
+    /// Plans a recorded operation (see [`crate::reliability::prepare`]).
+    pub(crate) fn prepare<P>(
+        &self,
+        op: OpId,
+        sig: &Signature,
+        pairs: Option<Pairs>,
+        plan: impl FnOnce() -> Result<P>,
+    ) -> Result<P> {
+        crate::reliability::prepare(&self.core.monitor, &self.core.errors, op, sig, pairs, plan)
+    }
+
+    /// Whether operations of this kind go through the signature check.
+    pub(crate) fn checks(&self, sig: &Signature) -> bool {
+        self.core.monitor.checks(sig)
+    }
+
+    /// Runs a planned operation to completion on this thread and records how it ended.
+    pub(crate) fn run_op<T: Element>(&self, op: OpId, job: Job<T>) -> Result<()> {
+        let r = self.run(job);
+        self.core.monitor.end(op, r)
+    }
+
+    /// [`Communicator::run_op`] for an operation on shadow copies: driven through MPI's
+    /// non-blocking calls and, if the communicator is given up meanwhile, abandoned with them.
+    pub(crate) fn run_shadowed<T: Element>(&self, op: OpId, job: Job<T>, shadow: Shadow) -> Result<()> {
+        let m = &self.core.monitor;
+        match block_on(crate::progress::unless(self.job_future(job), || m.poisoned().map(|p| p.error(Asker::Op(op))))) {
+            Ok(r) => {
+                if r.is_ok() {
+                    // SAFETY: the operation completed; the public method still borrows the
+                    // caller's buffers.
+                    unsafe { shadow.commit() };
+                }
+                m.end(op, r)
+            }
+            Err(e) => {
+                shadow.abandon();
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts a planned operation on the progress engine; its request completes with how it
+    /// ended, recorded. With shadow copies, it is abandoned with them if the communicator is
+    /// given up.
+    pub(crate) fn start_op<'s, T: Element>(
+        &'s self,
+        scope: &'s Scope<'s, '_>,
+        op: OpId,
+        job: Job<T>,
+        shadow: Option<Shadow>,
+    ) -> Result<Request<'s>> {
+        let inner = self.job_future(job);
+        let m = Arc::clone(&self.core.monitor);
+        let fut: OpFuture = match shadow {
+            None => Box::pin(async move {
+                let r = inner.await;
+                m.end(op, r)
+            }),
+            Some(shadow) => Box::pin(async move {
+                match crate::progress::unless(inner, || m.poisoned().map(|p| p.error(Asker::Op(op)))).await {
+                    Ok(r) => {
+                        if r.is_ok() {
+                            // SAFETY: the operation completed; its scope still borrows the
+                            // caller's buffers.
+                            unsafe { shadow.commit() };
+                        }
+                        m.end(op, r)
+                    }
+                    Err(e) => {
+                        shadow.abandon();
+                        Err(e)
+                    }
+                }
+            }),
+        };
+        self.start(scope, fut)
     }
 }

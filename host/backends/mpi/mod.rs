@@ -13,16 +13,21 @@
 mod collectives;
 mod job;
 mod p2p;
+mod shadow;
 
 use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::buffer::ScratchPool;
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawComm, sys};
 use crate::progress::Engine;
+use crate::reliability::OnTimeout;
+use crate::reliability::monitor::Monitor;
+use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::DeferredError;
 
 pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
@@ -87,10 +92,14 @@ pub(crate) struct Core {
     pub(crate) tag_ub: c_int,
     pub(crate) scratch: ScratchPool,
     pub(crate) errors: Arc<DeferredError>,
+    /// Operation numbers, flight recorder, deadline, poisoned state (see
+    /// [`crate::reliability`]).
+    pub(crate) monitor: Arc<Monitor>,
 }
 
 impl Drop for Core {
     fn drop(&mut self) {
+        self.monitor.close();
         for c in [self.coll, self.algo, self.p2p] {
             // SAFETY: the three communicators were created by `Communicator::from_raw` for
             // this core alone, and every operation using them has completed (operations hold
@@ -139,9 +148,25 @@ impl Communicator {
 
     fn from_raw(comm: RawComm) -> Result<Self> {
         crate::init::require_thread_multiple()?;
-        let coll = ffi::comm::dup(comm)?;
-        let algo = ffi::comm::dup(comm)?;
-        let p2p = ffi::comm::dup(comm)?;
+        crate::reliability::abort::settle(None)?;
+        let mut made = Vec::new();
+        let built = Self::build(comm, &mut made);
+        if built.is_err() {
+            for c in made {
+                // SAFETY: duplicated above for this communicator, used by nobody yet.
+                unsafe { ffi::comm::free(c) };
+            }
+        }
+        built
+    }
+
+    /// The communicator over `comm`; the duplicates it makes are pushed to `made` first, so
+    /// a failure part-way can free them.
+    fn build(comm: RawComm, made: &mut Vec<RawComm>) -> Result<Self> {
+        for _ in 0..3 {
+            made.push(ffi::comm::dup(comm)?);
+        }
+        let (coll, algo, p2p) = (made[0], made[1], made[2]);
         let (rank, size) = ffi::comm::rank_size(coll)?;
         let tag_ub = ffi::comm::tag_ub(coll)?;
         let node = ffi::comm::split_shared(coll, rank as c_int)?;
@@ -149,6 +174,7 @@ impl Communicator {
         // SAFETY: `node` was created just above and is used by nobody else.
         unsafe { ffi::comm::free(node) };
         let (local_rank, local_size) = local?;
+        let monitor = Monitor::new(rank, size, vec![coll, algo, p2p])?;
         Ok(Communicator {
             core: Arc::new(Core {
                 coll,
@@ -159,6 +185,7 @@ impl Communicator {
                 tag_ub,
                 scratch: ScratchPool::default(),
                 errors: Arc::default(),
+                monitor,
             }),
             local_rank,
             local_size,
@@ -195,30 +222,153 @@ impl Communicator {
         self.core.tag_ub
     }
 
-    /// A new communicator over the same ranks (`MPI_Comm_dup`); collective.
+    /// A new communicator over the same ranks (`MPI_Comm_dup`); collective. It has this one's
+    /// tuning and reliability settings.
     pub fn dup(&self) -> Result<Self> {
-        self.core.errors.check()?;
-        let mut c = Self::from_raw(self.core.coll)?;
-        c.tuning = self.tuning;
-        Ok(c)
+        let sig = Signature::new(OpKind::Dup);
+        let op = self.begin(sig)?;
+        // (The barrier's plan is never run: `prepare` only checks, and runs the signature check.)
+        self.prepare(op, &sig, None, || self.plan_barrier::<u8>())?;
+        let made = Self::from_raw(self.core.coll);
+        self.record_end(op, &made);
+        made.map(|c| self.inherit(c))
     }
 
     /// Splits the communicator (`MPI_Comm_split`); collective. Ranks passing the same `color`
     /// end up together, ordered by `key` (then by old rank); `None` as color leaves this rank
-    /// out and returns `None`.
+    /// out and returns `None`. The new communicators have this one's tuning and reliability
+    /// settings.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Self>> {
-        self.core.errors.check()?;
-        let color = match color {
-            Some(c) => c_int::try_from(c).map_err(|_| Error::CountOverflow { what: "split color", value: c.into() })?,
-            None => sys::MPI_UNDEFINED,
+        let sig = Signature::new(OpKind::Split);
+        let op = self.begin(sig)?;
+        let (color, mut refused) = match color.map(c_int::try_from) {
+            None => (sys::MPI_UNDEFINED, None),
+            Some(Ok(c)) => (c, None),
+            Some(Err(_)) => (0, Some(Error::CountOverflow { what: "split color", value: color.unwrap_or(0).into() })),
         };
-        let Some(part) = ffi::comm::split(self.core.coll, color, key)? else { return Ok(None) };
-        let made = Self::from_raw(part);
-        // SAFETY: `part` was created by the split above; `from_raw` duplicated it.
-        unsafe { ffi::comm::free(part) };
-        let mut c = made?;
+        // (The barrier's plan is never run: `prepare` only checks, as for `dup`.)
+        self.prepare(op, &sig, None, || match refused.take() {
+            Some(e) => Err(e),
+            None => self.plan_barrier::<u8>(),
+        })?;
+        let made = (|| {
+            let Some(part) = ffi::comm::split(self.core.coll, color, key)? else { return Ok(None) };
+            let made = Self::from_raw(part);
+            // SAFETY: `part` was created by the split above; `from_raw` duplicated it.
+            unsafe { ffi::comm::free(part) };
+            made.map(Some)
+        })();
+        self.record_end(op, &made);
+        made.map(|c| c.map(|c| self.inherit(c)))
+    }
+
+    /// Records how a communicator-making operation ended (it is no fault: MPI reports a
+    /// failure to make one on every rank).
+    fn record_end<R>(&self, op: crate::reliability::monitor::OpId, made: &Result<R>) {
+        use crate::reliability::recorder::State;
+        match made {
+            Ok(_) => self.core.monitor.set(op, State::Done, None),
+            Err(e) => self.core.monitor.set(op, State::Failed, Some(e.to_string())),
+        }
+    }
+
+    /// `c` with this communicator's tuning and reliability settings.
+    fn inherit(&self, mut c: Self) -> Self {
         c.tuning = self.tuning;
-        Ok(Some(c))
+        let (from, to) = (&self.core.monitor, &c.core.monitor);
+        to.set_timeout(from.timeout());
+        to.set_on_timeout(from.on_timeout());
+        to.set_check(from.check());
+        c
+    }
+
+    /// The deadline of every operation (`None`: none). 10 minutes unless `DURALUMIN_TIMEOUT`
+    /// (seconds; 0 for none) or [`set_timeout`](Self::set_timeout) says otherwise.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.core.monitor.timeout()
+    }
+
+    /// Sets the deadline of every operation from now on (`None`: none). An operation that runs
+    /// past it (a blocking call, a request's wait, an operation on the progress thread) is
+    /// reported by every rank that can, then handled as [`on_timeout`](Self::on_timeout) says.
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.core.monitor.set_timeout(timeout);
+    }
+
+    /// What a timeout does: [`OnTimeout::Abort`] unless `DURALUMIN_ON_TIMEOUT=error` or
+    /// [`set_on_timeout`](Self::set_on_timeout) says otherwise.
+    pub fn on_timeout(&self) -> OnTimeout {
+        self.core.monitor.on_timeout()
+    }
+
+    /// Sets what a timeout (or a collective that fails in a way that leaves the other ranks
+    /// waiting) does. Every rank should use the same.
+    pub fn set_on_timeout(&mut self, on_timeout: OnTimeout) {
+        self.core.monitor.set_on_timeout(on_timeout);
+    }
+
+    /// Whether collectives compare their signatures across ranks before moving data
+    /// (`DURALUMIN_CHECK=1`).
+    pub fn check(&self) -> bool {
+        self.core.monitor.check()
+    }
+
+    /// Turns the signature check on or off. Every rank must use the same setting (the check is
+    /// itself a collective).
+    pub fn set_check(&mut self, on: bool) {
+        self.core.monitor.set_check(on);
+    }
+
+    /// Whether the communicator was given up ([`OnTimeout::Error`] after a timeout or fault
+    /// here or on another rank, or [`revoke`](Self::revoke)): every call on it fails.
+    pub fn is_aborted(&self) -> bool {
+        self.core.monitor.poisoned().is_some()
+    }
+
+    /// The communicator's monitor (shared with the HostTransfer communicator built on it).
+    pub(crate) fn monitor(&self) -> &Arc<Monitor> {
+        &self.core.monitor
+    }
+
+    /// Operations of this communicator in flight (started and not yet completed).
+    pub fn ops_in_flight(&self) -> usize {
+        self.core.monitor.in_flight()
+    }
+
+    /// Revokes the communicator (`MPIX_Comm_revoke`): operations pending on it, on every rank,
+    /// fail with [`Error::Revoked`], and so does every later one, except
+    /// [`agree`](Self::agree) and [`shrink`](Self::shrink). Needs an MPI library with ULFM
+    /// ([`Error::Unsupported`] otherwise).
+    pub fn revoke(&self) -> Result<()> {
+        if !ffi::ulfm::available() {
+            return ffi::ulfm::revoke(self.core.coll);
+        }
+        for c in [self.core.coll, self.core.algo, self.core.p2p] {
+            ffi::ulfm::revoke(c)?;
+        }
+        let mut st = self.core.monitor.lock();
+        let poison = crate::reliability::monitor::plain_poison("revoked".into());
+        Monitor::poison_with(&mut st, &self.core.monitor, poison);
+        Ok(())
+    }
+
+    /// Fault-tolerant agreement (`MPIX_Comm_agree`) over the ranks still alive: whether `ok`
+    /// holds on all of them and no process failed since the last agreement. Works on a revoked
+    /// communicator; every surviving rank gets the same answer. Needs ULFM.
+    pub fn agree(&self, ok: bool) -> Result<bool> {
+        let (all, failed) = ffi::ulfm::agree(self.core.coll, ok)?;
+        Ok(all && !failed)
+    }
+
+    /// A new communicator over the ranks still alive (`MPIX_Comm_shrink`), numbered in the
+    /// same order, with this one's settings; collective over the survivors. Works on a revoked
+    /// communicator. Needs ULFM.
+    pub fn shrink(&self) -> Result<Self> {
+        let raw = ffi::ulfm::shrink(self.core.coll)?;
+        let made = Self::from_raw(raw);
+        // SAFETY: `raw` was made by the shrink above; `from_raw` duplicated it.
+        unsafe { ffi::comm::free(raw) };
+        made.map(|c| self.inherit(c))
     }
 
     /// The thresholds in effect.

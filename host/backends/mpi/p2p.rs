@@ -11,12 +11,13 @@ use std::sync::Arc;
 use duralumin_kernels::Element;
 
 use super::Communicator;
-use super::collectives::blocking_and_nonblocking;
+use super::collectives::{blocking_and_nonblocking, shadow};
 use super::job::{Job, Mode};
 use crate::buffer::RawBuf;
 use crate::check;
 use crate::datatype::datatype;
 use crate::error::{Error, Result};
+use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::{Request, Scope};
 use crate::transport::{MpiTransport, Transport};
 
@@ -52,24 +53,32 @@ impl Communicator {
         /// Sends `buf` to rank `dest` with `tag` (`MPI_Send`). A blocking send to this rank
         /// itself is refused ([`Error::SelfMessage`]): nothing could receive it.
         fn send / isend <T: Element> (buf: &'buf [T], dest: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::Send).elem::<T>().count(buf.len()).root(dest).tag(tag)) bufs(read buf)
             => plan_p2p(&[(RawBuf::from_ref(buf), dest)], &[], tag, "send");
         /// Receives exactly `buf.len()` elements from rank `source` with `tag` (`MPI_Recv`).
         fn recv / irecv <T: Element> (buf: &'buf mut [T], source: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::Recv).elem::<T>().count(buf.len()).root(source).tag(tag)) bufs(write buf)
             => plan_p2p(&[], &[(RawBuf::from_mut(buf), source)], tag, "recv");
         /// Sends `send` to `dest` and receives `recv` from `source` at once (`MPI_Sendrecv`);
         /// either peer may be this rank itself.
         fn sendrecv / isendrecv <T: Element>
             (send: &'buf [T], dest: usize, recv: &'buf mut [T], source: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::SendRecv).elem::<T>().count(send.len()).root(dest).tag(tag))
+            bufs(read send, write recv)
             => plan_p2p(&[(RawBuf::from_ref(send), dest)], &[(RawBuf::from_mut(recv), source)], tag, "sendrecv");
         /// Sends `buf` to `dest` and replaces it by the same number of elements from `source`
         /// (`MPI_Sendrecv_replace`).
         fn sendrecv_in_place / isendrecv_in_place <T: Element> (buf: &'buf mut [T], dest: usize, source: usize, tag: i32)
+            sig(|_| Signature::new(OpKind::SendRecv).elem::<T>().count(buf.len()).root(dest).tag(tag).in_place())
+            bufs(write buf)
             => plan_sendrecv_replace(buf, dest, source, tag);
         /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
         /// `recvs`, all at once (Aluminum's MultiSendRecv). Peers may repeat and may be this
         /// rank itself; messages to the same peer are matched in order.
         fn multi_sendrecv / imulti_sendrecv <T: Element>
             (sends: &[(&'buf [T], usize)], recvs: &mut [(&'buf mut [T], usize)], tag: i32)
+            sig(|_| Signature::new(OpKind::MultiSendRecv).elem::<T>().count(sends.iter().map(|s| s.0.len()).sum()).tag(tag))
+            bufs(reads sends, writes recvs)
             => plan_multi(sends, recvs, tag);
     }
 

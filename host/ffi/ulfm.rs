@@ -1,0 +1,166 @@
+//! ULFM, MPI's fault-tolerance extension (`MPIX_Comm_revoke`, `_agree`, `_shrink`,
+//! `_failure_ack`), looked up at run time: a binary built against an MPI without it (Debian's
+//! Open MPI 4.1) uses it when it runs on one that has it (Open MPI 5 with
+//! `mpirun --with-ft ulfm`). Its error classes are not in every `mpi.h`, so they come from the
+//! library's own description: Open MPI 5 and MPICH number them differently.
+
+use std::ffi::{CStr, c_int};
+use std::sync::OnceLock;
+
+use super::{RawComm, check, sys};
+use crate::error::{Error, Result};
+
+type CommFn = unsafe extern "C" fn(sys::MPI_Comm) -> c_int;
+type ShrinkFn = unsafe extern "C" fn(sys::MPI_Comm, *mut sys::MPI_Comm) -> c_int;
+type AgreeFn = unsafe extern "C" fn(sys::MPI_Comm, *mut c_int) -> c_int;
+type AckedFn = unsafe extern "C" fn(sys::MPI_Comm, *mut sys::MPI_Group) -> c_int;
+
+/// The ULFM functions of the running MPI library.
+#[derive(Debug)]
+pub(crate) struct Api {
+    revoke: CommFn,
+    shrink: ShrinkFn,
+    agree: AgreeFn,
+    failure_ack: CommFn,
+    failure_get_acked: AckedFn,
+    /// `(MPIX_ERR_PROC_FAILED, MPIX_ERR_PROC_FAILED_PENDING, MPIX_ERR_REVOKED)`, when the library
+    /// is one whose numbering is known.
+    classes: Option<(c_int, c_int, c_int)>,
+}
+
+static API: OnceLock<Option<Api>> = OnceLock::new();
+
+/// `name` in the running process, as a function of type `F`.
+///
+/// # Safety
+/// `F` must be the function's real type.
+unsafe fn lookup<F: Copy>(name: &CStr) -> Option<F> {
+    // SAFETY: dlsym with RTLD_DEFAULT searches the loaded objects; `name` is NUL-terminated.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    // SAFETY: guaranteed by the caller; a non-null symbol of a function is its address.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut libc::c_void, F>(&p) })
+}
+
+/// The ULFM functions, if the MPI library has them.
+pub(crate) fn api() -> Option<&'static Api> {
+    API.get_or_init(|| {
+        // SAFETY: the types are ULFM's prototypes (`mpiext_ftmpi_c.h`).
+        unsafe {
+            let version = super::library_version();
+            let classes = if version.contains("Open MPI") {
+                Some((75, 76, 77))
+            } else if version.contains("MPICH") {
+                Some((101, 102, 103))
+            } else {
+                None
+            };
+            Some(Api {
+                revoke: lookup(c"MPIX_Comm_revoke")?,
+                shrink: lookup(c"MPIX_Comm_shrink")?,
+                agree: lookup(c"MPIX_Comm_agree")?,
+                failure_ack: lookup(c"MPIX_Comm_failure_ack")?,
+                failure_get_acked: lookup(c"MPIX_Comm_failure_get_acked")?,
+                classes,
+            })
+        }
+    })
+    .as_ref()
+}
+
+/// Whether the MPI library has ULFM.
+pub(crate) fn available() -> bool {
+    api().is_some()
+}
+
+const MISSING: &str = "the MPI library has no ULFM (MPIX_Comm_revoke/agree/shrink): use Open MPI 5 with `mpirun --with-ft \
+                       ulfm`, or an MPICH built with fault tolerance";
+
+fn require() -> Result<&'static Api> {
+    api().ok_or(Error::Unsupported(MISSING))
+}
+
+/// What a ULFM error class means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    ProcessFailed,
+    Revoked,
+}
+
+/// The ULFM meaning of an MPI error class, if it has one.
+pub(crate) fn classify(class: c_int) -> Option<Failure> {
+    let (failed, pending, revoked) = api()?.classes?;
+    match class {
+        c if c == failed || c == pending => Some(Failure::ProcessFailed),
+        c if c == revoked => Some(Failure::Revoked),
+        _ => None,
+    }
+}
+
+/// `MPIX_Comm_revoke`: every pending and later operation on `comm`, on every rank, fails with
+/// `MPIX_ERR_REVOKED` (agree and shrink excepted).
+pub(crate) fn revoke(comm: RawComm) -> Result<()> {
+    let api = require()?;
+    // SAFETY: `comm` is a live communicator; revoking is allowed from any thread.
+    check(unsafe { (api.revoke)(comm.0) }, "MPIX_Comm_revoke")
+}
+
+/// `MPIX_Comm_shrink`: a new communicator over the processes of `comm` still alive, with the
+/// same error handler as its parent (errors return).
+pub(crate) fn shrink(comm: RawComm) -> Result<RawComm> {
+    let api = require()?;
+    let mut out = std::mem::MaybeUninit::<sys::MPI_Comm>::uninit();
+    // SAFETY: `comm` is live; MPI writes the new handle on success, read only then.
+    let out = unsafe {
+        check((api.shrink)(comm.0, out.as_mut_ptr()), "MPIX_Comm_shrink")?;
+        out.assume_init()
+    };
+    Ok(RawComm(out))
+}
+
+/// `MPIX_Comm_agree` on `flag` over the live processes: their logical AND, and whether a
+/// process failure was seen (new failures are acknowledged first, so one failure is reported
+/// once).
+pub(crate) fn agree(comm: RawComm, flag: bool) -> Result<(bool, bool)> {
+    let api = require()?;
+    let mut value = c_int::from(flag);
+    // SAFETY: `comm` is live (revoked is allowed); MPI writes one int.
+    let rc = unsafe {
+        (api.failure_ack)(comm.0);
+        (api.agree)(comm.0, &mut value)
+    };
+    if rc == sys::MPI_SUCCESS as c_int {
+        return Ok((value != 0, false));
+    }
+    match super::mpi_error(rc, "MPIX_Comm_agree") {
+        Error::ProcessFailed { .. } => Ok((false, true)),
+        e => Err(e),
+    }
+}
+
+/// The ranks of `comm` known to have failed (acknowledging them).
+pub(crate) fn failed_ranks(comm: RawComm) -> Result<Vec<usize>> {
+    let api = require()?;
+    let (mut failed, mut all) = (std::mem::MaybeUninit::uninit(), std::mem::MaybeUninit::uninit());
+    // SAFETY: `comm` is live; each call writes the handles and ints we own, read only on
+    // success; both groups are freed before returning.
+    unsafe {
+        check((api.failure_ack)(comm.0), "MPIX_Comm_failure_ack")?;
+        check((api.failure_get_acked)(comm.0, failed.as_mut_ptr()), "MPIX_Comm_failure_get_acked")?;
+        let mut failed = failed.assume_init();
+        let mut n: c_int = 0;
+        let translated = check(sys::MPI_Group_size(failed, &mut n), "MPI_Group_size").and_then(|()| {
+            check(sys::MPI_Comm_group(comm.0, all.as_mut_ptr()), "MPI_Comm_group")?;
+            let mut all = all.assume_init();
+            let from: Vec<c_int> = (0..n).collect();
+            let mut to = vec![0 as c_int; from.len()];
+            let r = check(
+                sys::MPI_Group_translate_ranks(failed, n, from.as_ptr(), all, to.as_mut_ptr()),
+                "MPI_Group_translate_ranks",
+            );
+            sys::MPI_Group_free(&mut all);
+            r.map(|()| to.into_iter().filter(|&r| r >= 0).map(|r| r as usize).collect())
+        });
+        sys::MPI_Group_free(&mut failed);
+        translated
+    }
+}

@@ -1,0 +1,253 @@
+//! The signature check: before a collective moves any data, the ranks compare what they called
+//! (`DURALUMIN_CHECK=1`, or `set_check`), on a communicator kept for it.
+//!
+//! Every rank contributes one fixed-size record (its call's [`Signature`], its sequence number,
+//! and whether its own arguments passed their checks) to one allgather, so every rank reaches
+//! the same verdict from the same data: a mismatch, or invalid arguments anywhere, is an error
+//! on every rank, never a truncation or a hang. Operations whose counts are per pair (gatherv,
+//! scatterv, alltoallv) then check those pairs with one all-to-all of counts and one allgather
+//! of what each rank found.
+
+use std::ffi::c_int;
+
+use super::monitor::{Asker, Monitor, OpId};
+use super::recorder::{OpKind, RecordView, Signature, State, clip};
+use super::report;
+use crate::error::{Error, Result};
+use crate::ffi::native::Native;
+use crate::ffi::{RawDatatype, p2p, sys};
+
+/// Per-pair counts of an operation whose ranks exchange different amounts with each peer:
+/// what this rank sends to each rank and expects from each rank (its own entries ignored).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Pairs {
+    pub(crate) send_to: Vec<u64>,
+    pub(crate) recv_from: Vec<u64>,
+}
+
+impl Pairs {
+    pub(crate) fn new(n: usize) -> Pairs {
+        Pairs { send_to: vec![0; n], recv_from: vec![0; n] }
+    }
+
+    pub(crate) fn gatherv(n: usize, me: usize, root: usize, mine: usize, counts: &[usize]) -> Pairs {
+        let mut p = Pairs::new(n);
+        if me == root {
+            for (i, &c) in counts.iter().enumerate().take(n) {
+                p.recv_from[i] = c as u64;
+            }
+        } else if root < n {
+            p.send_to[root] = mine as u64;
+        }
+        p
+    }
+
+    pub(crate) fn scatterv(n: usize, me: usize, root: usize, mine: usize, counts: &[usize]) -> Pairs {
+        let Pairs { send_to, recv_from } = Pairs::gatherv(n, me, root, mine, counts);
+        Pairs { send_to: recv_from, recv_from: send_to }
+    }
+
+    pub(crate) fn alltoallv(n: usize, send_counts: &[usize], recv_counts: &[usize]) -> Pairs {
+        let widen = |v: &[usize]| (0..n).map(|i| v.get(i).map_or(0, |&c| c as u64)).collect();
+        Pairs { send_to: widen(send_counts), recv_from: widen(recv_counts) }
+    }
+}
+
+/// The size of one rank's record.
+const RECORD: usize = 256;
+
+fn put_str(out: &mut Vec<u8>, s: &str, width: usize) {
+    let s = clip(s, width);
+    out.extend_from_slice(s.as_bytes());
+    out.resize(out.len() + width - s.len(), 0);
+}
+
+fn encode(seq: u64, sig: &Signature, note: Option<&str>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(RECORD);
+    b.extend_from_slice(&seq.to_le_bytes());
+    b.push(sig.kind as u8);
+    b.push(u8::from(note.is_none()) | (u8::from(sig.in_place) << 1));
+    b.extend_from_slice(&sig.elem_size.to_le_bytes());
+    b.extend_from_slice(&sig.root.unwrap_or(u32::MAX).to_le_bytes());
+    b.extend_from_slice(&sig.count.to_le_bytes());
+    b.extend_from_slice(&sig.digest.to_le_bytes());
+    put_str(&mut b, sig.algorithm, 16);
+    put_str(&mut b, sig.elem, 32);
+    put_str(&mut b, sig.operator, 32);
+    let rest = RECORD - b.len();
+    put_str(&mut b, note.unwrap_or(""), rest);
+    b
+}
+
+/// A rank's record as a view (state `Rejected` when its arguments failed their checks).
+fn decode(b: &[u8], mine: &RecordView) -> RecordView {
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+    let str_at = |i: usize, w: usize| String::from_utf8_lossy(&b[i..i + w]).trim_end_matches('\0').to_string();
+    let valid = b[9] & 1 != 0;
+    let kind = OpKind::ALL.iter().copied().find(|k| *k as u8 == b[8]).unwrap_or(mine.kind);
+    RecordView {
+        seq: u64_at(0),
+        kind,
+        elem: str_at(50, 32),
+        elem_size: u32_at(10),
+        operator: str_at(82, 32),
+        count: u64_at(18),
+        digest: u64_at(26),
+        root: Some(u32_at(14)).filter(|&r| r != u32::MAX),
+        algorithm: str_at(34, 16),
+        in_place: b[9] & 2 != 0,
+        state: if valid { State::Running } else { State::Rejected },
+        enqueued_ago: None,
+        started_ago: None,
+        ended_ago: None,
+        note: str_at(114, RECORD - 114),
+    }
+}
+
+/// Runs a collective of the check on `m.check_comm`: blocking, or (when the operation must be
+/// interruptible, [`Monitor::guarded`]) started non-blocking and polled until it completes or
+/// the communicator is given up. Its buffers are leaked if it is abandoned, since MPI may
+/// still write them.
+fn collective(m: &Monitor, op: OpId, call: Native, bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+    let dt = RawDatatype(unsafe { sys::RSMPI_UINT8_T });
+    if !m.guarded() {
+        // SAFETY: `call` points into `bufs`, which outlive the blocking call, sized by the
+        // caller for this call's counts.
+        unsafe { call.run(dt, m.check_comm) }?;
+        return Ok(bufs);
+    }
+    // SAFETY: as above; the buffers and `call` live until the request completes, or are leaked.
+    let mut req = unsafe { call.start(dt, m.check_comm) }?;
+    let mut backoff = crate::progress::Backoff::default();
+    loop {
+        if p2p::test(&mut req)?.is_some() {
+            return Ok(bufs);
+        }
+        if let Some(p) = m.poisoned() {
+            std::mem::forget((req, bufs, call));
+            return Err(p.error(Asker::Op(op)));
+        }
+        backoff.snooze();
+    }
+}
+
+/// Compares this rank's call with every other rank's (see the module docs). `local` is this
+/// rank's own verdict on its arguments: when it is an error, that error is returned here (the
+/// others learn of it and fail with [`Error::SignatureMismatch`]).
+pub(crate) fn run(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, local: Result<()>) -> Result<()> {
+    let n = m.size;
+    let note = local.as_ref().err().map(|e| e.to_string());
+    let send = encode(op.seq, sig, note.as_deref());
+    let recv = vec![0u8; RECORD * n];
+    let call =
+        Native::Allgather { send: send.as_ptr().cast(), recv: recv.as_ptr().cast_mut().cast(), count: RECORD as c_int };
+    let got = collective(m, op, call, vec![send, recv])?;
+    let mine = report_view(op.seq, sig, note.as_deref());
+    let views: Vec<RecordView> = got[1].chunks_exact(RECORD).map(|b| decode(b, &mine)).collect();
+    let headline = format!("{}: the signature check found ranks that differ", report::describe(&mine));
+    if let Some(text) = report::calls(m.rank, &headline, &mine, &views) {
+        local?;
+        return Err(Error::SignatureMismatch { op: sig.kind.name(), seq: op.seq, report: text });
+    }
+    local?;
+    match pairs {
+        Some(p) => check_pairs(m, op, sig, &mine, p),
+        None => Ok(()),
+    }
+}
+
+/// Every pair's counts agree: one all-to-all of what each rank sends, one allgather of the
+/// first disagreement each rank found.
+fn check_pairs(m: &Monitor, op: OpId, sig: &Signature, mine: &RecordView, p: Pairs) -> Result<()> {
+    let n = m.size;
+    let send: Vec<u8> = p.send_to.iter().flat_map(|c| c.to_le_bytes()).collect();
+    let recv = vec![0u8; 8 * n];
+    let call = Native::Alltoall { send: send.as_ptr().cast(), recv: recv.as_ptr().cast_mut().cast(), count: 8 };
+    let got = collective(m, op, call, vec![send, recv])?;
+    let sent_to_me = |i: usize| u64::from_le_bytes(got[1][8 * i..8 * i + 8].try_into().unwrap_or_default());
+    let bad: Vec<usize> = (0..n).filter(|&i| i != m.rank && sent_to_me(i) != p.recv_from[i]).collect();
+    let mut finding = Vec::with_capacity(24);
+    finding.extend_from_slice(&(bad.len() as u64).to_le_bytes());
+    let first = bad.first().map_or((0, 0, 0), |&i| (i as u64, p.recv_from[i], sent_to_me(i)));
+    for v in [first.0, first.1, first.2] {
+        finding.extend_from_slice(&v.to_le_bytes());
+    }
+    let all = vec![0u8; 32 * n];
+    let call = Native::Allgather { send: finding.as_ptr().cast(), recv: all.as_ptr().cast_mut().cast(), count: 32 };
+    let got = collective(m, op, call, vec![finding, all])?;
+    let word = |r: usize, k: usize| {
+        u64::from_le_bytes(got[1][32 * r + 8 * k..32 * r + 8 * k + 8].try_into().unwrap_or_default())
+    };
+    let lines: Vec<String> = (0..n)
+        .filter(|&r| word(r, 0) > 0)
+        .map(|r| {
+            let more = word(r, 0) - 1;
+            format!(
+                "rank {r} expects {} elements from rank {}, which sends {}{}",
+                word(r, 2),
+                word(r, 1),
+                word(r, 3),
+                if more > 0 { format!(" (and {more} more pairs differ)") } else { String::new() }
+            )
+        })
+        .collect();
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut text = format!(
+        "desync report, communicator of {n} ranks, seen from rank {}: {}: the per-pair counts differ",
+        m.rank,
+        report::describe(mine)
+    );
+    for l in lines {
+        text.push_str("\n  ");
+        text.push_str(&l);
+    }
+    Err(Error::SignatureMismatch { op: sig.kind.name(), seq: op.seq, report: text })
+}
+
+fn report_view(seq: u64, sig: &Signature, note: Option<&str>) -> RecordView {
+    RecordView {
+        seq,
+        kind: sig.kind,
+        elem: sig.elem.into(),
+        elem_size: sig.elem_size,
+        operator: sig.operator.into(),
+        count: sig.count,
+        digest: sig.digest,
+        root: sig.root,
+        algorithm: sig.algorithm.into(),
+        in_place: sig.in_place,
+        state: if note.is_some() { State::Rejected } else { State::Running },
+        enqueued_ago: None,
+        started_ago: None,
+        ended_ago: None,
+        note: note.unwrap_or("").into(),
+    }
+}
+
+/// A record that matches the local one survives its trip through the fixed-size encoding.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_keep_what_the_report_compares() {
+        let sig = Signature::new(OpKind::Gatherv)
+            .reduce::<f32, crate::Sum>()
+            .counts(&[1, 2])
+            .root(3)
+            .algorithm("ring")
+            .in_place();
+        let mine = report_view(9, &sig, None);
+        assert_eq!(decode(&encode(9, &sig, None), &mine), mine);
+        let rejected = decode(&encode(9, &sig, Some("bad buffer")), &mine);
+        assert_eq!((rejected.state, rejected.note.as_str()), (State::Rejected, "bad buffer"));
+        let p = Pairs::gatherv(3, 1, 0, 5, &[]);
+        assert_eq!((p.send_to, p.recv_from), (vec![5, 0, 0], vec![0, 0, 0]));
+        let p = Pairs::scatterv(3, 0, 0, 1, &[1, 2, 3]);
+        assert_eq!((p.send_to, p.recv_from), (vec![1, 2, 3], vec![0, 0, 0]));
+    }
+}

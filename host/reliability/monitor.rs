@@ -1,0 +1,410 @@
+//! A communicator's [`Monitor`]: its operation numbers, flight recorder, settings, poisoned
+//! state and the two communicators of its own (signature checks, report exchange), shared by
+//! the backend's calling thread, the proxy thread and the watchdog.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::OnTimeout;
+use super::recorder::{self, OpKind, RecordId, RecordView, Recorder, Signature, Snapshot, State, Tick, WaitView};
+use crate::error::{Error, Result};
+use crate::ffi::{self, RawComm};
+
+/// An operation being recorded: where its record is, and its number.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OpId {
+    pub(crate) rec: RecordId,
+    pub(crate) seq: u64,
+    pub(crate) kind: OpKind,
+}
+
+/// What ran past its deadline: an operation (its record's insertion number) or a wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Trigger {
+    Op(u64),
+    Wait(u64),
+}
+
+/// Who asks for the error of a poisoned communicator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Asker {
+    /// An operation that was in flight.
+    Op(OpId),
+    /// A thread waiting for all of the communicator's work (`synchronize`, a request's wait).
+    Waiter(u64),
+    /// A call made after the communicator was poisoned.
+    New,
+}
+
+/// Why a communicator was given up.
+#[derive(Debug)]
+pub(crate) struct Poison {
+    trigger: Option<Trigger>,
+    /// For [`Error::Aborted`].
+    pub(crate) reason: String,
+    /// The timeout itself, for the operation (or waits) that ran past the deadline.
+    timeout: Option<(&'static str, u64, Duration, String)>,
+}
+
+impl Poison {
+    /// The error `asker` gets: the timeout for what timed out (and for whole-communicator
+    /// waits), [`Error::Aborted`] for everything else.
+    pub(crate) fn error(&self, asker: Asker) -> Error {
+        if let Some((op, seq, elapsed, report)) = &self.timeout {
+            let own = match (asker, self.trigger) {
+                (Asker::Op(o), Some(Trigger::Op(t))) => o.rec.id() == t,
+                (Asker::Waiter(w), Some(Trigger::Wait(t))) => w == t,
+                (Asker::Waiter(_), Some(Trigger::Op(_))) => true,
+                _ => false,
+            };
+            if own {
+                return Error::Timeout { op, seq: *seq, elapsed: *elapsed, report: report.clone() };
+            }
+        }
+        Error::Aborted { reason: self.reason.clone() }
+    }
+}
+
+/// A fault an operation's thread hands to the watchdog: the exchange runs now, and the thread
+/// waits for it.
+#[derive(Debug)]
+pub(crate) struct FaultRequest {
+    pub(crate) op: OpId,
+    pub(crate) message: String,
+}
+
+/// Settings, read on every call.
+#[derive(Debug)]
+struct Settings {
+    /// Deadline in milliseconds; 0: none.
+    timeout_ms: AtomicU64,
+    on_timeout: AtomicU8,
+    check: AtomicBool,
+}
+
+#[derive(Debug)]
+pub(crate) struct MonitorState {
+    pub(crate) recorder: Recorder,
+    /// The next collective and point-to-point numbers (from 1).
+    pub(crate) next_seq: u64,
+    pub(crate) next_p2p: u64,
+    /// When the last operation began or ended.
+    pub(crate) last_activity: Tick,
+    /// Threads waiting on the communicator: (id, what, since).
+    pub(crate) waits: Vec<(u64, &'static str, Tick)>,
+    next_wait: u64,
+    pub(crate) poison: Option<Arc<Poison>>,
+    /// The last trigger an exchange ran for (each runs once).
+    pub(crate) handled: Option<Trigger>,
+    pub(crate) fault: Option<FaultRequest>,
+    /// Set by the watchdog when a fault's exchange concluded.
+    pub(crate) fault_done: bool,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Monitor {
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    settings: Settings,
+    poisoned: AtomicBool,
+    state: Mutex<MonitorState>,
+    /// Signals a concluded fault exchange to the waiting operation thread.
+    pub(crate) concluded: Condvar,
+    /// The signature check's communicator.
+    pub(crate) check_comm: RawComm,
+    /// The report exchange's communicator, used by the watchdog alone; `None` once closed.
+    pub(crate) report: Mutex<Option<RawComm>>,
+    /// The communicators operations run on, revoked on a timeout where ULFM allows.
+    pub(crate) data: Vec<RawComm>,
+    /// The watchdog's exchange in progress.
+    pub(crate) exchange: Mutex<Option<super::watchdog::Exchange>>,
+}
+
+/// The default deadline of every operation.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl Monitor {
+    /// The monitor of a communicator whose operations run on `data` (the first is the one its
+    /// collectives use): makes its check and report communicators (collective over `data[0]`)
+    /// and registers it with the watchdog.
+    pub(crate) fn new(rank: usize, size: usize, data: Vec<RawComm>) -> Result<Arc<Monitor>> {
+        let env = super::EnvSettings::read()?;
+        let base = *data.first().ok_or(Error::Progress("a monitor needs a communicator"))?;
+        let check_comm = ffi::comm::dup(base)?;
+        let report = match ffi::comm::dup(base) {
+            Ok(c) => c,
+            Err(e) => {
+                // SAFETY: made just above, used by nobody.
+                unsafe { ffi::comm::free(check_comm) };
+                return Err(e);
+            }
+        };
+        let monitor = Arc::new(Monitor {
+            rank,
+            size,
+            settings: Settings {
+                timeout_ms: AtomicU64::new(env.timeout.map_or(0, |d| d.as_millis().max(1) as u64)),
+                on_timeout: AtomicU8::new(env.on_timeout as u8),
+                check: AtomicBool::new(env.check),
+            },
+            poisoned: AtomicBool::new(false),
+            state: Mutex::new(MonitorState {
+                recorder: Recorder::new(env.recorder_ops),
+                next_seq: 1,
+                next_p2p: 1,
+                last_activity: recorder::now(),
+                waits: Vec::new(),
+                next_wait: 0,
+                poison: None,
+                handled: None,
+                fault: None,
+                fault_done: false,
+            }),
+            concluded: Condvar::new(),
+            check_comm,
+            report: Mutex::new(Some(report)),
+            data,
+            exchange: Mutex::new(None),
+        });
+        super::watchdog::register(&monitor);
+        Ok(monitor)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, MonitorState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Frees the check and report communicators (the watchdog stops using the latter first).
+    pub(crate) fn close(&self) {
+        let report = self.report.lock().unwrap_or_else(PoisonError::into_inner).take();
+        for c in report.into_iter().chain([self.check_comm]) {
+            // SAFETY: both were made by `new` for this monitor; the report communicator was taken
+            // out under its lock, so the watchdog no longer uses it, and operations that use the
+            // check communicator have completed (they hold the communicator).
+            unsafe { ffi::comm::free(c) };
+        }
+    }
+
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        match self.settings.timeout_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    pub(crate) fn set_timeout(&self, t: Option<Duration>) {
+        let ms = t.map_or(0, |d| d.as_millis().clamp(1, u64::MAX as u128) as u64);
+        self.settings.timeout_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn on_timeout(&self) -> OnTimeout {
+        match self.settings.on_timeout.load(Ordering::Relaxed) {
+            x if x == OnTimeout::Error as u8 => OnTimeout::Error,
+            _ => OnTimeout::Abort,
+        }
+    }
+
+    pub(crate) fn set_on_timeout(&self, o: OnTimeout) {
+        self.settings.on_timeout.store(o as u8, Ordering::Relaxed);
+    }
+
+    pub(crate) fn check(&self) -> bool {
+        self.settings.check.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_check(&self, on: bool) {
+        self.settings.check.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether an operation of this signature goes through the signature check.
+    pub(crate) fn checks(&self, sig: &Signature) -> bool {
+        self.check() && sig.kind.is_collective() && self.size > 1
+    }
+
+    /// Whether a timeout may end in an error returned while MPI still holds the operation's
+    /// buffers (no ULFM to revoke it): such operations must run on memory of their own, with
+    /// MPI's non-blocking calls (see `docs/reliability.md`).
+    pub(crate) fn guarded(&self) -> bool {
+        self.on_timeout() == OnTimeout::Error && self.timeout().is_some() && !ffi::ulfm::available()
+    }
+
+    /// The answer window of a report exchange.
+    pub(crate) fn answer_window(&self) -> Duration {
+        let t = self.timeout().unwrap_or(DEFAULT_TIMEOUT);
+        (t / 2).clamp(Duration::from_secs(1), Duration::from_secs(10))
+    }
+
+    /// Whether the communicator was given up.
+    pub(crate) fn poisoned(&self) -> Option<Arc<Poison>> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lock().poison.clone()
+    }
+
+    /// Fails with the communicator's poison, if it has one.
+    pub(crate) fn check_poison(&self, asker: Asker) -> Result<()> {
+        match self.poisoned() {
+            Some(p) => Err(p.error(asker)),
+            None => Ok(()),
+        }
+    }
+
+    /// Numbers and records an operation that starts now in `state` (`Running`, or `Queued`
+    /// for stream-ordered ones); fails at once if the communicator was given up.
+    pub(crate) fn begin(&self, sig: Signature, state: State) -> Result<OpId> {
+        let now = recorder::now();
+        let mut st = self.lock();
+        if let Some(p) = &st.poison {
+            return Err(p.error(Asker::New));
+        }
+        let seq = if sig.kind.is_collective() {
+            st.next_seq += 1;
+            st.next_seq - 1
+        } else {
+            st.next_p2p += 1;
+            st.next_p2p - 1
+        };
+        let rec = st.recorder.push(seq, sig, state, now);
+        st.last_activity = now;
+        Ok(OpId { rec, seq, kind: sig.kind })
+    }
+
+    /// Moves an operation to `state`; `note` says why it failed or was refused.
+    pub(crate) fn set(&self, op: OpId, state: State, note: Option<String>) {
+        let now = recorder::now();
+        let mut st = self.lock();
+        st.recorder.set(op.rec, state, now, note);
+        st.last_activity = now;
+    }
+
+    /// Records the end of an operation and turns its error into what the caller gets: a
+    /// process failure names the failed ranks; MPI's revocation after a poisoning is the
+    /// poison's error; a collective that failed in a way that leaves the other ranks waiting
+    /// is a fault (see [`Monitor::fault`]).
+    pub(crate) fn end(&self, op: OpId, result: Result<()>) -> Result<()> {
+        let Err(e) = result else {
+            self.set(op, State::Done, None);
+            return Ok(());
+        };
+        let e = match e {
+            Error::ProcessFailed { ranks } if ranks.is_empty() => {
+                Error::ProcessFailed { ranks: ffi::ulfm::failed_ranks(self.data[0]).unwrap_or_default() }
+            }
+            Error::Revoked => match self.poisoned() {
+                Some(p) => p.error(Asker::Op(op)),
+                None => Error::Revoked,
+            },
+            e => e,
+        };
+        let state = if self.poisoned().is_some() { State::Abandoned } else { State::Failed };
+        self.set(op, state, Some(e.to_string()));
+        Err(self.fault(op, e))
+    }
+
+    /// A collective failed with an error that may leave the other ranks waiting (an MPI error
+    /// inside it, a count mismatch): the watchdog runs the report exchange now, then, under
+    /// [`OnTimeout::Abort`], ends the job; under [`OnTimeout::Error`] the communicator is given
+    /// up and the error returned. A process failure under `Abort` ends the job too.
+    pub(crate) fn fault(&self, op: OpId, e: Error) -> Error {
+        let abort = self.on_timeout() == OnTimeout::Abort;
+        match &e {
+            Error::ProcessFailed { ranks } if abort => super::abort::abort_job(&format!(
+                "{} #{} failed: processes {ranks:?} of the communicator failed, aborting the job \
+                 (OnTimeout::Abort; use OnTimeout::Error to recover with shrink)",
+                op.kind.name(),
+                op.seq
+            )),
+            Error::Mpi { .. } | Error::CountMismatch { .. } if op.kind.is_collective() && self.size > 1 => {}
+            _ => return e,
+        }
+        let mut st = self.lock();
+        if let Some(p) = &st.poison {
+            return p.error(Asker::Op(op));
+        }
+        st.fault = Some(FaultRequest { op, message: e.to_string() });
+        st.fault_done = false;
+        drop(st);
+        super::watchdog::wake();
+        let limit = self.answer_window() + Duration::from_secs(5);
+        let st = self.lock();
+        let (st, waited) =
+            self.concluded.wait_timeout_while(st, limit, |st| !st.fault_done).unwrap_or_else(PoisonError::into_inner);
+        drop(st);
+        if waited.timed_out() {
+            super::abort::abort_job(&format!(
+                "{} #{} failed ({e}) and the watchdog did not report within {limit:?}, aborting the job",
+                op.kind.name(),
+                op.seq
+            ));
+        }
+        e
+    }
+
+    /// Registers a thread waiting on the communicator (`what`: `synchronize`, `wait`), so a
+    /// wait that outlives the deadline is reported too.
+    pub(crate) fn wait_begin(&self, what: &'static str) -> u64 {
+        let mut st = self.lock();
+        st.next_wait += 1;
+        let id = st.next_wait;
+        st.waits.push((id, what, recorder::now()));
+        id
+    }
+
+    pub(crate) fn wait_end(&self, id: u64) {
+        self.lock().waits.retain(|w| w.0 != id);
+    }
+
+    /// Gives the communicator up: later calls fail with the poison's error, and so do the
+    /// operations in flight, whose records become abandoned.
+    pub(crate) fn poison_with(st: &mut MonitorState, this: &Monitor, poison: Poison) {
+        if st.poison.is_some() {
+            return;
+        }
+        st.recorder.abandon_unfinished(recorder::now());
+        st.poison = Some(Arc::new(poison));
+        this.poisoned.store(true, Ordering::Release);
+    }
+
+    /// This rank's snapshot (under the state lock the caller holds).
+    pub(crate) fn snapshot(&self, st: &MonitorState) -> Snapshot {
+        let now = recorder::now();
+        Snapshot {
+            rank: self.rank as u32,
+            next_seq: st.next_seq,
+            next_p2p: st.next_p2p,
+            poisoned: st.poison.is_some(),
+            idle: recorder::secs(st.last_activity, now),
+            waits: st.waits.iter().map(|w| WaitView { what: w.1.into(), ago: recorder::secs(w.2, now) }).collect(),
+            records: st.recorder.iter().map(|r| RecordView::of(r, now)).collect(),
+        }
+    }
+
+    /// Operations of the communicator queued or running (for leak checks).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().recorder.unfinished()
+    }
+}
+
+/// The poison for a timeout of `what` (`op #seq`) seen here, with the report.
+pub(crate) fn timeout_poison(
+    trigger: Trigger,
+    op: &'static str,
+    seq: u64,
+    elapsed: Duration,
+    report: String,
+    me: usize,
+) -> Poison {
+    Poison {
+        trigger: Some(trigger),
+        reason: format!("rank {me}: {op} #{seq} timed out after {elapsed:.1?}"),
+        timeout: Some((op, seq, elapsed, report)),
+    }
+}
+
+/// The poison of a communicator given up because of `reason` (another rank's timeout, a fault).
+pub(crate) fn plain_poison(reason: String) -> Poison {
+    Poison { trigger: None, reason, timeout: None }
+}

@@ -1,0 +1,649 @@
+//! The flight recorder: the last operations of a communicator, what they were and how far they
+//! got, kept in a fixed ring so its memory is bounded whatever the program does.
+//!
+//! Every operation is recorded by its [`Signature`] (what every rank must agree on, plus what
+//! identifies it to a reader: names, algorithm), its sequence number (collectives and
+//! point-to-point operations are numbered apart: a collective's number is the same on every
+//! rank, a point-to-point one only means something to its pair), its [`State`] and three
+//! times. A [`Snapshot`] of the recorder is what a rank sends to the others when one of them
+//! times out (see `docs/reliability.md`).
+
+use duralumin_kernels::{Element, ReduceOp};
+
+/// A coarse monotonic time in nanoseconds (`CLOCK_MONOTONIC_COARSE`: a few nanoseconds to
+/// read, a few milliseconds of resolution, which is plenty for deadlines of seconds).
+pub(crate) type Tick = u64;
+
+/// The current [`Tick`].
+pub(crate) fn now() -> Tick {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a constant Linux knows.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+/// Seconds between two ticks, for messages.
+pub(crate) fn secs(from: Tick, to: Tick) -> f64 {
+    to.saturating_sub(from) as f64 / 1e9
+}
+
+/// The operations of every backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub(crate) enum OpKind {
+    Barrier = 1,
+    Bcast,
+    Allreduce,
+    Reduce,
+    Allgather,
+    Allgatherv,
+    Alltoall,
+    Alltoallv,
+    Gather,
+    Gatherv,
+    Scatter,
+    Scatterv,
+    ReduceScatter,
+    ReduceScatterv,
+    Send,
+    Recv,
+    SendRecv,
+    MultiSendRecv,
+    Dup,
+    Split,
+}
+
+impl OpKind {
+    pub(crate) const ALL: [OpKind; 20] = [
+        OpKind::Barrier,
+        OpKind::Bcast,
+        OpKind::Allreduce,
+        OpKind::Reduce,
+        OpKind::Allgather,
+        OpKind::Allgatherv,
+        OpKind::Alltoall,
+        OpKind::Alltoallv,
+        OpKind::Gather,
+        OpKind::Gatherv,
+        OpKind::Scatter,
+        OpKind::Scatterv,
+        OpKind::ReduceScatter,
+        OpKind::ReduceScatterv,
+        OpKind::Send,
+        OpKind::Recv,
+        OpKind::SendRecv,
+        OpKind::MultiSendRecv,
+        OpKind::Dup,
+        OpKind::Split,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            OpKind::Barrier => "barrier",
+            OpKind::Bcast => "bcast",
+            OpKind::Allreduce => "allreduce",
+            OpKind::Reduce => "reduce",
+            OpKind::Allgather => "allgather",
+            OpKind::Allgatherv => "allgatherv",
+            OpKind::Alltoall => "alltoall",
+            OpKind::Alltoallv => "alltoallv",
+            OpKind::Gather => "gather",
+            OpKind::Gatherv => "gatherv",
+            OpKind::Scatter => "scatter",
+            OpKind::Scatterv => "scatterv",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::ReduceScatterv => "reduce_scatterv",
+            OpKind::Send => "send",
+            OpKind::Recv => "recv",
+            OpKind::SendRecv => "sendrecv",
+            OpKind::MultiSendRecv => "multi_sendrecv",
+            OpKind::Dup => "dup",
+            OpKind::Split => "split",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<OpKind> {
+        OpKind::ALL.iter().copied().find(|k| *k as u8 == v)
+    }
+
+    /// Whether every rank takes part (and so numbers it alike).
+    pub(crate) fn is_collective(self) -> bool {
+        !matches!(self, OpKind::Send | OpKind::Recv | OpKind::SendRecv | OpKind::MultiSendRecv)
+    }
+
+    /// Whether the operation has a root that every rank must name alike.
+    pub(crate) fn has_root(self) -> bool {
+        matches!(
+            self,
+            OpKind::Bcast | OpKind::Reduce | OpKind::Gather | OpKind::Gatherv | OpKind::Scatter | OpKind::Scatterv
+        )
+    }
+
+    /// Whether [`Signature::count`] must be equal on every rank (the v-collectives compare a
+    /// digest of their counts instead, or, where counts are per pair, check them pairwise).
+    pub(crate) fn common_count(self) -> bool {
+        self.is_collective() && !matches!(self, OpKind::Gatherv | OpKind::Scatterv | OpKind::Alltoallv)
+    }
+}
+
+/// What an operation is: what every rank must agree on for a collective, and what tells a
+/// reader which call it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Signature {
+    pub(crate) kind: OpKind,
+    /// `Element::NAME` (empty for a barrier).
+    pub(crate) elem: &'static str,
+    pub(crate) elem_size: u32,
+    /// `ReduceOp::NAME` (empty for operations that do not reduce).
+    pub(crate) operator: &'static str,
+    /// The element count every rank must agree on (see [`OpKind::common_count`]): the whole
+    /// buffer of an allreduce or bcast, one rank's block of a gather or allgather, the total of
+    /// a v-collective; a point-to-point operation's own message length.
+    pub(crate) count: u64,
+    /// A digest of the counts vector of allgatherv and reduce_scatterv (equal counts on every
+    /// rank); a point-to-point operation's tag.
+    pub(crate) digest: u64,
+    /// The root, or a point-to-point operation's peer.
+    pub(crate) root: Option<u32>,
+    /// The algorithm asked for (`auto` unless forced).
+    pub(crate) algorithm: &'static str,
+    pub(crate) in_place: bool,
+}
+
+impl Signature {
+    pub(crate) fn new(kind: OpKind) -> Signature {
+        Signature {
+            kind,
+            elem: "",
+            elem_size: 0,
+            operator: "",
+            count: 0,
+            digest: 0,
+            root: None,
+            algorithm: "auto",
+            in_place: false,
+        }
+    }
+
+    pub(crate) fn elem<T: Element>(self) -> Signature {
+        Signature { elem: T::NAME, elem_size: size_of::<T>() as u32, ..self }
+    }
+
+    pub(crate) fn reduce<T: Element, O: ReduceOp<T>>(self) -> Signature {
+        Signature { operator: O::NAME, ..self.elem::<T>() }
+    }
+
+    pub(crate) fn count(self, count: usize) -> Signature {
+        Signature { count: count as u64, ..self }
+    }
+
+    pub(crate) fn root(self, root: usize) -> Signature {
+        Signature { root: Some(u32::try_from(root).unwrap_or(u32::MAX)), ..self }
+    }
+
+    /// Equal counts on every rank: the total as the count and a digest of the vector.
+    pub(crate) fn counts(self, counts: &[usize]) -> Signature {
+        let total = counts.iter().fold(0u64, |a, &c| a.saturating_add(c as u64));
+        Signature { count: total, digest: digest(counts), ..self }
+    }
+
+    pub(crate) fn tag(self, tag: i32) -> Signature {
+        Signature { digest: tag as u32 as u64, ..self }
+    }
+
+    pub(crate) fn algorithm(self, name: &'static str) -> Signature {
+        Signature { algorithm: name, ..self }
+    }
+
+    pub(crate) fn in_place(self) -> Signature {
+        Signature { in_place: true, ..self }
+    }
+}
+
+/// FNV-1a over the counts: equal vectors give equal digests on every rank.
+fn digest(counts: &[usize]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for &c in counts {
+        for b in (c as u64).to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// How far an operation got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum State {
+    /// Stream-ordered and queued: its stream has not reached it yet (HostTransfer).
+    Queued = 1,
+    /// This rank is in it: the deadline runs.
+    Running,
+    Done,
+    /// It ended with an error.
+    Failed,
+    /// Its arguments were refused on this rank before anything was sent.
+    Rejected,
+    /// Given up when the communicator was aborted.
+    Abandoned,
+}
+
+impl State {
+    fn from_u8(v: u8) -> Option<State> {
+        [State::Queued, State::Running, State::Done, State::Failed, State::Rejected, State::Abandoned]
+            .into_iter()
+            .find(|s| *s as u8 == v)
+    }
+
+    pub(crate) fn is_finished(self) -> bool {
+        !matches!(self, State::Queued | State::Running)
+    }
+}
+
+/// One recorded operation.
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    /// Insertion number (identifies the record while it is updated).
+    id: u64,
+    /// The collective or point-to-point sequence number (see the module docs), from 1.
+    pub(crate) seq: u64,
+    pub(crate) sig: Signature,
+    pub(crate) state: State,
+    pub(crate) enqueued: Tick,
+    /// When this rank entered it (the MPI part started), 0 before.
+    pub(crate) started: Tick,
+    pub(crate) ended: Tick,
+    /// The error of a rejected or failed operation.
+    pub(crate) note: Option<Box<str>>,
+}
+
+impl Record {
+    /// The record's insertion number.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// Where a record is, to update it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecordId {
+    slot: usize,
+    id: u64,
+}
+
+impl RecordId {
+    /// The record's insertion number.
+    pub(crate) fn id(self) -> u64 {
+        self.id
+    }
+}
+
+/// The ring of the last `cap` operations. An unfinished operation is never lost: when the ring
+/// comes round to it, it moves aside until it finishes (so the memory is bounded by `cap`
+/// plus the operations in flight, which hold far more memory themselves).
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    ring: Vec<Record>,
+    cap: usize,
+    next_id: u64,
+    aside: Vec<Record>,
+}
+
+/// The default number of operations a recorder keeps; `DURALUMIN_RECORDER_OPS` sets another
+/// (8 to 4096).
+pub(crate) const DEFAULT_OPS: usize = 64;
+
+impl Recorder {
+    pub(crate) fn new(cap: usize) -> Recorder {
+        let cap = cap.clamp(8, 4096);
+        Recorder { ring: Vec::with_capacity(cap), cap, next_id: 0, aside: Vec::new() }
+    }
+
+    pub(crate) fn push(&mut self, seq: u64, sig: Signature, state: State, at: Tick) -> RecordId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let started = if state == State::Running { at } else { 0 };
+        let rec = Record { id, seq, sig, state, enqueued: at, started, ended: 0, note: None };
+        let slot = (id % self.cap as u64) as usize;
+        if slot == self.ring.len() {
+            self.ring.push(rec);
+        } else {
+            let old = std::mem::replace(&mut self.ring[slot], rec);
+            if !old.state.is_finished() {
+                self.aside.push(old);
+            }
+        }
+        RecordId { slot, id }
+    }
+
+    pub(crate) fn get_mut(&mut self, at: RecordId) -> Option<&mut Record> {
+        match self.ring.get_mut(at.slot) {
+            Some(r) if r.id == at.id => Some(r),
+            _ => self.aside.iter_mut().find(|r| r.id == at.id),
+        }
+    }
+
+    /// Updates a record's state (and `note`); a finished record leaves the aside list.
+    pub(crate) fn set(&mut self, at: RecordId, state: State, when: Tick, note: Option<String>) {
+        if let Some(r) = self.get_mut(at) {
+            r.state = state;
+            match state {
+                State::Running => r.started = when,
+                State::Queued => {}
+                _ => r.ended = when,
+            }
+            if note.is_some() {
+                r.note = note.map(|n| clip(&n, 160).into());
+            }
+        }
+        if state.is_finished() {
+            self.aside.retain(|r| !r.state.is_finished());
+        }
+    }
+
+    /// Records oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Record> {
+        let split = if self.ring.len() < self.cap { 0 } else { (self.next_id % self.cap as u64) as usize };
+        self.aside.iter().chain(self.ring[split..].iter()).chain(self.ring[..split].iter())
+    }
+
+    /// The operation that has been running longest, if any is.
+    pub(crate) fn oldest_running(&self) -> Option<&Record> {
+        self.iter().filter(|r| r.state == State::Running).min_by_key(|r| r.started)
+    }
+
+    /// Operations queued or running.
+    pub(crate) fn unfinished(&self) -> usize {
+        self.iter().filter(|r| !r.state.is_finished()).count()
+    }
+
+    /// Every state to [`State::Abandoned`] that is not finished.
+    pub(crate) fn abandon_unfinished(&mut self, when: Tick) {
+        for r in self.ring.iter_mut().chain(self.aside.iter_mut()) {
+            if !r.state.is_finished() {
+                r.state = State::Abandoned;
+                r.ended = when;
+            }
+        }
+        self.aside.clear();
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary.
+pub(crate) fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A record as another rank sees it (names owned, since they came over the wire).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RecordView {
+    pub(crate) seq: u64,
+    pub(crate) kind: OpKind,
+    pub(crate) elem: String,
+    pub(crate) elem_size: u32,
+    pub(crate) operator: String,
+    pub(crate) count: u64,
+    pub(crate) digest: u64,
+    pub(crate) root: Option<u32>,
+    pub(crate) algorithm: String,
+    pub(crate) in_place: bool,
+    pub(crate) state: State,
+    /// Seconds before the snapshot was taken (`None`: not reached yet).
+    pub(crate) enqueued_ago: Option<f64>,
+    pub(crate) started_ago: Option<f64>,
+    pub(crate) ended_ago: Option<f64>,
+    pub(crate) note: String,
+}
+
+impl RecordView {
+    pub(crate) fn of(r: &Record, now: Tick) -> RecordView {
+        let ago = |t: Tick| (t != 0).then(|| secs(t, now));
+        RecordView {
+            seq: r.seq,
+            kind: r.sig.kind,
+            elem: r.sig.elem.into(),
+            elem_size: r.sig.elem_size,
+            operator: r.sig.operator.into(),
+            count: r.sig.count,
+            digest: r.sig.digest,
+            root: r.sig.root,
+            algorithm: r.sig.algorithm.into(),
+            in_place: r.sig.in_place,
+            state: r.state,
+            enqueued_ago: ago(r.enqueued),
+            started_ago: ago(r.started),
+            ended_ago: ago(r.ended),
+            note: r.note.as_deref().unwrap_or("").into(),
+        }
+    }
+}
+
+/// A thread's wait on the communicator (a synchronize, a request's wait), as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct WaitView {
+    pub(crate) what: String,
+    pub(crate) ago: f64,
+}
+
+/// What one rank tells the others about a communicator.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Snapshot {
+    pub(crate) rank: u32,
+    /// The next collective sequence number (so `next_seq - 1` is the last one it started).
+    pub(crate) next_seq: u64,
+    pub(crate) next_p2p: u64,
+    pub(crate) poisoned: bool,
+    /// Seconds since its last operation began or ended (how long it has been outside
+    /// Duralumin, when nothing is in flight).
+    pub(crate) idle: f64,
+    pub(crate) waits: Vec<WaitView>,
+    /// Oldest first.
+    pub(crate) records: Vec<RecordView>,
+}
+
+/// The little-endian byte encoding of snapshots, for the exchange over MPI.
+mod wire {
+    pub(super) struct Writer(pub(super) Vec<u8>);
+
+    impl Writer {
+        pub(super) fn u8(&mut self, v: u8) {
+            self.0.push(v);
+        }
+        pub(super) fn u32(&mut self, v: u32) {
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
+        pub(super) fn u64(&mut self, v: u64) {
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
+        pub(super) fn f64(&mut self, v: f64) {
+            self.u64(v.to_bits());
+        }
+        pub(super) fn opt_f64(&mut self, v: Option<f64>) {
+            self.f64(v.unwrap_or(-1.0));
+        }
+        pub(super) fn str(&mut self, s: &str) {
+            let s = super::clip(s, 255);
+            self.u8(s.len() as u8);
+            self.0.extend_from_slice(s.as_bytes());
+        }
+    }
+
+    pub(super) struct Reader<'a>(pub(super) &'a [u8]);
+
+    impl Reader<'_> {
+        fn take(&mut self, n: usize) -> Option<&[u8]> {
+            if self.0.len() < n {
+                return None;
+            }
+            let (head, tail) = self.0.split_at(n);
+            self.0 = tail;
+            Some(head)
+        }
+        pub(super) fn u8(&mut self) -> Option<u8> {
+            self.take(1).map(|b| b[0])
+        }
+        pub(super) fn u32(&mut self) -> Option<u32> {
+            self.take(4).map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()))
+        }
+        pub(super) fn u64(&mut self) -> Option<u64> {
+            self.take(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+        }
+        pub(super) fn f64(&mut self) -> Option<f64> {
+            self.u64().map(f64::from_bits)
+        }
+        pub(super) fn opt_f64(&mut self) -> Option<Option<f64>> {
+            self.f64().map(|v| (v >= 0.0).then_some(v))
+        }
+        pub(super) fn str(&mut self) -> Option<String> {
+            let n = usize::from(self.u8()?);
+            self.take(n).map(|b| String::from_utf8_lossy(b).into_owned())
+        }
+    }
+}
+
+/// Snapshot encoding version (first byte), so a mismatch between builds reads as "no answer"
+/// rather than garbage.
+const WIRE_VERSION: u8 = 1;
+
+impl Snapshot {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut w = wire::Writer(Vec::with_capacity(64 + self.records.len() * 96));
+        w.u8(WIRE_VERSION);
+        w.u32(self.rank);
+        w.u64(self.next_seq);
+        w.u64(self.next_p2p);
+        w.u8(u8::from(self.poisoned));
+        w.f64(self.idle);
+        w.u32(self.waits.len() as u32);
+        for wait in &self.waits {
+            w.str(&wait.what);
+            w.f64(wait.ago);
+        }
+        w.u32(self.records.len() as u32);
+        for r in &self.records {
+            w.u64(r.seq);
+            w.u8(r.kind as u8);
+            w.str(&r.elem);
+            w.u32(r.elem_size);
+            w.str(&r.operator);
+            w.u64(r.count);
+            w.u64(r.digest);
+            w.u64(r.root.map_or(u64::MAX, u64::from));
+            w.str(&r.algorithm);
+            w.u8(u8::from(r.in_place));
+            w.u8(r.state as u8);
+            w.opt_f64(r.enqueued_ago);
+            w.opt_f64(r.started_ago);
+            w.opt_f64(r.ended_ago);
+            w.str(&r.note);
+        }
+        w.0
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Snapshot> {
+        let mut r = wire::Reader(bytes);
+        if r.u8()? != WIRE_VERSION {
+            return None;
+        }
+        let rank = r.u32()?;
+        let next_seq = r.u64()?;
+        let next_p2p = r.u64()?;
+        let poisoned = r.u8()? != 0;
+        let idle = r.f64()?;
+        let waits = (0..r.u32()?.min(1024))
+            .map(|_| Some(WaitView { what: r.str()?, ago: r.f64()? }))
+            .collect::<Option<Vec<_>>>()?;
+        let n = r.u32()?.min(1 << 16);
+        let mut records = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            records.push(RecordView {
+                seq: r.u64()?,
+                kind: OpKind::from_u8(r.u8()?)?,
+                elem: r.str()?,
+                elem_size: r.u32()?,
+                operator: r.str()?,
+                count: r.u64()?,
+                digest: r.u64()?,
+                root: u32::try_from(r.u64()?).ok(),
+                algorithm: r.str()?,
+                in_place: r.u8()? != 0,
+                state: State::from_u8(r.u8()?)?,
+                enqueued_ago: r.opt_f64()?,
+                started_ago: r.opt_f64()?,
+                ended_ago: r.opt_f64()?,
+                note: r.str()?,
+            });
+        }
+        Some(Snapshot { rank, next_seq, next_p2p, poisoned, idle, waits, records })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(count: usize) -> Signature {
+        Signature::new(OpKind::Allreduce).reduce::<f32, crate::Sum>().count(count)
+    }
+
+    #[test]
+    fn the_ring_keeps_the_last_operations_and_every_unfinished_one() {
+        let mut r = Recorder::new(8);
+        let first = r.push(1, sig(1), State::Running, 10);
+        let mut ids = Vec::new();
+        for seq in 2..=20 {
+            let id = r.push(seq, sig(seq as usize), State::Running, 10 + seq);
+            r.set(id, State::Done, 20 + seq, None);
+            ids.push(id);
+        }
+        let seqs: Vec<u64> = r.iter().map(|x| x.seq).collect();
+        assert_eq!(seqs, [1, 13, 14, 15, 16, 17, 18, 19, 20], "the unfinished #1, then the last 8 in order");
+        assert_eq!(r.oldest_running().map(|x| x.seq), Some(1));
+        assert_eq!(r.unfinished(), 1);
+        r.set(first, State::Failed, 99, Some("x".repeat(500)));
+        assert_eq!(r.unfinished(), 0);
+        assert!(r.oldest_running().is_none());
+        assert_eq!(r.iter().count(), 8, "a finished record that was set aside leaves");
+        assert!(r.get_mut(ids[0]).is_none(), "an overwritten finished record is gone");
+    }
+
+    #[test]
+    fn snapshots_survive_the_wire() {
+        let mut rec = Recorder::new(8);
+        let a = rec.push(4, sig(7).root(2).algorithm("ring").in_place(), State::Running, 1_000_000_000);
+        rec.set(a, State::Rejected, 2_000_000_000, Some("bad ünïcode".into()));
+        rec.push(5, Signature::new(OpKind::Recv).elem::<u8>().count(3).root(1).tag(9), State::Queued, 1);
+        let now = 3_000_000_000;
+        let snap = Snapshot {
+            rank: 3,
+            next_seq: 6,
+            next_p2p: 2,
+            poisoned: true,
+            idle: 1.5,
+            waits: vec![WaitView { what: "synchronize".into(), ago: 0.25 }],
+            records: rec.iter().map(|r| RecordView::of(r, now)).collect(),
+        };
+        let back = Snapshot::decode(&snap.encode()).expect("decodes");
+        assert_eq!(back, snap);
+        assert_eq!(back.records[0].started_ago, Some(2.0));
+        assert_eq!(back.records[1].started_ago, None);
+        let bytes = snap.encode();
+        assert!(Snapshot::decode(&bytes[..bytes.len() - 1]).is_none(), "a cut snapshot is refused");
+        assert!(Snapshot::decode(&[9]).is_none(), "another version is refused");
+    }
+
+    #[test]
+    fn equal_counts_give_equal_digests() {
+        let a = Signature::new(OpKind::Allgatherv).counts(&[1, 2, 3]);
+        assert_eq!(a, Signature::new(OpKind::Allgatherv).counts(&[1, 2, 3]));
+        assert_ne!(a.digest, Signature::new(OpKind::Allgatherv).counts(&[2, 1, 3]).digest);
+        assert_eq!(a.count, 6);
+    }
+}

@@ -1,0 +1,353 @@
+//! The watchdog: one thread per process that enforces every communicator's deadline and runs
+//! the report exchange.
+//!
+//! Every [`TICK`] while communicators exist it looks, for each one, at three things:
+//! * the report communicator: another rank asking for this rank's flight recorder (`ASK`) is
+//!   answered with a snapshot (`SNAP`) at once, whatever this rank's program is doing, so a rank
+//!   stuck in its own code still says where it is;
+//! * the oldest operation running, and the threads waiting on the communicator: one past the
+//!   deadline (or a fault an operation handed over) starts an exchange: `ASK` to every other
+//!   rank, then their snapshots are collected until all have answered or the answer window
+//!   closes;
+//! * an exchange whose answers are in: the report is written to stderr, then the job is
+//!   aborted ([`OnTimeout::Abort`]) or the communicator given up ([`OnTimeout::Error`]).
+//!
+//! With no communicator it sleeps until one is made. It never calls MPI once `MPI_Finalize` has
+//! begun (a hook on `MPI_COMM_SELF` stops it first).
+
+use std::ffi::c_int;
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::OnTimeout;
+use super::abort::{abort_job, rank_label};
+use super::monitor::{Monitor, MonitorState, Trigger, plain_poison, timeout_poison};
+use super::recorder::{self, OpKind, RecordView, Snapshot};
+use super::report::{self, Target};
+use crate::ffi::{self, RawComm, RawDatatype, RawRequest, p2p, sys};
+
+/// How often the watchdog looks at its communicators.
+pub(crate) const TICK: Duration = Duration::from_millis(50);
+
+/// Message tags on a report communicator.
+const ASK: c_int = 1;
+const SNAP: c_int = 2;
+
+/// `ASK` flag: the asker gives the communicator up (`OnTimeout::Error`); so does the answerer,
+/// before it answers, so its answer "never entered" stays true.
+const GIVE_UP: u64 = 1;
+
+/// A report exchange in progress on one communicator.
+#[derive(Debug)]
+pub(crate) struct Exchange {
+    trigger: Trigger,
+    target: Target,
+    headline: String,
+    what: &'static str,
+    seq: u64,
+    elapsed: Duration,
+    /// Whether the thread in the operation can be interrupted (everything but `dup` and
+    /// `split`, which MPI offers only blocking).
+    interruptible: bool,
+    fault: bool,
+    deadline: Instant,
+    replies: Vec<Option<Snapshot>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    monitors: Vec<Weak<Monitor>>,
+    thread: Option<JoinHandle<()>>,
+    /// `MPI_Finalize` has begun: never call MPI again.
+    stopped: bool,
+    hooked: bool,
+}
+
+static REGISTRY: Mutex<Registry> =
+    Mutex::new(Registry { monitors: Vec::new(), thread: None, stopped: false, hooked: false });
+static WAKE: Condvar = Condvar::new();
+
+/// Puts `m` under watch, starting the watchdog if it is not running.
+pub(crate) fn register(m: &Arc<Monitor>) {
+    let mut reg = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    reg.monitors.retain(|w| w.strong_count() > 0);
+    reg.monitors.push(Arc::downgrade(m));
+    if reg.stopped {
+        return;
+    }
+    if !reg.hooked {
+        reg.hooked = ffi::on_finalize(stop).is_ok();
+    }
+    if reg.thread.is_none() {
+        reg.thread = std::thread::Builder::new().name("duralumin-watchdog".into()).spawn(run).ok();
+    }
+    drop(reg);
+    WAKE.notify_all();
+}
+
+/// Has the watchdog look at its communicators now (a fault is waiting).
+pub(crate) fn wake() {
+    WAKE.notify_all();
+}
+
+/// Stops the watchdog for good (at the start of `MPI_Finalize`) and waits until it is out of
+/// MPI.
+fn stop() {
+    let thread = {
+        let mut reg = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+        reg.stopped = true;
+        reg.thread.take()
+    };
+    WAKE.notify_all();
+    if let Some(t) = thread {
+        let _ = t.join();
+    }
+}
+
+/// A send in flight and the buffer it reads.
+type Outgoing = (RawRequest, Vec<u8>);
+
+fn run() {
+    let mut outgoing: Vec<Outgoing> = Vec::new();
+    loop {
+        let monitors: Vec<Arc<Monitor>> = {
+            let mut reg = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+            if reg.stopped {
+                return;
+            }
+            reg.monitors.retain(|w| w.strong_count() > 0);
+            reg.monitors.iter().filter_map(Weak::upgrade).collect()
+        };
+        for m in &monitors {
+            tick(m, &mut outgoing);
+        }
+        // A send the other side never receives stays here (its buffer with it) rather than
+        // being freed under MPI.
+        outgoing.retain_mut(|(req, _)| matches!(p2p::test(req), Ok(None)));
+        let idle = monitors.is_empty() && outgoing.is_empty();
+        drop(monitors);
+        let reg = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+        if reg.stopped {
+            return;
+        }
+        if idle && reg.monitors.iter().all(|w| w.strong_count() == 0) {
+            drop(WAKE.wait(reg).unwrap_or_else(PoisonError::into_inner));
+        } else {
+            drop(WAKE.wait_timeout(reg, TICK).unwrap_or_else(PoisonError::into_inner));
+        }
+    }
+}
+
+/// One look at one communicator (see the module docs).
+fn tick(m: &Monitor, outgoing: &mut Vec<Outgoing>) {
+    let report = m.report.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(rc) = *report else { return };
+    let mut exchange = m.exchange.lock().unwrap_or_else(PoisonError::into_inner);
+    while let Ok(Some((source, tag, bytes))) = p2p::probe_any(rc) {
+        let Ok(msg) = p2p::recv_bytes(rc, source, tag, bytes) else { break };
+        let from = source as usize;
+        match tag {
+            ASK => answer(m, rc, from, &msg, exchange.is_some(), outgoing),
+            SNAP => {
+                if let Some(x) = exchange.as_mut().filter(|_| from < m.size) {
+                    x.replies[from] = Snapshot::decode(&msg);
+                }
+            }
+            _ => {}
+        }
+    }
+    let complete = |x: &Exchange| {
+        Instant::now() >= x.deadline || x.replies.iter().enumerate().all(|(r, s)| r == m.rank || s.is_some())
+    };
+    match exchange.as_ref() {
+        Some(x) if complete(x) => {
+            if let Some(x) = exchange.take() {
+                conclude(m, x);
+            }
+        }
+        Some(_) => {}
+        None => {
+            if let Some(x) = start(m) {
+                ask(m, rc, &x, outgoing);
+                let done = complete(&x);
+                *exchange = Some(x);
+                if done {
+                    if let Some(x) = exchange.take() {
+                        conclude(m, x);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Answers another rank's `ASK` with this rank's snapshot, giving the communicator up first if
+/// the asker does, unless this rank has a report of its own to make (an exchange in progress,
+/// or an operation past its deadline): its conclusion gives the communicator up, with its own
+/// timeout for its own operation.
+fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, outgoing: &mut Vec<Outgoing>) {
+    let word = |i: usize| msg.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    let (seq, flags) = (word(0), word(1));
+    let mut st = m.lock();
+    let own_report = exchanging || late_op(m, &st, recorder::now()).is_some();
+    if flags & GIVE_UP != 0 && !own_report {
+        let reason = format!("rank {from} gave up on the communicator (#{seq} timed out or failed there)");
+        Monitor::poison_with(&mut st, m, plain_poison(reason));
+    }
+    let bytes = m.snapshot(&st).encode();
+    drop(st);
+    send(rc, from, SNAP, bytes, outgoing);
+}
+
+fn send(rc: RawComm, to: usize, tag: c_int, bytes: Vec<u8>, outgoing: &mut Vec<Outgoing>) {
+    // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+    let dt = RawDatatype(unsafe { sys::RSMPI_UINT8_T });
+    let Ok(count) = c_int::try_from(bytes.len()) else { return };
+    // SAFETY: `bytes` moves into `outgoing` with the request and stays there (its heap buffer
+    // unmoved) until the request completes.
+    if let Ok(req) = unsafe { p2p::isend(bytes.as_ptr().cast(), count, dt, to as c_int, tag, rc) } {
+        outgoing.push((req, bytes));
+    }
+}
+
+/// The exchange a communicator needs now, if any: a fault handed over, else the oldest
+/// operation running past the deadline, else the oldest wait past it.
+fn start(m: &Monitor) -> Option<Exchange> {
+    let mut st = m.lock();
+    if st.poison.is_some() {
+        if st.fault.take().is_some() {
+            st.fault_done = true;
+            m.concluded.notify_all();
+        }
+        return None;
+    }
+    let now = recorder::now();
+    let view = |st: &MonitorState, id: u64| st.recorder.iter().find(|r| r.id() == id).map(|r| RecordView::of(r, now));
+    let target_of = |v: RecordView| if v.kind.is_collective() { Target::Collective(v) } else { Target::P2p(v) };
+    let x = if let Some(f) = st.fault.as_ref() {
+        let v = view(&st, f.op.rec.id())?;
+        let headline = format!("{} failed here: {}", report::describe(&v), f.message);
+        Exchange {
+            trigger: Trigger::Op(f.op.rec.id()),
+            what: f.op.kind.name(),
+            seq: f.op.seq,
+            elapsed: Duration::ZERO,
+            interruptible: true,
+            fault: true,
+            headline,
+            target: target_of(v),
+            deadline: Instant::now(),
+            replies: Vec::new(),
+        }
+    } else {
+        let timeout = m.timeout()?;
+        let limit = timeout.as_nanos() as u64;
+        let late = late_op(m, &st, now).map(|r| (Trigger::Op(r.id()), RecordView::of(r, now), r.started, r.seq));
+        if let Some((trigger, v, started, seq)) = late {
+            let elapsed = Duration::from_nanos(now.saturating_sub(started));
+            Exchange {
+                trigger,
+                what: v.kind.name(),
+                seq,
+                elapsed,
+                interruptible: !matches!(v.kind, OpKind::Dup | OpKind::Split),
+                fault: false,
+                headline: format!(
+                    "{} timed out after {:.1} s (deadline {timeout:.1?})",
+                    report::describe(&v),
+                    elapsed.as_secs_f64()
+                ),
+                target: target_of(v),
+                deadline: Instant::now(),
+                replies: Vec::new(),
+            }
+        } else {
+            let &(id, what, since) = st
+                .waits
+                .iter()
+                .filter(|w| now.saturating_sub(w.2) > limit && st.handled != Some(Trigger::Wait(w.0)))
+                .min_by_key(|w| w.2)?;
+            let elapsed = Duration::from_nanos(now.saturating_sub(since));
+            let seq = st.next_seq.saturating_sub(1);
+            Exchange {
+                trigger: Trigger::Wait(id),
+                what,
+                seq,
+                elapsed,
+                interruptible: true,
+                fault: false,
+                headline: format!(
+                    "{what} (after collective #{seq}) waited {:.1} s (deadline {timeout:.1?})",
+                    elapsed.as_secs_f64()
+                ),
+                target: Target::Wait,
+                deadline: Instant::now(),
+                replies: Vec::new(),
+            }
+        }
+    };
+    st.handled = Some(x.trigger);
+    drop(st);
+    Some(Exchange { deadline: Instant::now() + m.answer_window(), replies: vec![None; m.size], ..x })
+}
+
+/// The oldest operation running past the deadline that no exchange has reported yet.
+fn late_op<'a>(m: &Monitor, st: &'a MonitorState, now: recorder::Tick) -> Option<&'a recorder::Record> {
+    let limit = m.timeout()?.as_nanos() as u64;
+    st.recorder
+        .oldest_running()
+        .filter(|r| now.saturating_sub(r.started) > limit && st.handled != Some(Trigger::Op(r.id())))
+}
+
+/// Sends `ASK` to every other rank.
+fn ask(m: &Monitor, rc: RawComm, x: &Exchange, outgoing: &mut Vec<Outgoing>) {
+    let give_up = m.on_timeout() == OnTimeout::Error;
+    let mut msg = x.seq.to_le_bytes().to_vec();
+    msg.extend_from_slice(&(if give_up { GIVE_UP } else { 0 }).to_le_bytes());
+    for r in (0..m.size).filter(|&r| r != m.rank) {
+        send(rc, r, ASK, msg.clone(), outgoing);
+    }
+}
+
+/// Writes the report and acts on it.
+fn conclude(m: &Monitor, mut x: Exchange) {
+    let mut st = m.lock();
+    x.replies[m.rank] = Some(m.snapshot(&st));
+    let text = report::write(m.rank, &x.headline, &x.target, &x.replies, m.answer_window().as_secs_f64());
+    let me = rank_label();
+    let mut block = String::new();
+    for line in text.lines() {
+        block.push_str(&format!("[duralumin {me}] {line}\n"));
+    }
+    eprint!("{block}");
+    let op = format!("{} #{}", x.what, x.seq);
+    let happened = if x.fault { "failed" } else { "timed out" };
+    if m.on_timeout() == OnTimeout::Abort {
+        abort_job(&format!("{op} {happened}, aborting the job (OnTimeout::Abort)"));
+    }
+    if !x.interruptible && !ffi::ulfm::available() {
+        abort_job(&format!(
+            "{op} {happened} and MPI cannot interrupt it (no ULFM), aborting the job instead of returning an error"
+        ));
+    }
+    let poison = if x.fault {
+        plain_poison(format!("rank {}: {op} failed (see its report)", m.rank))
+    } else {
+        timeout_poison(x.trigger, x.what, x.seq, x.elapsed, text, m.rank)
+    };
+    Monitor::poison_with(&mut st, m, poison);
+    if x.fault {
+        st.fault = None;
+        st.fault_done = true;
+        m.concluded.notify_all();
+    }
+    drop(st);
+    if ffi::ulfm::available() {
+        // Blocked MPI calls on these communicators return (MPIX_ERR_REVOKED), here and on
+        // every other rank.
+        for &c in &m.data {
+            let _ = ffi::ulfm::revoke(c);
+        }
+    }
+}
