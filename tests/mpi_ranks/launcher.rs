@@ -1,8 +1,6 @@
 //! Starts the rank programs under mpirun.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -34,7 +32,7 @@ pub fn main() {
         // checks a GPU does not make: at 1..3 ranks, and with every stream on one hardware
         // queue. Reported as ignored when the simulator was not built, unless
         // DURALUMIN_REQUIRE_CUDASIM=1 (scripts/test.sh builds it and sets that).
-        let sim = cudasim_dir();
+        let sim = crate::mpirun::cudasim_dir();
         let required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
         let runs: [(&str, usize, Option<&str>); 4] = [
             ("cudasim_np1", 1, None),
@@ -47,11 +45,7 @@ pub fn main() {
             let trial = Trial::test(name, move || {
                 let dir =
                     dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                let path = match std::env::var("LD_LIBRARY_PATH") {
-                    Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
-                    _ => dir.display().to_string(),
-                };
-                let mut env = vec![("LD_LIBRARY_PATH", path)];
+                let mut env = vec![("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir))];
                 if let Some(c) = connections {
                     env.push(("CUDA_DEVICE_MAX_CONNECTIONS", c.to_string()));
                 }
@@ -63,28 +57,6 @@ pub fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
-/// A directory holding the CUDA driver simulator as `libcuda.so` (`target/<profile>/cudasim/`, a
-/// link to the `libduralumin_cudasim.so` built with this test binary's profile), if it was built.
-/// Only the simulator's trials get it on their library path.
-#[cfg(feature = "cuda")]
-fn cudasim_dir() -> Option<std::path::PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    // target/<profile>/deps/mpi_ranks-<hash> -> target/<profile>
-    let profile = exe.parent()?.parent()?;
-    let lib = profile.join("libduralumin_cudasim.so");
-    if !lib.is_file() {
-        return None;
-    }
-    let dir = profile.join("cudasim");
-    let link = dir.join("libcuda.so");
-    if !link.exists() {
-        std::fs::create_dir_all(&dir).ok()?;
-        // Another launcher may have made it meanwhile.
-        let _ = std::os::unix::fs::symlink(&lib, &link);
-    }
-    link.exists().then_some(dir)
-}
-
 /// Runs `program` of this binary on `np` ranks.
 pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
     launch_with(np, program, &[])
@@ -93,55 +65,18 @@ pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
 /// Runs `program` of this binary on `np` ranks with `env` set for mpirun and the ranks.
 pub fn launch_with(np: usize, program: &str, env: &[(&str, String)]) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let mut child = Command::new("mpirun")
-        .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-        .arg(&exe)
-        .env("DURALUMIN_RANK_PROGRAM", program)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        // Open MPI 5 (the wheel the GPU script brings) asks its runtime the same.
-        .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
-        .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_mpi_yield_when_idle", "1")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("could not start mpirun (is openmpi-bin installed?): {e}"))?;
-    let mut out = child.stdout.take().ok_or("no stdout")?;
-    let mut err = child.stderr.take().ok_or("no stderr")?;
-    let out_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let (start, limit) = (Instant::now(), timeout());
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| format!("wait: {e}"))? {
-            break Some(status);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
-    match status {
+    let mut env = env.to_vec();
+    env.push(("DURALUMIN_RANK_PROGRAM", program.to_string()));
+    // Well under the launch's limit: a hang ends with the ranks' report naming the operation
+    // (see duralumin::reliability) rather than with the limit's kill.
+    if std::env::var("DURALUMIN_TIMEOUT").is_err() {
+        env.push(("DURALUMIN_TIMEOUT", "120".into()));
+    }
+    let limit = timeout();
+    let run = crate::mpirun::launch(np, &exe, &env, &[], limit)?;
+    match run.status {
         Some(s) if s.success() => Ok(()),
-        Some(s) => {
-            Err(format!("mpirun -np {np} {program} failed ({s})\n--- stdout\n{stdout}\n--- stderr\n{stderr}").into())
-        }
-        None => Err(format!(
-            "mpirun -np {np} {program} timed out after {limit:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-        )
-        .into()),
+        Some(s) => Err(format!("mpirun -np {np} {program} failed ({s})\n{}", run.output()).into()),
+        None => Err(format!("mpirun -np {np} {program} timed out after {limit:?}\n{}", run.output()).into()),
     }
 }

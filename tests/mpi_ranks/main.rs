@@ -13,6 +13,8 @@ mod elements;
 mod engine;
 mod host_transfer;
 mod launcher;
+#[path = "../common/mpirun.rs"]
+mod mpirun;
 mod p2p;
 mod sweep;
 

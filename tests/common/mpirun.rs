@@ -1,0 +1,125 @@
+//! Starting a test binary's rank program under `mpirun` with a hard limit, shared by the test
+//! binaries through `#[path]`. A launch that outruns its limit is killed with its whole process
+//! group (mpirun and every rank: killing mpirun alone can leave ranks running) and reported as
+//! such.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How a launch ended.
+#[derive(Debug)]
+pub struct Launch {
+    /// `None`: killed at the limit.
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    /// When mpirun exited (or was killed).
+    pub ended: SystemTime,
+    pub elapsed: Duration,
+}
+
+impl Launch {
+    /// The whole output, for failure messages.
+    pub fn output(&self) -> String {
+        format!("--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// The mpirun to use: `DURALUMIN_MPIRUN` (another MPI's, say), else the one on the path.
+pub fn mpirun_program() -> String {
+    std::env::var("DURALUMIN_MPIRUN").unwrap_or_else(|_| "mpirun".into())
+}
+
+/// Runs `exe` on `np` ranks with `env` set (and `extra` mpirun arguments), for at most `limit`.
+pub fn launch(
+    np: usize,
+    exe: &std::path::Path,
+    env: &[(&str, String)],
+    extra: &[&str],
+    limit: Duration,
+) -> Result<Launch, String> {
+    let mut child = Command::new(mpirun_program())
+        .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
+        .args(extra)
+        .arg(exe)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // Open MPI 5 (the wheel the GPU script and the ULFM test bring) asks its runtime the same.
+        .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
+        .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("could not start {} (is openmpi-bin installed?): {e}", mpirun_program()))?;
+    let group = child.id() as i32;
+    let mut out = child.stdout.take().ok_or("no stdout")?;
+    let mut err = child.stderr.take().ok_or("no stderr")?;
+    let out_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| format!("wait: {e}"))? {
+            break Some(status);
+        }
+        if start.elapsed() > limit {
+            // SAFETY: sends SIGKILL to the process group this launch made; touches no memory.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (ended, elapsed) = (SystemTime::now(), start.elapsed());
+    if status.is_some() {
+        // Ranks that outlive mpirun (they should not) must not hold the output pipes open.
+        // SAFETY: as above.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    }
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    Ok(Launch { status, stdout, stderr, ended, elapsed })
+}
+
+/// A directory holding the CUDA driver simulator as `libcuda.so` (`target/<profile>/cudasim/`, a
+/// link to the `libduralumin_cudasim.so` built with this test binary's profile), if it was built.
+/// Only the simulator's trials get it on their library path.
+pub fn cudasim_dir() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>
+    let profile = exe.parent()?.parent()?;
+    let lib = profile.join("libduralumin_cudasim.so");
+    if !lib.is_file() {
+        return None;
+    }
+    let dir = profile.join("cudasim");
+    let link = dir.join("libcuda.so");
+    if !link.exists() {
+        std::fs::create_dir_all(&dir).ok()?;
+        // Another launcher may have made it meanwhile.
+        let _ = std::os::unix::fs::symlink(&lib, &link);
+    }
+    link.exists().then_some(dir)
+}
+
+/// `LD_LIBRARY_PATH` with `dir` first.
+pub fn library_path_with(dir: &std::path::Path) -> String {
+    match std::env::var("LD_LIBRARY_PATH") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
+        _ => dir.display().to_string(),
+    }
+}

@@ -1,0 +1,259 @@
+//! Fault injection: under `mpirun` at 2 to 5 ranks, one rank misbehaves at collective #3 of a
+//! loop (see `rank.rs`: a stall, a panic, another count, another collective, another root,
+//! arguments its own checks refuse, a SIGKILL in the middle of a 64 MiB allreduce), on the Mpi
+//! backend, HostTransfer on the host device and HostTransfer<cuda> on the CUDA driver
+//! simulator, with the job aborting on a timeout (the default), returning errors
+//! (`OnTimeout::Error`), or checking signatures (`DURALUMIN_CHECK=1`). Deadlines are 2 s.
+//!
+//! Each trial asserts that every rank ends (exit or error) within the deadline plus 5 s of the
+//! fault, that the report (or the error every rank gets) names the right rank and collective,
+//! and that nothing hangs afterwards: the launch must end on its own, and a launch that outruns
+//! its limit is killed and fails.
+
+#[path = "../common/mpirun.rs"]
+mod mpirun;
+mod rank;
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use rank::Fault;
+
+/// Every operation's deadline in the trials.
+const TIMEOUT_S: f64 = 2.0;
+/// The collective the fault hits.
+const OP: usize = 3;
+/// The hard limit of one launch.
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `OnTimeout::Abort`, no signature check.
+    Abort,
+    /// `OnTimeout::Error`.
+    Error,
+    /// `DURALUMIN_CHECK=1`.
+    Check,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Abort => "abort",
+            Mode::Error => "error",
+            Mode::Check => "check",
+        }
+    }
+}
+
+/// Every fault under the modes where its outcome is defined. A root mismatch is only caught by
+/// the signature check (without it, two ranks that each think they are the root may both
+/// "complete" a bcast); a SIGKILL is handled by mpirun whatever the mode.
+const PLAN: [(Fault, Mode); 13] = [
+    (Fault::Stall, Mode::Abort),
+    (Fault::Stall, Mode::Error),
+    (Fault::Panic, Mode::Abort),
+    (Fault::Count, Mode::Abort),
+    (Fault::Count, Mode::Check),
+    (Fault::Op, Mode::Abort),
+    (Fault::Op, Mode::Error),
+    (Fault::Op, Mode::Check),
+    (Fault::Root, Mode::Check),
+    (Fault::BadArg, Mode::Abort),
+    (Fault::BadArg, Mode::Error),
+    (Fault::BadArg, Mode::Check),
+    (Fault::Kill, Mode::Abort),
+];
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    backend: &'static str,
+    fault: Fault,
+    mode: Mode,
+    np: usize,
+    rank: usize,
+}
+
+fn main() {
+    if let Ok(backend) = std::env::var("DURALUMIN_FAULT_PROGRAM") {
+        rank::main(&backend);
+        return;
+    }
+    let mut args = Arguments::from_args();
+    // Launches mostly wait (on deadlines, stalls); two at a time keep the suite short.
+    args.test_threads = Some(args.test_threads.unwrap_or(2));
+    let sim = mpirun::cudasim_dir();
+    let sim_required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
+    let mut trials = Vec::new();
+    for backend in ["mpi", "host", "cudasim"] {
+        if backend == "cudasim" && !cfg!(feature = "cuda") {
+            continue;
+        }
+        for (i, &(fault, mode)) in PLAN.iter().enumerate() {
+            // Every rank count from 2 to 5 for each backend, the faulty rank varying with it.
+            let nps = if backend == "cudasim" { vec![2 + i % 2] } else { vec![2 + i % 4, 2 + (i + 2) % 4] };
+            for np in nps {
+                let case = Case { backend, fault, mode, np, rank: faulty_rank(fault, np, trials.len()) };
+                let name = format!("{backend}_{}_{}_np{np}_rank{}", fault.name(), mode.name(), case.rank);
+                let dir = sim.clone();
+                let trial = Trial::test(name, move || run(case, dir.as_deref()));
+                trials.push(trial.with_ignored_flag(backend == "cudasim" && sim.is_none() && !sim_required));
+            }
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// The faulty rank of the `t`-th trial: each rank in turn. Not rank 0 for another collective:
+/// a bcast rooted at the rank that also roots the others' allreduce tree sends exactly the
+/// messages they wait for, and MPI completes the mismatch silently (only the signature check
+/// sees it; see `docs/reliability.md`).
+fn faulty_rank(fault: Fault, np: usize, t: usize) -> usize {
+    match t % np {
+        0 if fault == Fault::Op => np - 1,
+        k => k,
+    }
+}
+
+fn run(case: Case, sim: Option<&std::path::Path>) -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    // Abort mode: the stalled rank is killed with the job long before its stall ends.
+    let stall = if case.mode == Mode::Abort { 30.0 } else { TIMEOUT_S + 2.0 };
+    let mut env = vec![
+        ("DURALUMIN_FAULT_PROGRAM", case.backend.to_string()),
+        ("FAULT_KIND", case.fault.name().to_string()),
+        ("FAULT_RANK", case.rank.to_string()),
+        ("FAULT_OP", OP.to_string()),
+        ("FAULT_STALL", stall.to_string()),
+        ("DURALUMIN_TIMEOUT", TIMEOUT_S.to_string()),
+        ("DURALUMIN_ON_TIMEOUT", if case.mode == Mode::Error { "error" } else { "abort" }.to_string()),
+        ("DURALUMIN_CHECK", if case.mode == Mode::Check { "1" } else { "0" }.to_string()),
+    ];
+    if case.backend == "cudasim" {
+        let dir = sim.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+        env.push(("LD_LIBRARY_PATH", mpirun::library_path_with(dir)));
+    }
+    let launch = mpirun::launch(case.np, &exe, &env, &[], LIMIT)?;
+    check(case, &launch).map_err(|why| format!("{case:?}: {why}\n{}", launch.output()).into())
+}
+
+/// The three assertions of a trial (see the module docs).
+fn check(case: Case, l: &mpirun::Launch) -> Result<(), String> {
+    let Some(status) = l.status else {
+        return Err(format!("still running after {LIMIT:?}: killed"));
+    };
+    let fault_at = l
+        .stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("FAULT_AT {} ", case.rank))?.trim().parse::<u128>().ok())
+        .ok_or("the faulty rank never reached the fault")?;
+    let ended = l.ended.duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_millis();
+    let after = Duration::from_millis(ended.saturating_sub(fault_at) as u64);
+    let bound = Duration::from_secs_f64(TIMEOUT_S + 5.0);
+    if after > bound {
+        return Err(format!("the ranks ended {after:?} after the fault, more than the deadline plus 5 s"));
+    }
+    let (k, n) = (case.rank, case.np);
+    let has = |text: &str, needle: &str| text.contains(needle);
+    let result = |r: usize, what: &str| has(&l.stdout, &format!("RESULT {r} {what}"));
+    // A report line about rank `k` (or, at 2 ranks, where each rank's call is as common as the
+    // other's, a report of the difference from either side).
+    let names = |text: &str, line: &str, either: &str| has(text, line) || (n == 2 && has(text, either));
+    let entered =
+        |as_what: &str, differs: &str| format!("rank {k}: entered #{OP} as {as_what}, which differs in {differs}");
+    match case.mode {
+        Mode::Abort => {
+            if status.success() {
+                return Err("the job was not aborted".into());
+            }
+            let ok = match case.fault {
+                Fault::Stall => has(&l.stderr, &format!("rank {k}: never entered #{OP}")),
+                Fault::Panic => has(&l.stderr, &format!("rank {k}: panic, aborting the job")),
+                Fault::Count => names(
+                    &l.stderr,
+                    &entered("allreduce (f32 sum, count 8)", "count (8; expected 7)"),
+                    "differs in count",
+                ),
+                Fault::Op => names(
+                    &l.stderr,
+                    &entered("bcast (f32, count 7, root 0)", "op (expected allreduce)"),
+                    "differs in op",
+                ),
+                Fault::BadArg => has(&l.stderr, &format!("rank {k}: refused its arguments for allreduce #{OP}")),
+                Fault::Kill => has(&l.stderr, &format!("rank {k} with PID")) && has(&l.stderr, "signal 9"),
+                Fault::Root => return Err("no abort-mode expectation for a root mismatch".into()),
+            };
+            if !ok {
+                return Err("the output does not name the faulty rank and collective".into());
+            }
+            if matches!(case.fault, Fault::Stall | Fault::Count | Fault::Op | Fault::BadArg)
+                && !has(&l.stderr, "aborting the job (OnTimeout::Abort)")
+            {
+                return Err("no rank said it aborts the job".into());
+            }
+        }
+        Mode::Error => {
+            if !status.success() {
+                return Err(format!("a rank failed ({status})"));
+            }
+            for r in 0..n {
+                if !result(r, &format!("error at #{OP}")) {
+                    return Err(format!("rank {r} did not get an error at #{OP}"));
+                }
+                if !result(r, "then Aborted") {
+                    return Err(format!("rank {r}: the communicator was not given up after the error"));
+                }
+            }
+            let report = match case.fault {
+                Fault::Stall => format!("rank {k}: never entered #{OP}"),
+                Fault::Op => entered("bcast (f32, count 7, root 0)", "op (expected allreduce)"),
+                Fault::BadArg => format!("rank {k}: refused its arguments for allreduce #{OP}"),
+                _ => return Err("no error-mode expectation for this fault".into()),
+            };
+            let others = (0..n).filter(|&r| r != k).collect::<Vec<_>>();
+            let timed_out = others.iter().any(|&r| result(r, &format!("error at #{OP}: Timeout")));
+            if !timed_out || !names(&l.stdout, &report, "differs in op") {
+                return Err(format!("no rank timed out at #{OP} with a report saying {report:?}"));
+            }
+            match case.fault {
+                Fault::Stall if !result(k, &format!("error at #{OP}: Aborted")) => {
+                    return Err("the stalled rank's collective did not fail at once".into());
+                }
+                Fault::BadArg if !result(k, &format!("error at #{OP}: BufferLength")) => {
+                    return Err("the rank with bad arguments did not get its own typed error".into());
+                }
+                _ => {}
+            }
+        }
+        Mode::Check => {
+            if !status.success() {
+                return Err(format!("a rank failed ({status})"));
+            }
+            for r in 0..n {
+                let own = if r == k && case.fault == Fault::BadArg { "BufferLength" } else { "SignatureMismatch" };
+                if !result(r, &format!("error at #{OP}: {own}")) {
+                    return Err(format!("rank {r} did not get {own} at #{OP}"));
+                }
+                if !result(r, "done") {
+                    return Err(format!("rank {r}: the collective after the mismatch did not work"));
+                }
+            }
+            let line = match case.fault {
+                Fault::Count => entered("allreduce (f32 sum, count 8)", "count (8; expected 7)"),
+                Fault::Op => entered("bcast (f32, count 7, root 0)", "op (expected allreduce)"),
+                Fault::Root => entered(&format!("bcast (f32, count 7, root {})", 1 % n), "root (1; expected 0)"),
+                Fault::BadArg => format!("rank {k}: refused its arguments for allreduce #{OP}"),
+                _ => return Err("no check-mode expectation for this fault".into()),
+            };
+            // Every other rank's error names the faulty one (at 2 ranks, each side's own call
+            // wins the tie, so the other rank's error names it).
+            for r in (0..n).filter(|&r| r != k) {
+                let named = l.stdout.lines().any(|x| x.starts_with(&format!("ERROR {r}| ")) && x.contains(&line));
+                if !named {
+                    return Err(format!("rank {r}'s error does not say {line:?}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! The rank program of the fault-injection tests: a loop of small collectives on one backend,
+//! with one fault at collective `#op` on rank `rank` (see [`Fault`]). Each rank prints what
+//! happened to it on stdout (`RESULT <rank> ...`, and an error's text as `ERROR <rank>| ...`),
+//! for the launcher to check.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use duralumin::backends::host_transfer::{self, HostTransferConfig};
+use duralumin::device::host::{HostBuffer, HostDevice};
+use duralumin::device::{Device, DeviceSliceMut};
+use duralumin::mpi::topology::SimpleCommunicator;
+use duralumin::{Communicator, Error, Result, Sum};
+
+/// The faults the tests inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Stuck in its own code before the collective (for `STALL`).
+    Stall,
+    /// A Rust panic in its own code.
+    Panic,
+    /// The collective with another count.
+    Count,
+    /// Another collective (a bcast where the others allreduce).
+    Op,
+    /// The bcast with another root.
+    Root,
+    /// Arguments its own checks refuse (a receive buffer one element short).
+    BadArg,
+    /// SIGKILL in the middle of a 64 MiB allreduce.
+    Kill,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 7] =
+        [Fault::Stall, Fault::Panic, Fault::Count, Fault::Op, Fault::Root, Fault::BadArg, Fault::Kill];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Stall => "stall",
+            Fault::Panic => "panic",
+            Fault::Count => "count",
+            Fault::Op => "op",
+            Fault::Root => "root",
+            Fault::BadArg => "badarg",
+            Fault::Kill => "kill",
+        }
+    }
+
+    fn parse(s: &str) -> Fault {
+        Fault::ALL.into_iter().find(|f| f.name() == s).unwrap_or_else(|| panic!("unknown fault {s}"))
+    }
+}
+
+/// The count of the loop's collectives, and of the big allreduce of the kill fault.
+pub const COUNT: usize = 7;
+const BIG: usize = 16 << 20;
+
+fn now_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis())
+}
+
+/// What the loop needs from a backend: the collectives on host vectors.
+trait Ops {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// A sum allreduce of `send` into a receive buffer of `recv_len` elements.
+    fn allreduce(&self, send: &[f32], recv_len: usize) -> Result<Vec<f32>>;
+    fn bcast(&self, buf: &[f32], root: usize) -> Result<Vec<f32>>;
+}
+
+impl Ops for Communicator {
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+    fn size(&self) -> usize {
+        Communicator::size(self)
+    }
+    fn allreduce(&self, send: &[f32], recv_len: usize) -> Result<Vec<f32>> {
+        let mut recv = vec![0.0; recv_len];
+        Communicator::allreduce(self, send, &mut recv, Sum)?;
+        Ok(recv)
+    }
+    fn bcast(&self, buf: &[f32], root: usize) -> Result<Vec<f32>> {
+        let mut b = buf.to_vec();
+        Communicator::bcast(self, &mut b, root)?;
+        Ok(b)
+    }
+}
+
+/// A device the HostTransfer loop runs on: host vectors in and out of its buffers.
+trait Dev: Device + Clone {
+    type Buf: DeviceSliceMut<Self, Elem = f32>;
+    fn up(&self, stream: &Self::Stream, v: &[f32]) -> Self::Buf;
+    fn down(&self, stream: &Self::Stream, b: &Self::Buf) -> Vec<f32>;
+}
+
+impl Dev for HostDevice {
+    type Buf = HostBuffer<f32>;
+    fn up(&self, _: &Self::Stream, v: &[f32]) -> Self::Buf {
+        self.upload(v).expect("upload")
+    }
+    fn down(&self, _: &Self::Stream, b: &Self::Buf) -> Vec<f32> {
+        self.download(b).expect("download")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Dev for duralumin::device::cuda::CudaDevice {
+    type Buf = duralumin::cudarc::driver::CudaSlice<f32>;
+    fn up(&self, stream: &Self::Stream, v: &[f32]) -> Self::Buf {
+        let mut b = stream.alloc_zeros::<f32>(v.len().max(1)).expect("alloc");
+        if !v.is_empty() {
+            stream.memcpy_htod(v, &mut b).expect("upload");
+        }
+        stream.synchronize().expect("synchronize");
+        b
+    }
+    fn down(&self, stream: &Self::Stream, b: &Self::Buf) -> Vec<f32> {
+        stream.clone_dtoh(b).expect("download")
+    }
+}
+
+struct Ht<D: Dev> {
+    dev: D,
+    comm: host_transfer::Communicator<D>,
+}
+
+impl<D: Dev> Ops for Ht<D> {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn allreduce(&self, send: &[f32], recv_len: usize) -> Result<Vec<f32>> {
+        let s = self.comm.stream();
+        let (ds, mut dr) = (self.dev.up(s, send), self.dev.up(s, &vec![0.0; recv_len]));
+        self.comm.allreduce(&ds, &mut dr, Sum)?;
+        self.comm.synchronize()?;
+        let mut out = self.dev.down(s, &dr);
+        out.truncate(recv_len);
+        Ok(out)
+    }
+    fn bcast(&self, buf: &[f32], root: usize) -> Result<Vec<f32>> {
+        let s = self.comm.stream();
+        let mut b = self.dev.up(s, buf);
+        self.comm.bcast(&mut b, root)?;
+        self.comm.synchronize()?;
+        let mut out = self.dev.down(s, &b);
+        out.truncate(buf.len());
+        Ok(out)
+    }
+}
+
+/// The scenario, from the environment the launcher sets.
+struct Scenario {
+    fault: Fault,
+    rank: usize,
+    op: usize,
+    /// How long the stall lasts, and how long a rank that refused its arguments waits before
+    /// it tries again (without the signature check).
+    stall: Duration,
+    /// Whether the signature check is on (`DURALUMIN_CHECK=1`).
+    check: bool,
+}
+
+pub fn main(backend: &str) {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let sc = Scenario {
+        fault: Fault::parse(&var("FAULT_KIND")),
+        rank: var("FAULT_RANK").parse().expect("FAULT_RANK"),
+        op: var("FAULT_OP").parse().expect("FAULT_OP"),
+        stall: Duration::from_secs_f64(var("FAULT_STALL").parse().expect("FAULT_STALL")),
+        check: std::env::var("DURALUMIN_CHECK").is_ok_and(|v| v == "1"),
+    };
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    match backend {
+        "mpi" => run(&sc, &Communicator::new(&world).expect("communicator")),
+        "host" => {
+            let dev = HostDevice::new(0);
+            run(&sc, &ht(&world, dev.clone(), dev.stream().expect("stream")));
+        }
+        #[cfg(feature = "cuda")]
+        "cudasim" => {
+            let ctx = duralumin::cudarc::driver::CudaContext::new(0).expect("CUDA context (the simulator)");
+            let stream = ctx.new_stream().expect("stream");
+            run(&sc, &ht(&world, duralumin::device::cuda::CudaDevice::new(ctx).expect("device"), stream));
+        }
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
+    // Staged in small chunks, as on a GPU.
+    let config = HostTransferConfig { chunk_bytes: 1 << 20, ..HostTransferConfig::default() };
+    let comm = host_transfer::Communicator::with_config(world, dev.clone(), stream, config).expect("communicator");
+    Ht { dev, comm }
+}
+
+/// The error's kind, for the `RESULT` line.
+fn kind(e: &Error) -> &'static str {
+    match e {
+        Error::Timeout { .. } => "Timeout",
+        Error::Aborted { .. } => "Aborted",
+        Error::SignatureMismatch { .. } => "SignatureMismatch",
+        Error::BufferLength { .. } => "BufferLength",
+        Error::Mpi { .. } => "Mpi",
+        Error::CountMismatch { .. } => "CountMismatch",
+        _ => "other",
+    }
+}
+
+fn report(me: usize, i: usize, e: &Error) {
+    let mut out = format!("RESULT {me} error at #{i}: {}\n", kind(e));
+    for line in e.to_string().lines() {
+        out.push_str(&format!("ERROR {me}| {line}\n"));
+    }
+    print!("{out}");
+}
+
+fn run(sc: &Scenario, ops: &impl Ops) {
+    let (me, n) = (ops.rank(), ops.size());
+    let mine = vec![(me + 1) as f32; COUNT];
+    let sum = (n * (n + 1) / 2) as f32;
+    let mut i = 1;
+    while i <= sc.op + 1 {
+        let faulty = me == sc.rank && i == sc.op;
+        if faulty {
+            println!("FAULT_AT {me} {}", now_ms());
+        }
+        let root_fault = sc.fault == Fault::Root;
+        let result = match (sc.fault, faulty) {
+            (Fault::Stall, true) => {
+                std::thread::sleep(sc.stall);
+                ops.allreduce(&mine, COUNT)
+            }
+            (Fault::Panic, true) => panic!("injected panic at collective #{i}"),
+            (Fault::Count, true) => ops.allreduce(&[1.0; COUNT + 1], COUNT + 1),
+            (Fault::Op, true) => ops.bcast(&mine, 0),
+            (Fault::Root, true) => ops.bcast(&mine, 1 % n),
+            (Fault::BadArg, true) => ops.allreduce(&mine, COUNT - 1),
+            (Fault::Kill, _) if i == sc.op => {
+                if faulty {
+                    std::thread::spawn(|| {
+                        std::thread::sleep(Duration::from_millis(20));
+                        // SAFETY: ends this process (the fault under test); touches no memory.
+                        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                    });
+                }
+                ops.allreduce(&vec![1.0; BIG], BIG)
+            }
+            (_, _) if root_fault => ops.bcast(&[me as f32; COUNT], 0),
+            _ => ops.allreduce(&mine, COUNT),
+        };
+        match result {
+            Ok(v) if root_fault && !faulty => assert!(v.iter().all(|&x| x == 0.0), "#{i}: bcast from 0 gave {v:?}"),
+            Ok(v) if !faulty && sc.fault != Fault::Kill => assert!(v.iter().all(|&x| x == sum), "#{i}: sum {v:?}"),
+            Ok(_) => {}
+            Err(e) => {
+                report(me, i, &e);
+                if matches!(e, Error::Timeout { .. } | Error::Aborted { .. }) {
+                    // The communicator is given up: every later call fails at once.
+                    let again = ops.allreduce(&mine, COUNT);
+                    assert!(matches!(again, Err(Error::Aborted { .. })), "after {}: {again:?}", kind(&e));
+                    println!("RESULT {me} then Aborted");
+                    return;
+                }
+                if faulty && !sc.check && sc.fault == Fault::BadArg && matches!(e, Error::BufferLength { .. }) {
+                    // The others are in the collective this rank refused: stay, then try the
+                    // next one, which fails if they gave the communicator up meanwhile.
+                    std::thread::sleep(sc.stall);
+                }
+            }
+        }
+        i += 1;
+    }
+    println!("RESULT {me} done");
+}
