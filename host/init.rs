@@ -3,14 +3,13 @@
 use std::ffi::c_int;
 
 use mpi::Threading;
-use mpi::environment::Universe;
 
 use crate::error::{Error, Result};
 use crate::ffi::{self, check, sys};
 use crate::reliability::InitOptions;
 
-/// Initializes MPI with `MPI_THREAD_MULTIPLE` and returns rsmpi's [`Universe`] (MPI is
-/// finalized when it drops; drop every [`crate::Communicator`] first).
+/// Initializes MPI with `MPI_THREAD_MULTIPLE` and returns the [`Universe`] (MPI is finalized
+/// when it drops; drop every [`crate::Communicator`] first).
 ///
 /// Duralumin needs `MPI_THREAD_MULTIPLE` because non-blocking operations progress on a proxy
 /// thread while the program keeps calling MPI. If the MPI library provides less, this returns
@@ -33,7 +32,43 @@ pub fn init_with(options: InitOptions) -> Result<Universe> {
     }
     ffi::set_world_errhandler()?;
     crate::reliability::abort::settle(options.requested_on_panic())?;
-    Ok(universe)
+    Ok(Universe { inner: Some(universe) })
+}
+
+/// MPI, initialized by [`init`]: rsmpi's [`Universe`](mpi::environment::Universe) (it
+/// dereferences to it: `universe.world()`), which finalizes MPI when it drops.
+///
+/// After a process failure, `MPI_Finalize` itself is bounded: ULFM in Open MPI 5 may wait there
+/// forever for the dead process (its issue 11404), so if it has not returned after
+/// [`FINALIZE_GRACE`], the process prints why and ends with status 0 (its work is done).
+pub struct Universe {
+    inner: Option<mpi::environment::Universe>,
+}
+
+impl std::fmt::Debug for Universe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Universe").finish_non_exhaustive()
+    }
+}
+
+/// How long `MPI_Finalize` may take after a process failure.
+pub const FINALIZE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl std::ops::Deref for Universe {
+    type Target = mpi::environment::Universe;
+
+    fn deref(&self) -> &Self::Target {
+        // `inner` is only taken by `drop`.
+        self.inner.as_ref().unwrap_or_else(|| unreachable!("a Universe is only emptied when it drops"))
+    }
+}
+
+impl Drop for Universe {
+    fn drop(&mut self) {
+        let bound = ffi::ulfm::failure_seen().then(|| crate::reliability::abort::exit_unless_done(FINALIZE_GRACE));
+        drop(self.inner.take());
+        drop(bound);
+    }
 }
 
 fn level_name(level: c_int) -> &'static str {

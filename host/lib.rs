@@ -50,6 +50,6 @@ pub use duralumin_kernels::{
     Sum,
 };
 pub use error::{Error, Result};
-pub use init::{init, init_with};
+pub use init::{FINALIZE_GRACE, Universe, init, init_with};
 pub use request::{Request, Scope, scope};
 pub use {bytemuck, half, mpi};

@@ -14,6 +14,13 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 cargo build --release -p duralumin-cudasim
 export DURALUMIN_REQUIRE_CUDASIM=1
 cargo test --workspace --release
+# Recovery on ULFM: the survivor example built against Open MPI 5 (installed by setup.sh), run
+# with a rank killed mid-loop; these trials may not skip here.
+ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}
+OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc \
+    cargo build --release --example 03-survive-rank-loss --target-dir target/ulfm
+DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/release/examples/03-survive-rank-loss \
+    DURALUMIN_REQUIRE_ULFM=1 cargo test --release --test ulfm
 # The GPU benchmark program must run to its end on the simulator (its numbers are the CPU's).
 # (tests/mpi_ranks linked it as target/release/cudasim/libcuda.so.)
 LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \

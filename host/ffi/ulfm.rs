@@ -6,6 +6,7 @@
 
 use std::ffi::{CStr, c_int};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{RawComm, check, sys};
 use crate::error::{Error, Result};
@@ -29,6 +30,24 @@ pub(crate) struct Api {
 }
 
 static API: OnceLock<Option<Api>> = OnceLock::new();
+
+/// Whether this process saw a process failure: MPI reported one, or the program revoked or
+/// shrank a communicator (a rank whose own calls all succeeded learns of a failure only from
+/// the others).
+static FAILURE_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process saw a process failure (see [`FAILURE_SEEN`]; `MPI_Finalize` may then
+/// never return, see [`crate::reliability::watchdog`]).
+pub(crate) fn failure_seen() -> bool {
+    FAILURE_SEEN.load(Ordering::Relaxed)
+}
+
+/// [`require`] for a call that recovers from a failure.
+fn recovering() -> Result<&'static Api> {
+    let api = require()?;
+    FAILURE_SEEN.store(true, Ordering::Relaxed);
+    Ok(api)
+}
 
 /// `name` in the running process, as a function of type `F`.
 ///
@@ -90,7 +109,10 @@ pub(crate) enum Failure {
 pub(crate) fn classify(class: c_int) -> Option<Failure> {
     let (failed, pending, revoked) = api()?.classes?;
     match class {
-        c if c == failed || c == pending => Some(Failure::ProcessFailed),
+        c if c == failed || c == pending => {
+            FAILURE_SEEN.store(true, Ordering::Relaxed);
+            Some(Failure::ProcessFailed)
+        }
         c if c == revoked => Some(Failure::Revoked),
         _ => None,
     }
@@ -99,7 +121,7 @@ pub(crate) fn classify(class: c_int) -> Option<Failure> {
 /// `MPIX_Comm_revoke`: every pending and later operation on `comm`, on every rank, fails with
 /// `MPIX_ERR_REVOKED` (agree and shrink excepted).
 pub(crate) fn revoke(comm: RawComm) -> Result<()> {
-    let api = require()?;
+    let api = recovering()?;
     // SAFETY: `comm` is a live communicator; revoking is allowed from any thread.
     check(unsafe { (api.revoke)(comm.0) }, "MPIX_Comm_revoke")
 }
@@ -107,7 +129,7 @@ pub(crate) fn revoke(comm: RawComm) -> Result<()> {
 /// `MPIX_Comm_shrink`: a new communicator over the processes of `comm` still alive, with the
 /// same error handler as its parent (errors return).
 pub(crate) fn shrink(comm: RawComm) -> Result<RawComm> {
-    let api = require()?;
+    let api = recovering()?;
     let mut out = std::mem::MaybeUninit::<sys::MPI_Comm>::uninit();
     // SAFETY: `comm` is live; MPI writes the new handle on success, read only then.
     let out = unsafe {
@@ -129,6 +151,10 @@ pub(crate) fn agree(comm: RawComm, flag: bool) -> Result<(bool, bool)> {
         (api.agree)(comm.0, &mut value)
     };
     if rc == sys::MPI_SUCCESS as c_int {
+        if value == 0 {
+            // Some rank saw a failure.
+            FAILURE_SEEN.store(true, Ordering::Relaxed);
+        }
         return Ok((value != 0, false));
     }
     match super::mpi_error(rc, "MPIX_Comm_agree") {

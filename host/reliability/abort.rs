@@ -2,6 +2,7 @@
 //! timeout under [`OnTimeout::Abort`](super::OnTimeout::Abort), a panic inside MPI) ends it.
 
 use std::sync::OnceLock;
+use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -73,6 +74,33 @@ pub(crate) fn abort_job(why: &str) -> ! {
     std::thread::sleep(ABORT_GRACE);
     // SAFETY: as above.
     unsafe { libc::_exit(EXIT_CODE) }
+}
+
+/// Ends the process (see [`exit_now`]) unless the returned sender is dropped within `grace`:
+/// bounds `MPI_Finalize` after a process failure (see [`crate::Universe`]).
+pub(crate) fn exit_unless_done(grace: Duration) -> Sender<()> {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let _ = std::thread::Builder::new().name("duralumin-finalize".into()).spawn(move || {
+        // The sender never sends: dropping it (`Disconnected`) is the signal.
+        if wait.recv_timeout(grace) == Err(RecvTimeoutError::Timeout) {
+            exit_now(&format!(
+                "MPI_Finalize did not return within {grace:?} after a process failure (a known ULFM limitation), \
+                 ending this process"
+            ));
+        }
+    });
+    done
+}
+
+/// Prints `rank R: {why}` and ends this process at once with status 0 (its work is done; only
+/// MPI's own teardown is stuck), flushing what the program printed first.
+pub(crate) fn exit_now(why: &str) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    eprintln!("{}: {why}", rank_label());
+    // SAFETY: `_exit` ends the process at once without running exit handlers (which could
+    // call into the stuck MPI library); nothing of ours runs after it.
+    unsafe { libc::_exit(0) }
 }
 
 /// Runs `f` where a panic cannot be allowed to unwind (inside an MPI callback, on the proxy

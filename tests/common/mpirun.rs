@@ -42,7 +42,19 @@ pub fn launch(
     extra: &[&str],
     limit: Duration,
 ) -> Result<Launch, String> {
-    let mut child = Command::new(mpirun_program())
+    launch_with(&mpirun_program(), np, exe, env, extra, limit)
+}
+
+/// [`launch`] with the `mpirun` program to use.
+pub fn launch_with(
+    mpirun: &str,
+    np: usize,
+    exe: &std::path::Path,
+    env: &[(&str, String)],
+    extra: &[&str],
+    limit: Duration,
+) -> Result<Launch, String> {
+    let mut child = Command::new(mpirun)
         .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
         .args(extra)
         .arg(exe)
@@ -57,7 +69,7 @@ pub fn launch(
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("could not start {} (is openmpi-bin installed?): {e}", mpirun_program()))?;
+        .map_err(|e| format!("could not start {mpirun} (is openmpi-bin installed?): {e}"))?;
     let group = child.id() as i32;
     let mut out = child.stdout.take().ok_or("no stdout")?;
     let mut err = child.stderr.take().ok_or("no stderr")?;
