@@ -5,7 +5,7 @@
 //!
 //! Needs an MPI library with ULFM, run with fault tolerance on, for example Open MPI 5:
 //! `mpirun --with-ft ulfm -np 4 target/release/examples/03-survive-rank-loss`. On an MPI
-//! without it, `shrink` says so with [`Error::Unsupported`] and the example stops there.
+//! without it, the first `agree` says so with [`Error::Unsupported`] and the example stops there.
 //!
 //! `DURALUMIN_EXAMPLE_KILL=<rank>:<step>` makes that rank kill itself (SIGKILL) at the start of
 //! that step, as a crashed node would (the test in `tests/ulfm.rs` uses it).
