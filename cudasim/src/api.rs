@@ -47,6 +47,20 @@ fn trace() -> bool {
     *TRACE.get_or_init(|| std::env::var("CUDASIM_TRACE").is_ok_and(|v| v == "1"))
 }
 
+/// Whether `CUDASIM_FAIL_CALLS` (call names separated by commas) names the call `name`: it then
+/// fails with `CUDA_ERROR_UNKNOWN` without doing anything, so tests can reach their callers'
+/// failure paths (a host function that cannot be queued, a synchronize that fails).
+fn injected_failure(name: &str) -> bool {
+    static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            let list = std::env::var("CUDASIM_FAIL_CALLS").unwrap_or_default();
+            list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect()
+        })
+        .iter()
+        .any(|n| n == name)
+}
+
 /// Objects handed out as handles: the handle is the object's address, looked up before use.
 struct Handles<T>(OnceLock<Mutex<HashMap<usize, Arc<T>>>>);
 
@@ -114,6 +128,10 @@ fn call(name: &'static str, needs: Needs, f: impl FnOnce() -> Result<(), Fault>)
         if let Err(code) = primary().check() {
             return code;
         }
+    }
+    if injected_failure(name) {
+        eprintln!("cudasim: {name} failed: injected by CUDASIM_FAIL_CALLS");
+        return CUresult::CUDA_ERROR_UNKNOWN;
     }
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUresult::CUDA_SUCCESS,

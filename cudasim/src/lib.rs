@@ -31,7 +31,9 @@
 //! * **modules**: PTX is read for its entry points and their parameter counts, which must match
 //!   the kernel bodies (and their widths); unloading a module with launches of it still queued is a fault.
 //!
-//! `CUDASIM_TRACE=1` prints every call on stderr.
+//! `CUDASIM_TRACE=1` prints every call on stderr. `CUDASIM_FAIL_CALLS=cuLaunchHostFunc,...`
+//! makes the named calls fail (`CUDA_ERROR_UNKNOWN`, doing nothing), for tests of what their
+//! callers do then.
 
 #![allow(non_snake_case)]
 

@@ -288,27 +288,45 @@ impl CudaDevice {
 
     /// Keeps the entries of `keep` that are not home streams alive until the work queued on
     /// `stream` so far has run (home streams are ordered by `acquire`/`release` instead).
-    fn hold_others(&self, stream: &CudaStream, keep: Vec<KeepAlive>) -> Result<()> {
+    fn hold_others(&self, stream: &Arc<CudaStream>, keep: Vec<KeepAlive>) -> Result<()> {
         self.hold(stream, keep.into_iter().filter(|k| !k.is::<Home>()).collect())
     }
 
     /// Keeps `keep` alive until the work queued on `stream` so far has run: a host function
     /// hands it to the reaper thread, which drops it (host functions may not call CUDA, and a
-    /// drop might free pinned memory).
-    fn hold(&self, stream: &CudaStream, keep: Vec<KeepAlive>) -> Result<()> {
+    /// drop might free pinned memory). When the host function cannot be queued, `keep` is
+    /// dropped once the stream has been synchronized, on a thread of its own, and leaked if that
+    /// fails (see [`super::reaper::drop_when_drained`]).
+    fn hold(&self, stream: &Arc<CudaStream>, keep: Vec<KeepAlive>) -> Result<()> {
         if keep.is_empty() {
             return Ok(());
         }
-        self.bind()?;
-        super::reaper::start("cuLaunchHostFunc")?;
-        let payload = Box::into_raw(Box::new(keep));
-        // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
-        let queued = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release), payload.cast()) }.result();
-        if queued.is_err() {
-            // SAFETY: the host function was not queued, so the box is still ours.
-            drop(unsafe { Box::from_raw(payload) });
-        }
-        queued.map_err(driver("cuLaunchHostFunc"))
+        let (error, keep) = match self.bind().and_then(|()| super::reaper::start("cuLaunchHostFunc")) {
+            Err(e) => (e, keep),
+            Ok(()) => {
+                let payload = Box::into_raw(Box::new(keep));
+                // SAFETY: `release` takes back the box exactly once, when the stream reaches it.
+                let queued = unsafe { sys::cuLaunchHostFunc(stream.cu_stream(), Some(release), payload.cast()) };
+                match queued.result() {
+                    Ok(()) => return Ok(()),
+                    // SAFETY: the host function was not queued, so the box is still ours.
+                    Err(e) => (driver("cuLaunchHostFunc")(e), *unsafe { Box::from_raw(payload) }),
+                }
+            }
+        };
+        // The work queued so far may still use what `keep` holds.
+        let (ctx, stream) = (Arc::clone(&self.inner.ctx), Arc::clone(stream));
+        super::reaper::drop_when_drained(keep, move || {
+            // The raw calls, not cudarc's, which would take an error recorded for the device's
+            // next call, and fail on it.
+            // SAFETY: the context and the stream are alive (held here); a failing call only
+            // makes this report the stream as not drained.
+            unsafe {
+                cudarc::driver::result::ctx::set_current(ctx.cu_ctx()).is_ok()
+                    && sys::cuStreamSynchronize(stream.cu_stream()).result().is_ok()
+            }
+        });
+        Err(error)
     }
 
     /// One 2-D (or 1-D) copy.
@@ -617,8 +635,8 @@ impl Device for CudaDevice {
         if rows == 0 || len == 0 {
             return Ok(());
         }
+        let row = op.row_bytes(rows, len)?;
         self.bind()?;
-        let row = len * op.elem_size;
         let reduce = self.function(op.reduce.as_str())?;
         let finish = op.finish.map(|f| self.function(f.as_str())).transpose()?;
         // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len` of

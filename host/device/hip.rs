@@ -590,7 +590,8 @@ impl HipDevice {
 
     /// Keeps `keep` alive until the work queued on `stream` so far has run: a host callback hands
     /// it to the reaper thread, which drops it (callbacks may not call HIP, and a drop might free
-    /// HIP memory).
+    /// HIP memory). When the callback cannot be queued, `keep` is dropped once the stream has
+    /// been synchronized, on a thread of its own, and leaked if that fails.
     fn hold(&self, stream: &HipStream, keep: Vec<KeepAlive>) -> Result<()> {
         if keep.is_empty() {
             return Ok(());
@@ -608,10 +609,14 @@ impl HipDevice {
                 }
             }
         };
-        // The queued work may still use what `keep` holds: wait for it before dropping.
-        // SAFETY: a valid stream handle.
-        let _ = unsafe { sys::hipStreamSynchronize(stream.raw()) };
-        drop(keep);
+        // The work queued so far may still use what `keep` holds: it goes once the stream is
+        // through, waited for on a thread of its own (this may be the proxy thread, whose flags
+        // that work waits for), or never (see `reaper::drop_when_drained`).
+        let (stream, ordinal) = (stream.clone(), self.inner.ordinal);
+        super::reaper::drop_when_drained(keep, move || {
+            // SAFETY: a live stream handle (held here).
+            set_device(ordinal).is_ok() && unsafe { sys::hipStreamSynchronize(stream.raw()) } == sys::SUCCESS
+        });
         Err(error)
     }
 
@@ -1075,8 +1080,7 @@ impl Device for HipDevice {
         if rows == 0 || len == 0 {
             return Ok(());
         }
-        let row =
-            len.checked_mul(op.elem_size).ok_or(Error::CountOverflow { what: "reduce row", value: len as u128 })?;
+        let row = op.row_bytes(rows, len)?;
         self.bind()?;
         let reduce = self.function(op.reduce.as_str())?;
         let finish = op.finish.map(|f| self.function(f.as_str())).transpose()?;

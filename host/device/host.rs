@@ -19,6 +19,24 @@
 //! which the host reads and writes only through [`HostDevice::download`] and
 //! [`HostDevice::write`]: those first wait for every stream of the device, so no safe code can
 //! race with queued work.
+//!
+//! # Ordering across streams
+//! Streams run side by side, so work on one buffer queued on two streams needs ordering the
+//! streams alone do not give. Each buffer remembers where the work queued on it last is: per
+//! executor, the position of its last item that uses the buffer (what cudarc keeps as a
+//! buffer's read and write events). Work queued on a buffer on another executor first waits,
+//! on that executor, for those items to have run, and then becomes the buffer's last use. Who
+//! queues such work:
+//! * [`HostDevice::launch`] waits for every earlier use and records itself;
+//! * an operation of the HostTransfer backend does the same through [`Device::acquire`] before
+//!   its first work on its stream (the stream waits for the buffers' earlier uses) and
+//!   [`Device::release`] after its last (the stream's position there, after the operation's
+//!   MPI part too when it runs directly on the buffers, is recorded for every buffer).
+//!
+//! Reads are ordered like writes (as the CUDA device orders every operation through a buffer's
+//! home stream): a buffer's two uses on different streams never overlap, whatever they do with
+//! it. So a kernel's `&mut [T]` never aliases other work on the buffer, whichever threads run
+//! them. A wait only ever names work queued before it, so it cannot deadlock the device.
 
 use std::alloc::Layout;
 use std::collections::VecDeque;
@@ -216,8 +234,10 @@ impl HostDevice {
 
     /// Queues `f` on `stream` to run on the buffer's elements in stream order: the host
     /// device's kernel launch. It runs on the stream's executor thread, or on a thread that
-    /// synchronizes with the stream meanwhile. If it panics, the stream's later work still runs
-    /// and every later synchronize of the stream returns an error, as a faulted GPU context
+    /// synchronizes with the stream meanwhile. It runs after the work queued on the buffer
+    /// before it on any stream of the device, and work queued on the buffer after it on any
+    /// stream runs after it (see the module docs). If it panics, the stream's later work still
+    /// runs and every later synchronize of the stream returns an error, as a faulted GPU context
     /// reports its fault.
     pub fn launch<T: Element>(
         &self,
@@ -228,12 +248,26 @@ impl HostDevice {
         self.check_stream(stream)?;
         let mem = Arc::clone(&buf.mem);
         let len = buf.len;
-        stream.submit(Box::new(move || {
-            // SAFETY: work on the device's memory is serialized by stream order (the caller
-            // queued it here, so every other access is ordered before or after it), and the
-            // memory is kept alive by `mem`.
+        let lane = stream.lane();
+        // Held until the kernel is recorded as the buffer's last use, so no use is queued in
+        // between that neither waits for it nor is waited for.
+        let mut uses = buf.mem.uses();
+        let mut after = Vec::new();
+        pending_uses(&uses, lane, &mut after);
+        stream.submit_after(after)?;
+        let ticket = lane.push(Item::Run(Box::new(move || {
+            // SAFETY: the memory is alive (`mem`) and holds `len` elements. Nothing else uses it
+            // while this runs: work queued on it earlier on this executor has run (executors run
+            // their items in order), earlier work on other executors has too (the wait queued
+            // just before this item), and later work waits for this item (it is the buffer's
+            // last use now, which every later launch, operation (`Device::acquire`) and host
+            // access (`download`, `write`) of safe code waits for).
             f(unsafe { std::slice::from_raw_parts_mut(mem.ptr.cast::<T>(), len) })
-        }))
+        })))?;
+        // It waited for every earlier use: later work need only wait for it.
+        uses.clear();
+        uses.push(Use { lane: Arc::downgrade(lane), ticket });
+        Ok(())
     }
 
     /// Pinned bytes currently allocated from this device (for leak checks).
@@ -272,15 +306,54 @@ struct Memory {
     ptr: *mut u8,
     bytes: usize,
     ordinal: usize,
+    /// Where the work queued on the memory last is, per executor (see the module docs; unused
+    /// for pinned memory, whose users order themselves with flags).
+    uses: Mutex<Vec<Use>>,
+}
+
+/// An item of an executor that uses a buffer's memory: the `ticket`-th item queued on `lane`.
+/// A lane that is gone has run all its items.
+struct Use {
+    lane: Weak<Lane>,
+    ticket: u64,
+}
+
+impl Use {
+    /// The lane, while the item has not run yet.
+    fn pending(&self) -> Option<Arc<Lane>> {
+        self.lane.upgrade().filter(|lane| !lane.has_finished(self.ticket))
+    }
+}
+
+/// Adds the uses among `uses` on lanes other than `lane` that have not run yet to `after`, as
+/// `(lane, ticket)`: what work queued on `lane` must wait for (its own lane runs in order).
+fn pending_uses(uses: &[Use], lane: &Arc<Lane>, after: &mut Vec<(Arc<Lane>, u64)>) {
+    for u in uses {
+        if let Some(other) = u.pending().filter(|other| !Arc::ptr_eq(other, lane)) {
+            after.push((other, u.ticket));
+        }
+    }
 }
 
 // SAFETY: the memory is only accessed in stream order or after synchronizing (see the module
-// docs); the struct itself is an owned allocation.
+// docs); the struct itself is an owned allocation (and a lock).
 unsafe impl Send for Memory {}
 // SAFETY: as above.
 unsafe impl Sync for Memory {}
 
 impl Memory {
+    fn uses(&self) -> std::sync::MutexGuard<'_, Vec<Use>> {
+        self.uses.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the `ticket`-th item of `lane` as the memory's last use there (it comes after
+    /// the lane's earlier ones), dropping uses that have run.
+    fn record(&self, lane: &Arc<Lane>, ticket: u64) {
+        let mut uses = self.uses();
+        uses.retain(|u| !std::ptr::eq(u.lane.as_ptr(), Arc::as_ptr(lane)) && u.pending().is_some());
+        uses.push(Use { lane: Arc::downgrade(lane), ticket });
+    }
+
     fn layout(bytes: usize) -> Result<Layout> {
         Layout::from_size_align(bytes.max(1), ALIGN)
             .map_err(|_| Error::CountOverflow { what: "allocation", value: bytes as u128 })
@@ -293,7 +366,7 @@ impl Memory {
         if ptr.is_null() {
             return Err(Error::OutOfMemory { what: "host device memory", bytes });
         }
-        Ok(Memory { ptr, bytes, ordinal })
+        Ok(Memory { ptr, bytes, ordinal, uses: Mutex::default() })
     }
 }
 
@@ -388,6 +461,13 @@ struct Lane {
     /// closes, and (those waiting for one) when a flag of the device is written.
     changed: Condvar,
     signals: Arc<Signals>,
+    /// `LaneState::finished`, for other lanes' waits on this one's items (checked under their
+    /// own lane's lock, so they read this rather than take this lane's).
+    finished: AtomicU64,
+    /// Other lanes' waits on this lane's items that have not passed: while there are any,
+    /// finishing an item wakes the device's sleepers that wait for a flag (waiting lanes sleep
+    /// as those do).
+    watchers: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -439,7 +519,13 @@ type LaneGuard<'a> = std::sync::MutexGuard<'a, LaneState>;
 
 impl Lane {
     fn new(signals: &Arc<Signals>) -> Arc<Lane> {
-        let lane = Arc::new(Lane { state: Mutex::default(), changed: Condvar::new(), signals: Arc::clone(signals) });
+        let lane = Arc::new(Lane {
+            state: Mutex::default(),
+            changed: Condvar::new(),
+            signals: Arc::clone(signals),
+            finished: AtomicU64::new(0),
+            watchers: AtomicUsize::new(0),
+        });
         let mut lanes = signals.lanes.lock().unwrap_or_else(PoisonError::into_inner);
         lanes.retain(|l| l.strong_count() > 0);
         lanes.push(Arc::downgrade(&lane));
@@ -497,19 +583,26 @@ impl Lane {
         st
     }
 
-    /// Queues an item, waking the lane's sleepers if it is the next one to run.
-    fn push(&self, item: Item) -> Result<()> {
+    /// Queues an item, waking the lane's sleepers if it is the next one to run. Returns its
+    /// ticket: it has run once the lane has finished that many items.
+    fn push(&self, item: Item) -> Result<u64> {
         let mut st = self.lock();
         if st.closed {
             return Err(Error::Device { call: "host stream", message: "the stream's executor has stopped".into() });
         }
         st.items.push_back(item);
         st.queued += 1;
+        let ticket = st.queued;
         if st.items.len() == 1 {
             // Behind other items it changes nothing until they are through.
             self.unlock_changed(st);
         }
-        Ok(())
+        Ok(ticket)
+    }
+
+    /// Whether the item with `ticket` (see [`Lane::push`]) has run.
+    fn has_finished(&self, ticket: u64) -> bool {
+        self.finished.load(Ordering::SeqCst) >= ticket
     }
 
     /// Runs items in order until the lane is empty or waits, unless another thread is running
@@ -534,10 +627,16 @@ impl Lane {
                 _ => break,
             }
             st.finished += 1;
+            self.finished.store(st.finished, Ordering::SeqCst);
             ran = true;
         }
         if ran {
             self.unlock_changed(st);
+            // Paired with `After::new`: either a waiting lane sees the store above when it
+            // checks, or this sees it counted in and wakes it.
+            if self.watchers.load(Ordering::SeqCst) > 0 {
+                self.signals.wake_all();
+            }
         }
         ran
     }
@@ -629,6 +728,32 @@ impl Lane {
     }
 }
 
+/// Items of other lanes that a wait item waits for (a buffer's earlier uses), counted in as
+/// their lanes' watchers while it waits.
+struct After(Vec<(Arc<Lane>, u64)>);
+
+impl After {
+    fn new(items: Vec<(Arc<Lane>, u64)>) -> After {
+        for (lane, _) in &items {
+            lane.watchers.fetch_add(1, Ordering::SeqCst);
+        }
+        After(items)
+    }
+
+    /// Whether every item has run.
+    fn passed(&self) -> bool {
+        self.0.iter().all(|(lane, ticket)| lane.has_finished(*ticket))
+    }
+}
+
+impl Drop for After {
+    fn drop(&mut self) {
+        for (lane, _) in &self.0 {
+            lane.watchers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// How long the executor thread leaves runnable work to a thread that waits for the lane and
 /// runs it itself, before running it anyway.
 const HELPER_GRACE: Duration = Duration::from_millis(1);
@@ -688,11 +813,25 @@ impl fmt::Debug for HostStream {
 
 impl HostStream {
     fn submit(&self, work: Work) -> Result<()> {
-        self.inner.queue.lane.push(Item::Run(work))
+        self.inner.queue.lane.push(Item::Run(work)).map(drop)
     }
 
     fn submit_wait(&self, ready: Ready) -> Result<()> {
-        self.inner.queue.lane.push(Item::Wait(ready))
+        self.inner.queue.lane.push(Item::Wait(ready)).map(drop)
+    }
+
+    /// Queues a wait until the items `after` of other lanes have run (nothing if there are none).
+    fn submit_after(&self, after: Vec<(Arc<Lane>, u64)>) -> Result<()> {
+        if after.is_empty() {
+            return Ok(());
+        }
+        let after = After::new(after);
+        self.submit_wait(Box::new(move || after.passed()))
+    }
+
+    /// The lane the stream's work runs on.
+    fn lane(&self) -> &Arc<Lane> {
+        &self.inner.queue.lane
     }
 
     /// Blocks until the work queued so far has run. The calling thread runs queued work itself
@@ -765,7 +904,7 @@ impl Device for HostDevice {
 
     unsafe fn free_pinned(&self, ptr: *mut u8, bytes: usize) {
         self.inner.pinned_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        drop(Memory { ptr, bytes, ordinal: self.inner.ordinal });
+        drop(Memory { ptr, bytes, ordinal: self.inner.ordinal, uses: Mutex::default() });
     }
 
     fn mapped(&self, host: *mut u8) -> Result<DevicePtr> {
@@ -862,7 +1001,7 @@ impl Device for HostDevice {
         if rows == 0 || len == 0 {
             return Ok(());
         }
-        let (dst, src, row) = (dst.0 as usize, src as usize, len * op.elem_size);
+        let (dst, src, row) = (dst.0 as usize, src as usize, op.row_bytes(rows, len)?);
         stream.submit(Box::new(move || {
             let (d, s) = (dst as *mut u8, src as *const u8);
             // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len`,
@@ -877,6 +1016,29 @@ impl Device for HostDevice {
                 }
             }
         }))
+    }
+
+    /// The stream waits for the work queued on the buffers behind `keep` on other executors
+    /// (see the module docs).
+    fn acquire(&self, stream: &HostStream, keep: &[KeepAlive]) -> Result<()> {
+        self.check_stream(stream)?;
+        let mut after = Vec::new();
+        for mem in memories(keep) {
+            pending_uses(&mem.uses(), stream.lane(), &mut after);
+        }
+        stream.submit_after(after)
+    }
+
+    /// The work queued on the stream so far becomes the last use of the buffers behind `keep`
+    /// there, which work on them on other executors will wait for.
+    fn release(&self, stream: &HostStream, keep: &[KeepAlive]) -> Result<()> {
+        self.check_stream(stream)?;
+        let lane = stream.lane();
+        let ticket = lane.lock().queued;
+        for mem in memories(keep) {
+            mem.record(lane, ticket);
+        }
+        Ok(())
     }
 
     fn join(&self, waiter: &HostStream, stream: &HostStream) -> Result<()> {
@@ -938,6 +1100,11 @@ impl Device for HostDevice {
     fn host_wrote_flag(&self) {
         self.inner.signals.wake_all();
     }
+}
+
+/// The host device's memory behind keep-alives (a buffer's [`DeviceSlice::keep_alive`]).
+fn memories(keep: &[KeepAlive]) -> impl Iterator<Item = &Memory> {
+    keep.iter().filter_map(|k| k.downcast_ref::<Memory>())
 }
 
 impl HostDevice {
@@ -1025,7 +1192,8 @@ pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use super::{DevicePtr, Flag, HostDevice, HostStream, Signals};
-    use crate::device::Device;
+    use crate::device::{Copy2d, Device, DeviceSlice, ReduceFns};
+    use crate::error::Error;
 
     /// Lets a test hold a stream back: while the gate is held, the stream's flag waits stop
     /// before they look at their flag, as if the stream had fallen behind everything else.
@@ -1109,6 +1277,112 @@ pub(crate) mod tests {
         }
         // Streams 0 and 2 share the first executor, stream 1 has the second.
         assert_eq!(*order.lock().unwrap(), [1, 0, 2]);
+    }
+
+    /// Launches on two streams that use one buffer run one after the other, in the order they
+    /// were queued: the second stream waits for the first's slow kernel. Unordered, the second
+    /// kernel ran at once, while the first slept, with `&mut` to the same elements on two
+    /// threads, and the first's write then overwrote its result.
+    #[test]
+    fn launches_on_two_streams_are_ordered_by_their_buffer() {
+        let dev = HostDevice::new(0);
+        let (first, second) = (dev.stream().unwrap(), dev.stream().unwrap());
+        let mut buf = dev.alloc_zeroed::<u32>(1024).unwrap();
+        dev.launch(&first, &mut buf, |b| {
+            std::thread::sleep(Duration::from_millis(200));
+            b.fill(1);
+        })
+        .unwrap();
+        dev.launch(&second, &mut buf, |b| b.iter_mut().for_each(|x| *x += 1)).unwrap();
+        let got = dev.download(&buf).unwrap();
+        assert!(got.iter().all(|&x| x == 2), "expected 2 everywhere (1, then + 1), got {:?}...", &got[..4]);
+    }
+
+    /// An operation on another stream (what the HostTransfer backend queues between
+    /// `acquire` and `release`) starts after a launch on its buffer: its copy sees the
+    /// kernel's write, though the kernel is slow.
+    #[test]
+    fn an_operation_on_another_stream_waits_for_a_launch_on_its_buffer() {
+        const N: usize = 1024;
+        let dev = HostDevice::new(0);
+        let (kernels, ops) = (dev.stream().unwrap(), dev.stream().unwrap());
+        let mut buf = dev.alloc_zeroed::<u32>(N).unwrap();
+        dev.launch(&kernels, &mut buf, |b| {
+            std::thread::sleep(Duration::from_millis(200));
+            b.fill(1);
+        })
+        .unwrap();
+        let staged = dev.alloc_pinned(N * 4).unwrap();
+        let keep = vec![buf.keep_alive().unwrap()];
+        dev.acquire(&ops, &keep).unwrap();
+        // SAFETY: `staged` holds N u32s and nothing else touches it until the stream is
+        // synchronized below; `keep` holds the buffer, which has N elements.
+        unsafe { dev.copy_d2h(&ops, staged, buf.device_ptr(), Copy2d::contiguous(N * 4), Some(keep[0].clone())) }
+            .unwrap();
+        dev.release(&ops, &keep).unwrap();
+        ops.sync().unwrap();
+        // SAFETY: the copy has run (synchronized above); N u32s of pinned memory.
+        let got = unsafe { std::slice::from_raw_parts(staged.cast::<u32>(), N) }.to_vec();
+        // SAFETY: allocated above with this size; no queued work uses it any more.
+        unsafe { dev.free_pinned(staged, N * 4) };
+        assert!(got.iter().all(|&x| x == 1), "the operation's copy ran before the kernel's write: {:?}...", &got[..4]);
+    }
+
+    /// A launch on a buffer waits for an operation on another stream that uses the buffer, even
+    /// while the operation is held up (here by a flag, as an operation waits for its MPI
+    /// part): the operation's copy still sees the buffer as it was, and the kernel's write
+    /// lands after it.
+    #[test]
+    fn a_launch_waits_for_an_operation_on_another_stream() {
+        const N: usize = 1024;
+        let dev = HostDevice::new(0);
+        let (kernels, ops) = (dev.stream().unwrap(), dev.stream().unwrap());
+        let mut buf = dev.alloc_zeroed::<u32>(N).unwrap();
+        let staged = dev.alloc_pinned(N * 4).unwrap();
+        let raised = Arc::new(AtomicU32::new(0));
+        let flag = Flag { host: &*raised, device: DevicePtr(Arc::as_ptr(&raised) as u64) };
+        let keep = vec![buf.keep_alive().unwrap()];
+        dev.acquire(&ops, &keep).unwrap();
+        // SAFETY: the flag outlives the stream's work (synchronized below, before it goes);
+        // `staged` and the buffer as in the test above.
+        unsafe {
+            dev.wait_flag(&ops, flag, 1, None).unwrap();
+            dev.copy_d2h(&ops, staged, buf.device_ptr(), Copy2d::contiguous(N * 4), Some(keep[0].clone())).unwrap();
+        }
+        dev.release(&ops, &keep).unwrap();
+        dev.launch(&kernels, &mut buf, |b| b.fill(5)).unwrap();
+        // Unordered, the kernel would run meanwhile.
+        std::thread::sleep(Duration::from_millis(100));
+        raised.store(1, Ordering::Release);
+        dev.host_wrote_flag();
+        ops.sync().unwrap();
+        kernels.sync().unwrap();
+        // SAFETY: as in the test above.
+        let got = unsafe { std::slice::from_raw_parts(staged.cast::<u32>(), N) }.to_vec();
+        // SAFETY: as in the test above.
+        unsafe { dev.free_pinned(staged, N * 4) };
+        assert!(
+            got.iter().all(|&x| x == 0),
+            "the kernel wrote the buffer before the operation's copy: {:?}...",
+            &got[..4]
+        );
+        assert!(dev.download(&buf).unwrap().iter().all(|&x| x == 5));
+    }
+
+    /// A reduction whose row size overflows `usize` is refused with a typed error before
+    /// anything is queued (it used to wrap and queue a copy of the wrapped size).
+    #[test]
+    fn reduce_h2d_refuses_rows_whose_size_overflows() {
+        let dev = HostDevice::new(0);
+        let stream = dev.stream().unwrap();
+        let op = ReduceFns::of::<u32, crate::Sum>(2);
+        for (rows, len) in [(1, usize::MAX / 2), (2, usize::MAX / 8 + 1)] {
+            // SAFETY: the call fails its size check before it queues anything, so the
+            // addresses are never used.
+            let r = unsafe { dev.reduce_h2d(&stream, DevicePtr(64), 64 as *const u8, rows, len, op) };
+            assert!(matches!(r, Err(Error::CountOverflow { .. })), "rows {rows} of {len}: {r:?}");
+        }
+        stream.sync().unwrap();
     }
 
     /// A stream waiting for a flag, then a kernel that notes the thread it runs on.

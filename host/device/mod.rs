@@ -34,7 +34,7 @@ use std::sync::atomic::AtomicU32;
 use duralumin_kernels::grid::HostGrid;
 use duralumin_kernels::{Element, KernelName, ReduceKernel, ReduceOp};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// An address in a device's memory (a `CUdeviceptr`, a HIP device pointer, or a host address on
 /// the host device).
@@ -165,6 +165,16 @@ unsafe fn host_finish<T: Element, O: ReduceOp<T>>(dst: *mut u8, n: usize, ranks:
 }
 
 impl ReduceFns {
+    /// The bytes of one row of `len` elements, checked so that `rows` such rows (what
+    /// [`Device::reduce_h2d`] reads) can be addressed: a typed error rather than a wrapped
+    /// size. The one place every device computes its reduction rows' size.
+    pub(crate) fn row_bytes(&self, rows: usize, len: usize) -> Result<usize> {
+        let overflow = |elems: u128| Error::CountOverflow { what: "reduce rows", value: elems };
+        let row = len.checked_mul(self.elem_size).ok_or(overflow(len as u128))?;
+        row.checked_mul(rows).ok_or(overflow(len as u128 * rows as u128))?;
+        Ok(row)
+    }
+
     /// The reduction of `O` over `T`, of `ranks` contributions.
     pub fn of<T: Element, O: ReduceOp<T>>(ranks: u32) -> ReduceFns {
         ReduceFns {
@@ -316,14 +326,16 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     }
 
     /// Before an operation's first work on `stream`: orders `stream` after the work the buffers
-    /// behind `keep` have pending elsewhere (a cudarc buffer's own stream). Nothing by default.
+    /// behind `keep` have pending elsewhere (a cudarc buffer's own stream; a host device
+    /// buffer's earlier uses on other streams). Nothing by default.
     fn acquire(&self, stream: &Self::Stream, keep: &[KeepAlive]) -> Result<()> {
         let _ = (stream, keep);
         Ok(())
     }
 
     /// After an operation's last work on `stream`: orders the buffers' own streams after it, so
-    /// they may be used or freed there at once. Nothing by default.
+    /// they may be used or freed there at once (a host device buffer records it as its last
+    /// use, which later work on other streams waits for). Nothing by default.
     fn release(&self, stream: &Self::Stream, keep: &[KeepAlive]) -> Result<()> {
         let _ = (stream, keep);
         Ok(())
@@ -454,4 +466,29 @@ pub trait DeviceSliceMut<D: Device>: DeviceSlice<D> {
     /// the operation, so later cudarc work on any stream that uses the buffer waits for it.
     /// Nothing by default.
     fn track_write(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReduceFns;
+    use crate::error::Error;
+
+    /// The row size every device's reduction computes: exact where it fits, a typed error
+    /// (not a wrapped size) where the row, or the rows together, overflow `usize`.
+    #[test]
+    fn row_bytes_is_checked() {
+        let op = ReduceFns::of::<u64, crate::Sum>(3);
+        assert_eq!(op.row_bytes(3, 5).unwrap(), 40);
+        assert_eq!(op.row_bytes(0, 5).unwrap(), 40);
+        assert_eq!(op.row_bytes(1, usize::MAX / 8).unwrap(), usize::MAX / 8 * 8);
+        for (rows, len) in [(1, usize::MAX / 8 + 1), (1, usize::MAX), (2, usize::MAX / 8), (usize::MAX, 2)] {
+            match op.row_bytes(rows, len) {
+                Err(Error::CountOverflow { what, value }) => {
+                    assert_eq!(what, "reduce rows");
+                    assert!(value >= len as u128, "{value}");
+                }
+                other => panic!("rows {rows} of {len}: {other:?}"),
+            }
+        }
+    }
 }

@@ -3,6 +3,8 @@
 //! A host function queued on a stream (`cuLaunchHostFunc`, `hipStreamAddCallback`) must not call
 //! the GPU runtime, and dropping a keep-alive might (it can free pinned memory). So the callback
 //! only sends the payload here, and this thread drops it.
+//!
+//! When the callback itself cannot be queued, [`drop_when_drained`] stands in for it.
 
 use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
@@ -42,4 +44,22 @@ pub(crate) fn reap(keep: Vec<KeepAlive>) {
         }
         _ => std::mem::forget(keep),
     }
+}
+
+/// Drops `keep` once `drained()` (which blocks until the work queued so far on a stream has run,
+/// and says whether it could tell) returns true, on a thread of its own; leaks it otherwise.
+/// For a keep-alive whose callback could not be queued: the work queued before may still use
+/// what it holds, so it may go only once that work is through, and the calling thread must not
+/// wait for that itself: it may be the proxy thread, whose flags that work waits for. Leaking is
+/// the fallback whenever the work is not known to be through (the wait failed, panicked, or no
+/// thread could start): a bounded loss on a path where the device is already failing, rather
+/// than memory freed under it, or a flag slot lent again under a stream still waiting on it.
+pub(crate) fn drop_when_drained(keep: Vec<KeepAlive>, drained: impl FnOnce() -> bool + Send + 'static) {
+    // Not dropped with the closure if the thread cannot start, nor on a panic in `drained`.
+    let keep = std::mem::ManuallyDrop::new(keep);
+    let _ = std::thread::Builder::new().name("duralumin-drain".into()).spawn(move || {
+        if drained() {
+            drop(std::mem::ManuallyDrop::into_inner(keep));
+        }
+    });
 }
