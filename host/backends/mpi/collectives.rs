@@ -624,19 +624,37 @@ impl Communicator {
         let total = check::total("allgatherv counts", counts)?;
         let out = RawBuf::from_mut(recv);
         // Counts agree on every rank, displacements are this rank's own business: decide by
-        // counts so every rank takes the same path.
-        if self.fits(total) && displs.iter().all(|&d| self.fits(d)) {
-            let send_ptr = send.map_or(in_place().cast_const(), cptr);
-            return Ok(Job::native(
-                datatype::<T>()?,
-                Native::Allgatherv {
+        // counts alone so every rank takes the same path. MPI's displacements are `int`s: a rank
+        // whose displacements do not fit receives the blocks packed and copies them out.
+        if self.fits(total) {
+            let me = self.rank();
+            let dt = datatype::<T>()?;
+            if displs.iter().all(|&d| self.fits(d)) {
+                let send_ptr = send.map_or(in_place().cast_const(), cptr);
+                let call = Native::Allgatherv {
                     send: send_ptr,
-                    count: cnt(counts[self.rank()])?,
+                    count: cnt(counts[me])?,
                     recv: out.ptr().cast(),
                     counts: cnts(counts)?,
                     displs: cnts(displs)?,
-                },
-            ));
+                };
+                return Ok(Job::native(dt, call));
+            }
+            let packed_displs: Vec<usize> =
+                counts.iter().scan(0, |at, &c| Some(std::mem::replace(at, *at + c))).collect();
+            let mut packed = vec![T::zeroed(); total];
+            // Not in place: this rank's block is read from where the caller put it.
+            let own = out.block(displs[me], counts[me]);
+            let send_ptr = send.map_or(own.ptr().cast_const().cast(), cptr);
+            let call = Native::Allgatherv {
+                send: send_ptr,
+                count: cnt(counts[me])?,
+                recv: packed.as_mut_ptr().cast(),
+                counts: cnts(counts)?,
+                displs: cnts(&packed_displs)?,
+            };
+            let blocks = packed_displs.iter().zip(counts).zip(displs).map(|((&p, &c), &d)| (p, c, d)).collect();
+            return Ok(Job::native(dt, call).then(Some(Post::Unpack { packed, buf: out, blocks })));
         }
         let blocks: Vec<_> = counts.iter().zip(displs).map(|(&c, &d)| out.block(d, c)).collect();
         self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)

@@ -34,6 +34,9 @@ pub(crate) enum Post<T> {
     Finish { buf: RawBuf<T>, f: fn(&mut [T], u32), ranks: u32 },
     /// Moves `len` elements at `from` to the start of `buf` (in-place reduce-scatter results).
     MoveToFront { buf: RawBuf<T>, from: usize, len: usize },
+    /// Copies blocks received packed (`(from, len)` in `packed`) to their places (`to`) in
+    /// `buf`: allgatherv into a rank's blocks that MPI's `int` displacements cannot address.
+    Unpack { packed: Vec<T>, buf: RawBuf<T>, blocks: Vec<(usize, usize, usize)> },
 }
 
 // SAFETY: the buffers belong to the operation, which is the only user until it completes.
@@ -43,14 +46,24 @@ impl<T: Copy> Post<T> {
     /// # Safety
     /// The operation's data movement has completed and its buffers are still borrowed by it.
     pub(crate) unsafe fn apply(&self) {
-        match *self {
+        match self {
             // SAFETY: the caller guarantees exclusive access to the completed buffer.
-            Post::Finish { buf, f, ranks } => f(unsafe { buf.as_mut_slice() }, ranks),
-            Post::MoveToFront { buf, from, len } => {
+            Post::Finish { buf, f, ranks } => f(unsafe { buf.as_mut_slice() }, *ranks),
+            &Post::MoveToFront { buf, from, len } => {
                 if from != 0 && len != 0 {
                     // SAFETY: `from + len <= buf.len()` (checked when planned); ptr::copy
                     // handles the overlap.
                     unsafe { std::ptr::copy(buf.ptr().add(from), buf.ptr(), len) };
+                }
+            }
+            Post::Unpack { packed, buf, blocks } => {
+                for &(from, len, to) in blocks {
+                    let block = buf.block(to, len);
+                    if let Some(src) = packed.get(from..from + len).filter(|_| block.len() == len) {
+                        // SAFETY: `block` lies inside `buf` (clamped, and its length checked),
+                        // which the caller gives this step alone; `packed` is this step's own.
+                        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), block.ptr(), len) };
+                    }
                 }
             }
         }
@@ -191,7 +204,14 @@ impl Communicator {
         pairs: Option<Pairs>,
         plan: impl FnOnce() -> Result<P>,
     ) -> Result<P> {
-        crate::reliability::prepare(&self.core.monitor, &self.core.errors, op, sig, pairs, plan)
+        // A refused operation sends nothing, so it gives back the algorithm tags its plan took:
+        // a rank whose own checks refuse it plans nothing, and every rank must stay in step.
+        let seq = self.seq.get();
+        let r = crate::reliability::prepare(&self.core.monitor, &self.core.errors, op, sig, pairs, plan);
+        if r.is_err() {
+            self.seq.set(seq);
+        }
+        r
     }
 
     /// Whether operations of this kind go through the signature check.
