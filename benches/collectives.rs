@@ -178,11 +178,15 @@ fn rank_main() {
     p2p_rows(&mut b);
     custom_op_rows(&mut b);
     host_transfer_rows(&mut b);
+    let reliability = reliability_rows(&mut b);
     // The progress thread exists now (non-blocking rows started it) and must cost nothing
     // while idle.
     let idle_after = small_allreduce(&b);
     if comm.rank() == 0 {
         targets(&b.rows, idle_before, idle_after, comm.size());
+        if let Some(r) = reliability {
+            reliability_targets(&r);
+        }
         write_csv(&b.rows);
     }
 }
@@ -226,6 +230,73 @@ fn small_allreduce(b: &Bench) -> f64 {
 
 /// Alternating pairs in [`small_allreduce`].
 const PAIRS: usize = 9;
+
+/// What the reliability machinery costs a blocking 8-byte allreduce: µs over the native call,
+/// each the median of [`PAIRS`] alternating pairs with it.
+struct ReliabilityCost {
+    /// Deadline (the 10-minute default), watchdog, sequence numbers, flight recorder.
+    monitored: f64,
+    /// The same with the deadline off (numbers and recorder only).
+    no_deadline: f64,
+    /// With the signature check (`DURALUMIN_CHECK=1`).
+    checked: f64,
+    native: f64,
+}
+
+/// `f`'s time against the native 8-byte allreduce in alternating pairs: the medians of `f`'s
+/// time, and of its excess over native.
+fn paired_8b(b: &Bench, mut f: impl FnMut()) -> (f64, f64, f64) {
+    let send = [1.0f32; 2];
+    let mut recv = [0.0f32; 2];
+    let mut pairs: Vec<(f64, f64)> = (0..PAIRS)
+        .map(|_| {
+            let ours = b.time(8, &mut f);
+            let native = b.time(8, || b.world.all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum()));
+            (ours, native)
+        })
+        .collect();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut ours: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    let mut native: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let mut over: Vec<f64> = pairs.drain(..).map(|(o, n)| o - n).collect();
+    (median(&mut ours), median(&mut native), median(&mut over))
+}
+
+fn reliability_rows(b: &mut Bench) -> Option<ReliabilityCost> {
+    if !b.wanted("reliability") {
+        return None;
+    }
+    let mut no_deadline = b.comm.dup().expect("dup");
+    no_deadline.set_timeout(None);
+    let mut checked = b.comm.dup().expect("dup");
+    checked.set_check(true);
+    let send = [1.0f32; 2];
+    let mut recv = [0.0f32; 2];
+    let default = b.comm;
+    let mut run = |label: &str, comm: &Communicator| {
+        let (ours, native, over) = paired_8b(b, || comm.allreduce(&send, &mut recv, Sum).unwrap());
+        b.push(&format!("reliability/{label}"), 8, "blocking", ours, Some(native), 1.0);
+        (over, native)
+    };
+    let (monitored, native) = run("monitored", default);
+    let (no_deadline, _) = run("no-deadline", &no_deadline);
+    let (checked, _) = run("check-mode", &checked);
+    Some(ReliabilityCost { monitored, no_deadline, checked, native })
+}
+
+fn reliability_targets(r: &ReliabilityCost) {
+    println!("\n-- reliability cost, blocking 8-byte allreduce (median of {PAIRS} pairs with native) --");
+    println!("  native MPI_Allreduce                                   {:>8.3} us", r.native);
+    println!("  duralumin, 10 min deadline + watchdog + recorder, over native {:>8.3} us", r.monitored);
+    println!("  duralumin, no deadline (numbers + recorder), over native    {:>8.3} us", r.no_deadline);
+    println!("  duralumin, signature check mode, over native               {:>8.3} us", r.checked);
+    let deadline = r.monitored - r.no_deadline;
+    let verdict = if deadline <= 0.1 || deadline <= 0.03 * r.native { "met" } else { "MISSED" };
+    println!("  deadline + watchdog cost: {deadline:.3} us (target <= 0.1 us or 3 % of native) {verdict}");
+}
 
 fn busbw_allreduce(n: usize) -> f64 {
     2.0 * (n as f64 - 1.0) / n as f64
