@@ -2,8 +2,8 @@
 //! timeout under [`OnTimeout::Abort`](super::OnTimeout::Abort), a panic inside MPI) ends it.
 
 use std::sync::OnceLock;
-use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use super::OnPanic;
