@@ -16,7 +16,7 @@ use crate::ffi::native::Native;
 use crate::ffi::{RawDatatype, RawRequest, p2p};
 use crate::progress::{OpFuture, Task, block_on};
 use crate::reliability::crosscheck::Pairs;
-use crate::reliability::monitor::{Asker, OpId};
+use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::{Signature, State};
 use crate::request::{Request, Scope};
 
@@ -228,21 +228,7 @@ impl Communicator {
     /// [`Communicator::run_op`] for an operation on shadow copies: driven through MPI's
     /// non-blocking calls and, if the communicator is given up meanwhile, abandoned with them.
     pub(crate) fn run_shadowed<T: Element>(&self, op: OpId, job: Job<T>, shadow: Shadow) -> Result<()> {
-        let m = &self.core.monitor;
-        match block_on(crate::progress::unless(self.job_future(job), || m.poisoned().map(|p| p.error(Asker::Op(op))))) {
-            Ok(r) => {
-                if r.is_ok() {
-                    // SAFETY: the operation completed; the public method still borrows the
-                    // caller's buffers.
-                    unsafe { shadow.commit() };
-                }
-                m.end(op, r)
-            }
-            Err(e) => {
-                shadow.abandon();
-                Err(e)
-            }
-        }
+        block_on(shadowed(self.job_future(job), Arc::clone(&self.core.monitor), op, shadow))
     }
 
     /// Starts a planned operation on the progress engine; its request completes with how it
@@ -262,23 +248,27 @@ impl Communicator {
                 let r = inner.await;
                 m.end(op, r)
             }),
-            Some(shadow) => Box::pin(async move {
-                match crate::progress::unless(inner, || m.poisoned().map(|p| p.error(Asker::Op(op)))).await {
-                    Ok(r) => {
-                        if r.is_ok() {
-                            // SAFETY: the operation completed; its scope still borrows the
-                            // caller's buffers.
-                            unsafe { shadow.commit() };
-                        }
-                        m.end(op, r)
-                    }
-                    Err(e) => {
-                        shadow.abandon();
-                        Err(e)
-                    }
-                }
-            }),
+            Some(shadow) => Box::pin(shadowed(inner, m, op, shadow)),
         };
         self.start(scope, fut)
+    }
+}
+
+/// An operation on shadow copies, recorded: copied back when it completes; abandoned with its
+/// copies (which MPI may still use) if the communicator is given up first.
+async fn shadowed(inner: OpFuture, m: Arc<Monitor>, op: OpId, shadow: Shadow) -> Result<()> {
+    match crate::progress::unless(inner, || m.poisoned().map(|p| p.error(Asker::Op(op)))).await {
+        Ok(r) => {
+            if r.is_ok() {
+                // SAFETY: the operation completed; the public method (or the request's scope)
+                // still borrows the caller's buffers.
+                unsafe { shadow.commit() };
+            }
+            m.end(op, r)
+        }
+        Err(e) => {
+            shadow.abandon();
+            Err(e)
+        }
     }
 }
