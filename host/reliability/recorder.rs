@@ -177,6 +177,12 @@ impl Signature {
         Signature { count: count as u64, ..self }
     }
 
+    /// The count of a rooted in-place call on `len` elements made by rank `me` of `n`: one
+    /// rank's block (the root's buffer holds every rank's block).
+    pub(crate) fn block_count(self, len: usize, me: usize, root: usize, n: usize) -> Signature {
+        self.count(if me == root { len / n.max(1) } else { len })
+    }
+
     pub(crate) fn root(self, root: usize) -> Signature {
         Signature { root: Some(u32::try_from(root).unwrap_or(u32::MAX)), ..self }
     }

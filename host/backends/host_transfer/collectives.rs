@@ -201,7 +201,7 @@ impl<D: Device> Communicator<D> {
         /// In-place gather: at the root `buf` has `size * c` elements with its own block in
         /// place; elsewhere `buf` is the `c`-element contribution.
         fn gather_in_place / igather_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
-            sig(|c: &Self| Signature::new(OpKind::Gather).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            sig(|c: &Self| Signature::new(OpKind::Gather).elem::<T>().block_count(buf.len(), c.rank(), root, c.size()).root(root).in_place())
             uses(write buf) => plan_gather(None::<&B>, buf, root);
 
         /// Scatter from `root`: block `i` of the root's `send` lands in rank `i`'s `recv`;
@@ -213,7 +213,7 @@ impl<D: Device> Communicator<D> {
         /// In-place scatter: at the root `buf` holds all blocks and keeps its own; elsewhere
         /// `buf` receives the block.
         fn scatter_in_place / iscatter_in_place <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
-            sig(|c: &Self| Signature::new(OpKind::Scatter).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            sig(|c: &Self| Signature::new(OpKind::Scatter).elem::<T>().block_count(buf.len(), c.rank(), root, c.size()).root(root).in_place())
             uses(write buf) => plan_scatter(None::<&B>, buf, root);
 
         /// Reduce-scatter with equal blocks: `send` has `size * c` elements, rank `i` receives
@@ -341,12 +341,6 @@ impl<D: Device> Communicator<D> {
         let (id, plan) = self.prepare(Signature::new(OpKind::Barrier), None, || Ok(self.plan_barrier()))?;
         let queued = self.enqueue::<u8>(side, plan, id)?;
         Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
-    }
-
-    /// One rank's block of a rooted in-place call on `len` elements (the root's buffer holds
-    /// every rank's block).
-    fn block_of(&self, len: usize, root: usize) -> usize {
-        if self.rank() == root { len / self.size() } else { len }
     }
 
     fn plan_barrier(&self) -> Plan<u8> {

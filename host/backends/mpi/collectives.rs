@@ -319,7 +319,7 @@ impl Communicator {
         /// In-place gather: at the root `buf` has `size * c` elements with its own block in
         /// place; elsewhere `buf` is the `c`-element contribution (only read).
         fn gather_in_place / igather_in_place <T: Element> (buf: &'buf mut [T], root: usize)
-            sig(|c: &Self| Signature::new(OpKind::Gather).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            sig(|c: &Self| Signature::new(OpKind::Gather).elem::<T>().block_count(buf.len(), c.rank(), root, c.size()).root(root).in_place())
             bufs(write buf)
             => plan_gather(None, buf, root);
 
@@ -348,7 +348,7 @@ impl Communicator {
         /// In-place scatter: at the root `buf` holds all `size` blocks and keeps its own;
         /// elsewhere `buf` receives the block.
         fn scatter_in_place / iscatter_in_place <T: Element> (buf: &'buf mut [T], root: usize)
-            sig(|c: &Self| Signature::new(OpKind::Scatter).elem::<T>().count(c.block_of(buf.len(), root)).root(root).in_place())
+            sig(|c: &Self| Signature::new(OpKind::Scatter).elem::<T>().block_count(buf.len(), c.rank(), root, c.size()).root(root).in_place())
             bufs(write buf)
             => plan_scatter(None, buf, root);
 
@@ -412,12 +412,6 @@ impl Communicator {
         let job = self.prepare(op, &sig, None, || self.plan_barrier::<u8>())?;
         let shadow = self.core.monitor.guarded().then(super::shadow::Shadow::default);
         self.start_op(scope, op, job, shadow)
-    }
-
-    /// One rank's block of a rooted in-place call on `len` elements: the root's buffer holds
-    /// every rank's block.
-    fn block_of(&self, len: usize, root: usize) -> usize {
-        if self.rank() == root { len / self.size() } else { len }
     }
 
     pub(crate) fn plan_barrier<T>(&self) -> Result<Job<T>> {
