@@ -15,16 +15,14 @@
 //! they take raw addresses (the callers in the backend guarantee sizes and lifetimes); the
 //! safe types users touch are the buffers ([`DeviceSlice`]) and the backends' communicators.
 
-#[cfg(any(feature = "cuda", feature = "hip"))]
-mod arg_lists;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod gpu;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod host;
 pub mod pool;
-#[cfg(any(feature = "cuda", feature = "hip"))]
-mod reaper;
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -188,7 +186,7 @@ impl ReduceFns {
     }
 }
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 

@@ -270,6 +270,15 @@ fn start(m: &Monitor) -> Option<Exchange> {
                 .min_by_key(|w| w.2)?;
             let elapsed = Duration::from_nanos(now.saturating_sub(since));
             let seq = st.next_seq.saturating_sub(1);
+            // The wait is for this rank's unfinished operations: the oldest collective among
+            // them is what the ranks are compared at (a stream-ordered one may not have started
+            // here yet, so it is not late itself).
+            let pending = st
+                .recorder
+                .iter()
+                .filter(|r| r.sig.kind.is_collective() && !r.state.is_finished())
+                .min_by_key(|r| r.seq)
+                .map(|r| Target::Collective(RecordView::of(r, now)));
             Exchange {
                 trigger: Trigger::Wait(id),
                 what,
@@ -281,7 +290,7 @@ fn start(m: &Monitor) -> Option<Exchange> {
                     "{what} (after collective #{seq}) waited {:.1} s (deadline {timeout:.1?})",
                     elapsed.as_secs_f64()
                 ),
-                target: Target::Wait,
+                target: pending.unwrap_or(Target::Wait),
                 deadline: Instant::now(),
                 replies: Vec::new(),
             }

@@ -14,7 +14,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{Device, DevicePtr};
+use super::{Driver, Gpu};
+use crate::device::DevicePtr;
 use crate::error::Result;
 
 /// The smallest block: a page.
@@ -63,16 +64,15 @@ impl ArgLists {
         Ok(ArgList { lists: Arc::clone(self), class, host, device })
     }
 
-    /// [`ArgLists::take`] with `device`'s pinned, mapped memory ([`Device::alloc_pinned`],
-    /// [`Device::mapped`]).
-    pub(crate) fn take_on<D: Device>(self: &Arc<Self>, device: &D, bytes: &[u8]) -> Result<ArgList> {
+    /// [`ArgLists::take`] with `device`'s pinned, mapped memory.
+    pub(crate) fn take_on<R: Driver>(self: &Arc<Self>, device: &Gpu<R>, bytes: &[u8]) -> Result<ArgList> {
         self.take(bytes, |size| {
             let host = device.alloc_pinned(size)?;
             match device.mapped(host) {
                 Ok(mapped) => Ok((host, mapped)),
                 Err(e) => {
                     // SAFETY: just allocated; nothing uses it.
-                    unsafe { device.free_pinned(host, size) };
+                    unsafe { device.free_pinned(host) };
                     Err(e)
                 }
             }

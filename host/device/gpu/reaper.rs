@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
 
-use super::KeepAlive;
+use crate::device::KeepAlive;
 use crate::error::{Error, Result};
 
 /// The reaper's queue; `None` when its thread could not be started.
