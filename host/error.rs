@@ -90,9 +90,20 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     InvalidConfig(&'static str),
 
-    /// A device call failed.
+    /// A device call failed. `source` is the driver's own error, where there is one (cudarc's
+    /// `DriverError`, a HIP status).
     #[error("{call} failed: {message}")]
-    Device { call: &'static str, message: String },
+    Device {
+        call: &'static str,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// More operations failed, unobserved, than a communicator keeps for its next calls: the
+    /// last error kept, and how many more were logged (`tracing`) but not kept.
+    #[error("{first} (and {more} more unobserved errors, logged but not kept)")]
+    Deferred { first: Box<Error>, more: usize },
 
     /// The operation's task was lost (its thread panicked), so its outcome is unknown.
     #[error("the progress engine lost this operation: {0}")]
@@ -136,3 +147,15 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// [`Error::Device`] with no driver error behind it.
+    pub(crate) fn device(call: &'static str, message: impl Into<String>) -> Error {
+        Error::Device { call, message: message.into(), source: None }
+    }
+
+    /// [`Error::Device`] caused by the driver's error `cause`.
+    pub(crate) fn device_from(call: &'static str, cause: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Device { call, message: cause.to_string(), source: Some(Box::new(cause)) }
+    }
+}

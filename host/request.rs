@@ -13,20 +13,45 @@ use crate::error::{Error, Result};
 use crate::progress::Task;
 
 /// Where a request whose outcome nobody collected leaves its error: the communicator reports it
-/// from its next call (like cudarc's `record_err`/`check_err`).
+/// from its next call (like cudarc's `record_err`/`check_err`). Errors are kept in order and
+/// reported one per call; none is dropped silently: past [`DeferredError::KEPT`] waiting errors,
+/// a further one is logged (`tracing::warn!`) and counted, and the count is reported with the
+/// last one kept.
 #[derive(Debug, Default)]
-pub(crate) struct DeferredError(Mutex<Option<Error>>);
+pub(crate) struct DeferredError(Mutex<Deferred>);
+
+#[derive(Debug, Default)]
+struct Deferred {
+    errors: std::collections::VecDeque<Error>,
+    /// Errors logged but not kept, since the queue was full.
+    dropped: usize,
+}
 
 impl DeferredError {
+    /// How many errors wait at most.
+    pub(crate) const KEPT: usize = 64;
+
     pub(crate) fn record(&self, e: Error) {
-        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        slot.get_or_insert(e);
+        let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if d.errors.len() < Self::KEPT {
+            d.errors.push_back(e);
+        } else {
+            tracing::warn!("an operation's error was not kept ({} are waiting to be reported): {e}", Self::KEPT);
+            d.dropped += 1;
+        }
     }
 
+    /// The oldest error not yet reported, if any.
     pub(crate) fn check(&self) -> Result<()> {
-        match self.0.lock().unwrap_or_else(PoisonError::into_inner).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(e) = d.errors.pop_front() else { return Ok(()) };
+        match std::mem::take(&mut d.dropped) {
+            0 => Err(e),
+            more if d.errors.is_empty() => Err(Error::Deferred { first: Box::new(e), more }),
+            more => {
+                d.dropped = more;
+                Err(e)
+            }
         }
     }
 }

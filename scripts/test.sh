@@ -9,6 +9,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export DURALUMIN_REQUIRE_KERNELS=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+# The API docs: every intra-doc link resolves (the kernels' builder is behind its feature).
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin -p duralumin-cudasim
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin-kernels --features builder
 # The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
 # on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim
@@ -29,4 +32,5 @@ LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 # its test reports itself skipped without an AMD GPU.
 export HIP_PATH=/usr
 cargo clippy --release --features hip --lib --test hip_device -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin --features hip
 cargo test --release --features hip --lib --test hip_device

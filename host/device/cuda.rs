@@ -58,7 +58,7 @@ pub fn device_count() -> usize {
 }
 
 fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |e| Error::Device { call, message: format!("{e:?}") }
+    move |e| Error::device_from(call, e)
 }
 
 /// A CUDA device for the HostTransfer backend: one context, its kernels and its flag path.

@@ -225,6 +225,7 @@ impl Communicator {
         /// Allreduce (`MPI_Allreduce`): `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every
         /// rank. `send` and `recv` have equal lengths on every rank. The algorithm is chosen by
         /// size ([`AllreduceAlgorithm::Auto`]).
+        #[doc(alias = "all_reduce")]
         fn allreduce / iallreduce <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], op: O)
             sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len())) bufs(read send, write recv)
             => plan_allreduce(Some(send), recv, op, AllreduceAlgorithm::Auto);
@@ -258,6 +259,7 @@ impl Communicator {
             => plan_reduce(None, buf, root, op);
 
         /// Broadcast (`MPI_Bcast`) of `buf` from `root`; `buf` has the same length everywhere.
+        #[doc(alias = "broadcast")]
         fn bcast / ibcast <T: Element> (buf: &'buf mut [T], root: usize)
             sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root)) bufs(write buf)
             => plan_bcast(buf, root, BcastAlgorithm::Auto);
@@ -269,6 +271,7 @@ impl Communicator {
 
         /// Allgather (`MPI_Allgather`): rank `i`'s `send` lands at `recv[i*c..(i+1)*c]` on every
         /// rank, `c = send.len()`, `recv.len() == size * c`.
+        #[doc(alias = "all_gather")]
         fn allgather / iallgather <T: Element> (send: &'buf [T], recv: &'buf mut [T])
             sig(|_| Signature::new(OpKind::Allgather).elem::<T>().count(send.len())) bufs(read send, write recv)
             => plan_allgather(Some(send), recv);
@@ -292,6 +295,7 @@ impl Communicator {
 
         /// All-to-all (`MPI_Alltoall`): block `j` of `send` goes to rank `j`, block `i` of
         /// `recv` comes from rank `i`; both have `size * c` elements.
+        #[doc(alias = "all_to_all")]
         fn alltoall / ialltoall <T: Element> (send: &'buf [T], recv: &'buf mut [T])
             sig(|_| Signature::new(OpKind::Alltoall).elem::<T>().count(send.len())) bufs(read send, write recv)
             => plan_alltoall(Some(send), recv);
@@ -370,6 +374,7 @@ impl Communicator {
         /// Reduce-scatter with equal blocks (`MPI_Reduce_scatter_block` semantics): `send` has
         /// `size * c` elements and rank `i` receives the reduction of block `i` in `recv`
         /// (`c` elements).
+        #[doc(alias = "reduce_scatter_tensor")]
         fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>> (send: &'buf [T], recv: &'buf mut [T], op: O)
             sig(|_| Signature::new(OpKind::ReduceScatter).reduce::<T, O>().count(recv.len())) bufs(read send, write recv)
             => plan_reduce_scatter(Some(send), recv, op);

@@ -30,7 +30,7 @@ pub(crate) fn start(call: &'static str) -> Result<()> {
         })
         .as_ref()
         .map(drop)
-        .ok_or_else(|| Error::Device { call, message: "the thread that releases keep-alives could not start".into() })
+        .ok_or_else(|| Error::device(call, "the thread that releases keep-alives could not start"))
 }
 
 /// Hands `keep` to the reaper (from a host callback). If the reaper is gone, leaks it rather

@@ -22,7 +22,7 @@
 //! device's queued work has run.
 //!
 //! # Flags and cyclic waits
-//! [`Device::wait_flag`] compares cyclically (`flag - value` as `i32` is not negative), like
+//! [`Device::wait_flag`](super::Device::wait_flag) compares cyclically (`flag - value` as `i32` is not negative), like
 //! CUDA's `CU_STREAM_WAIT_VALUE_GEQ`. HIP's `hipStreamWaitValueGte` does not: it compares plainly
 //! (`*flag >= value`; ROCm's implementation converts to unsigned, an AQL barrier-value packet
 //! would compare signed). So a wait on the [`FlagPath::StreamMemOps`] path reads the flag when
@@ -36,12 +36,8 @@
 //!   kernel, which compares cyclically.
 //!
 //! # Hardware queues
-//! ROCm maps streams onto a few hardware queues (`GPU_MAX_HW_QUEUES`, 4 by default) and runs a
-//! queue's packets in order. A stream waiting for a flag (with a kernel, or a memory operation
-//! that ROCm may itself implement as a polling kernel) therefore also holds back the streams that
-//! share its hardware queue: the flag must be set by the host (the proxy thread), never only by
-//! work on another stream of the same device. See also the deadlock notes in
-//! [`duralumin_kernels::flag`].
+//! ROCm maps streams onto a few hardware queues (`GPU_MAX_HW_QUEUES`, 4 by default), so the
+//! rules of `docs/host_transfer.md` ("Nothing waits for work queued later") apply in full.
 //!
 //! # Errors
 //! A failing HIP call is [`Error::Device`] with the call's name and HIP's error string. Errors in
@@ -64,6 +60,7 @@ use crate::device_code::KernelModule;
 use crate::error::{Error, Result};
 
 mod result;
+pub use result::HipError;
 mod sys;
 
 /// Keeps the error of a `Drop` for the next call on device `ordinal`.
@@ -123,10 +120,7 @@ impl HipDevice {
     pub fn with_flag_path(ordinal: usize, flags: FlagPath) -> Result<Self> {
         let count = result::device_count()?;
         if ordinal >= count {
-            return Err(Error::Device {
-                call: "hipSetDevice",
-                message: format!("no HIP device {ordinal}: the runtime finds {count}"),
-            });
+            return Err(Error::device("hipSetDevice", format!("no HIP device {ordinal}: the runtime finds {count}")));
         }
         result::set_device(ordinal)?;
         let arch = result::arch_name(ordinal)?;

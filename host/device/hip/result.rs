@@ -8,21 +8,29 @@ use std::ptr::null_mut;
 use super::sys::{self, Status};
 use crate::error::{Error, Result};
 
-/// HIP's text for `status`.
-fn error_message(status: Status) -> String {
-    // SAFETY: `hipGetErrorString` accepts any code and returns a static string (or null).
-    let text = unsafe { sys::hipGetErrorString(status) };
-    if text.is_null() {
-        return format!("HIP error {status}");
+/// A failed HIP call's `hipError_t`: the source of its [`Error::Device`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HipError(pub c_int);
+
+impl std::fmt::Display for HipError {
+    /// HIP's text for the status.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: `hipGetErrorString` accepts any code and returns a static string (or null).
+        let text = unsafe { sys::hipGetErrorString(self.0) };
+        if text.is_null() {
+            return write!(f, "HIP error {}", self.0);
+        }
+        // SAFETY: a non-null result is a NUL-terminated static string.
+        let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        write!(f, "{text} (hipError_t {})", self.0)
     }
-    // SAFETY: a non-null result is a NUL-terminated static string.
-    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    format!("{text} (hipError_t {status})")
 }
+
+impl std::error::Error for HipError {}
 
 /// `Ok` for `hipSuccess`, else [`Error::Device`] naming `call`.
 fn check(call: &'static str, status: Status) -> Result<()> {
-    if status == sys::SUCCESS { Ok(()) } else { Err(Error::Device { call, message: error_message(status) }) }
+    if status == sys::SUCCESS { Ok(()) } else { Err(Error::device_from(call, HipError(status))) }
 }
 
 /// A device ordinal as HIP takes it.
@@ -40,8 +48,8 @@ pub(super) fn device_count() -> Result<usize> {
 
 /// `hipSetDevice`: the calling thread's current device (HIP keeps it per thread).
 pub(super) fn set_device(ordinal: usize) -> Result<()> {
-    let ordinal = c_int::try_from(ordinal)
-        .map_err(|_| Error::Device { call: "hipSetDevice", message: format!("no HIP device {ordinal}") })?;
+    let ordinal =
+        c_int::try_from(ordinal).map_err(|_| Error::device("hipSetDevice", format!("no HIP device {ordinal}")))?;
     // SAFETY: plain call; an invalid ordinal is reported as an error.
     check("hipSetDevice", unsafe { sys::hipSetDevice(ordinal) })
 }
@@ -78,10 +86,7 @@ pub(super) fn arch_name(ordinal: usize) -> Result<String> {
     let bytes: Vec<u8> = props.props.gcnArchName.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     let arch = String::from_utf8_lossy(&bytes).into_owned();
     if arch.is_empty() {
-        return Err(Error::Device {
-            call: "hipGetDeviceProperties",
-            message: format!("device {ordinal} reports no gcnArchName"),
-        });
+        return Err(Error::device("hipGetDeviceProperties", format!("device {ordinal} reports no gcnArchName")));
     }
     Ok(arch)
 }

@@ -173,7 +173,7 @@ impl Lane {
     fn push(&self, item: Item) -> Result<u64> {
         let mut st = self.lock();
         if st.closed {
-            return Err(Error::Device { call: "host stream", message: "the stream's executor has stopped".into() });
+            return Err(Error::device("host stream", "the stream's executor has stopped"));
         }
         st.items.push_back(item);
         st.queued += 1;
@@ -287,10 +287,7 @@ impl Lane {
         let target = self.last_ticket();
         self.wait_helping(|st| st.finished >= target || give_up.is_some_and(|g| g()), help);
         if self.lock().panicked {
-            return Err(Error::Device {
-                call: "host stream",
-                message: "a kernel queued on the stream panicked".into(),
-            });
+            return Err(Error::device("host stream", "a kernel queued on the stream panicked"));
         }
         Ok(())
     }
@@ -385,7 +382,7 @@ impl Queue {
         let thread = std::thread::Builder::new()
             .name(format!("duralumin-host-stream-{ordinal}"))
             .spawn(move || executor.execute())
-            .map_err(|e| Error::Device { call: "spawn host stream", message: e.to_string() })?;
+            .map_err(|e| Error::device_from("spawn host stream", e))?;
         Ok(Arc::new(Queue { lane, thread: Mutex::new(Some(thread)) }))
     }
 }
