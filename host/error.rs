@@ -159,3 +159,19 @@ impl Error {
         Error::Device { call, message: cause.to_string(), source: Some(Box::new(cause)) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// A device error keeps the driver's error as its source, and says the call it came from.
+    #[test]
+    fn device_errors_keep_their_cause() {
+        let cause = std::io::Error::other("driver said no");
+        let e = Error::device_from("cuSomething", cause);
+        assert_eq!(e.to_string(), "cuSomething failed: driver said no");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "driver said no");
+        assert!(std::error::Error::source(&Error::device("host stream", "stopped")).is_none());
+    }
+}

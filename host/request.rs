@@ -177,3 +177,37 @@ impl Drop for Request<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DeferredError;
+    use crate::error::Error;
+
+    fn progress(what: &'static str) -> Error {
+        Error::Progress(what)
+    }
+
+    /// Unobserved errors come back one per check, oldest first; past the cap, the count of the
+    /// ones not kept comes with the last one kept, and nothing is lost without a word.
+    #[test]
+    fn deferred_errors_are_reported_in_order_and_counted_past_the_cap() {
+        let d = DeferredError::default();
+        assert!(d.check().is_ok());
+        d.record(progress("first"));
+        d.record(progress("second"));
+        assert!(matches!(d.check(), Err(Error::Progress("first"))));
+        assert!(matches!(d.check(), Err(Error::Progress("second"))));
+        assert!(d.check().is_ok());
+        for _ in 0..DeferredError::KEPT + 3 {
+            d.record(progress("many"));
+        }
+        for _ in 0..DeferredError::KEPT - 1 {
+            assert!(matches!(d.check(), Err(Error::Progress("many"))));
+        }
+        match d.check() {
+            Err(Error::Deferred { first, more: 3 }) => assert!(matches!(*first, Error::Progress("many"))),
+            other => panic!("{other:?}"),
+        }
+        assert!(d.check().is_ok());
+    }
+}
