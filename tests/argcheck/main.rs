@@ -195,15 +195,16 @@ fn rank_main() -> i32 {
     let world = universe.world();
     let mut mpi = Communicator::new(&world).expect("communicator");
     // Low thresholds: larger cases take Duralumin's own algorithms and split messages.
-    mpi.set_tuning(Tuning {
-        allreduce_ring_bytes: 64,
-        ring_segment_bytes: 16,
-        reduce_ring_bytes: 64,
-        reduce_root_ring_bytes: 64,
-        bcast_chain_bytes: 64,
-        bcast_chunk_bytes: 16,
-        max_message_elements: 6,
-    });
+    mpi.set_tuning(
+        Tuning::default()
+            .with_allreduce_ring_bytes(64)
+            .with_ring_segment_bytes(16)
+            .with_reduce_ring_bytes(64)
+            .with_reduce_root_ring_bytes(64)
+            .with_bcast_chain_bytes(64)
+            .with_bcast_chunk_bytes(16)
+            .with_max_message_elements(6),
+    );
     let mut verdict = Communicator::new(&world).expect("communicator");
     verdict.set_check(false);
     let dev = HostDevice::new(0);

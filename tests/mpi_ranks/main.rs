@@ -27,15 +27,14 @@ use duralumin::{Communicator, Tuning};
 /// every algorithm, pipelines through several segments and chunks, and is split into several
 /// MPI messages (the large-count path), while counts 0, 1 and 7 take the native paths.
 pub fn small_thresholds() -> Tuning {
-    Tuning {
-        allreduce_ring_bytes: 256,
-        ring_segment_bytes: 64,
-        reduce_ring_bytes: 256,
-        reduce_root_ring_bytes: 256,
-        bcast_chain_bytes: 256,
-        bcast_chunk_bytes: 64,
-        max_message_elements: 50,
-    }
+    Tuning::default()
+        .with_allreduce_ring_bytes(256)
+        .with_ring_segment_bytes(64)
+        .with_reduce_ring_bytes(256)
+        .with_reduce_root_ring_bytes(256)
+        .with_bcast_chain_bytes(256)
+        .with_bcast_chunk_bytes(64)
+        .with_max_message_elements(50)
 }
 
 /// Counts every operation is tested with: empty, one, odd, and above every threshold.

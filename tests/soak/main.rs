@@ -151,15 +151,16 @@ fn rank_main() {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     let mut algorithms = Communicator::new(&world).expect("communicator");
-    algorithms.set_tuning(Tuning {
-        allreduce_ring_bytes: 1024,
-        ring_segment_bytes: 512,
-        reduce_ring_bytes: 1024,
-        reduce_root_ring_bytes: 1024,
-        bcast_chain_bytes: 1024,
-        bcast_chunk_bytes: 512,
-        max_message_elements: 700,
-    });
+    algorithms.set_tuning(
+        Tuning::default()
+            .with_allreduce_ring_bytes(1024)
+            .with_ring_segment_bytes(512)
+            .with_reduce_ring_bytes(1024)
+            .with_reduce_root_ring_bytes(1024)
+            .with_bcast_chain_bytes(1024)
+            .with_bcast_chunk_bytes(512)
+            .with_max_message_elements(700),
+    );
     let native = Communicator::new(&world).expect("communicator");
     let dev = HostDevice::new(0);
     // Staged (not run on the device buffers directly) in small chunks, so larger operations

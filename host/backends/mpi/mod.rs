@@ -37,8 +37,16 @@ pub(crate) use p2p::exchange;
 /// Size thresholds of the automatic algorithm choice, and pipelining granularity.
 ///
 /// The defaults come from the benchmark in `benches/collectives.rs` on a 2-core shared-memory
-/// machine with Open MPI 4.1; clusters may prefer other values.
+/// machine with Open MPI 4.1; clusters may prefer other values. Start from
+/// [`Tuning::default()`] and change what you need with the `with_*` setters (or the fields):
+/// the struct is `#[non_exhaustive]`, so new thresholds can be added without breaking callers.
+///
+/// ```
+/// let t = duralumin::Tuning::default().with_allreduce_ring_bytes(1 << 20).with_bcast_chain_bytes(4 << 20);
+/// assert_eq!(t.allreduce_ring_bytes, 1 << 20);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Tuning {
     /// Allreduces of at least this many bytes use the ring algorithm (commutative operators);
     /// smaller ones go to the MPI library.
@@ -61,6 +69,50 @@ pub struct Tuning {
     /// over point-to-point. At most `i32::MAX` (MPI's `int` counts); tests lower it to
     /// exercise the large-count paths with small buffers.
     pub max_message_elements: usize,
+}
+
+impl Tuning {
+    /// This [`Tuning`] with [`allreduce_ring_bytes`](Tuning::allreduce_ring_bytes) set to `value`.
+    #[must_use]
+    pub fn with_allreduce_ring_bytes(self, value: usize) -> Self {
+        Tuning { allreduce_ring_bytes: value, ..self }
+    }
+
+    /// This [`Tuning`] with [`ring_segment_bytes`](Tuning::ring_segment_bytes) set to `value`.
+    #[must_use]
+    pub fn with_ring_segment_bytes(self, value: usize) -> Self {
+        Tuning { ring_segment_bytes: value, ..self }
+    }
+
+    /// This [`Tuning`] with [`reduce_ring_bytes`](Tuning::reduce_ring_bytes) set to `value`.
+    #[must_use]
+    pub fn with_reduce_ring_bytes(self, value: usize) -> Self {
+        Tuning { reduce_ring_bytes: value, ..self }
+    }
+
+    /// This [`Tuning`] with [`reduce_root_ring_bytes`](Tuning::reduce_root_ring_bytes) set to `value`.
+    #[must_use]
+    pub fn with_reduce_root_ring_bytes(self, value: usize) -> Self {
+        Tuning { reduce_root_ring_bytes: value, ..self }
+    }
+
+    /// This [`Tuning`] with [`bcast_chain_bytes`](Tuning::bcast_chain_bytes) set to `value`.
+    #[must_use]
+    pub fn with_bcast_chain_bytes(self, value: usize) -> Self {
+        Tuning { bcast_chain_bytes: value, ..self }
+    }
+
+    /// This [`Tuning`] with [`bcast_chunk_bytes`](Tuning::bcast_chunk_bytes) set to `value`.
+    #[must_use]
+    pub fn with_bcast_chunk_bytes(self, value: usize) -> Self {
+        Tuning { bcast_chunk_bytes: value, ..self }
+    }
+
+    /// This [`Tuning`] with [`max_message_elements`](Tuning::max_message_elements) set to `value`.
+    #[must_use]
+    pub fn with_max_message_elements(self, value: usize) -> Self {
+        Tuning { max_message_elements: value, ..self }
+    }
 }
 
 impl Default for Tuning {
