@@ -53,3 +53,9 @@ pub use error::{Error, Result};
 pub use init::{FINALIZE_GRACE, Universe, init, init_with};
 pub use request::{Request, Scope, scope};
 pub use {bytemuck, half, mpi};
+
+/// The README's code, compiled as doctests (`no_run`: they need `mpirun`), so the tour cannot
+/// drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
