@@ -165,6 +165,7 @@ async fn until(mut ready: impl FnMut() -> bool) {
 
 /// Whether the communicator was given up: every wait of an operation's host part ends then,
 /// and the operation is abandoned (see [`InFlight::abandon`]).
+#[inline]
 fn poisoned(m: &Monitor) -> bool {
     m.poisoned().is_some()
 }
@@ -195,18 +196,17 @@ pub(super) struct HostPart<D: Device, T> {
 }
 
 impl<D: Device, T: Element> HostPart<D, T> {
-    /// The host part as a future for the proxy thread.
-    pub(super) fn into_future(self) -> OpFuture {
-        Box::pin(self.run())
-    }
-
-    async fn run(mut self) -> Result<()> {
-        if self.run_to_end().await.is_err() {
-            return self.abandon();
-        }
-        // The operation's flags and staging go back (see `InFlight`), then the rest.
-        drop(self);
-        Ok(())
+    /// The host part as a future for the proxy thread. (An `async fn` taking `self` would hold
+    /// it twice, as its argument and as a local: a larger future to copy for every operation.)
+    pub(super) fn into_future(mut self) -> OpFuture {
+        Box::pin(async move {
+            if self.run_to_end().await.is_err() {
+                return self.abandon();
+            }
+            // `self` (`op` first) is dropped as the future ends: the operation's flags and
+            // staging go back (see `InFlight`).
+            Ok(())
+        })
     }
 
     /// The host part's steps, in order; `Err` once the communicator is given up.

@@ -20,7 +20,7 @@ use duralumin_kernels::Element;
 
 use super::Communicator;
 use super::copies::{Copies, Geometry};
-use super::plans::{InputArea, Plan};
+use super::plans::{ChunkFn, InputArea, Plan};
 use super::proxy::{HostPart, InFlight, release_waits};
 use crate::device::pool::{FlagSlot, PinnedBlock};
 use crate::device::{Device, Flag, KeepAlive};
@@ -52,7 +52,9 @@ struct SetUp<D: Device> {
     geo: Geometry,
     staging: Option<PinnedBlock<D>>,
     flags: Flags<D>,
-    copies: Copies<D>,
+    /// The device side when the proxy thread queues it.
+    deferred: Option<Copies<D>>,
+    work: DeviceWork<D>,
     /// What keeps the device buffers alive.
     keeps: Vec<KeepAlive>,
     /// Its staging is taken later, by the proxy thread.
@@ -60,6 +62,8 @@ struct SetUp<D: Device> {
     /// Its copies go on the internal copy streams.
     two_streams: bool,
     in_place: bool,
+    early: bool,
+    recv_parts: usize,
 }
 
 /// Who queues an operation's device side.
@@ -146,7 +150,7 @@ impl<D: Device> Communicator<D> {
         let geo = self.cut_into_chunks(&plan)?;
         let staging = self.take_staging(&geo)?;
         let set_up = self.set_up(stream, &mut plan, geo, staging)?;
-        let handed = self.hand_over(set_up, plan, id);
+        let handed = self.hand_over(set_up, plan.chunk, id);
         if let Err(failed) = self.queue_device_work(stream, &handed) {
             return Err(self.abandon_queueing(stream, handed, failed));
         }
@@ -257,8 +261,25 @@ impl<D: Device> Communicator<D> {
             done: done.flag(),
             early,
         };
+        let (deferred, work) = match &start {
+            Some(start) => (Some(copies), DeviceWork::Start(start.flag())),
+            None => (None, DeviceWork::Copies(copies)),
+        };
         let flags = Flags { input, output, done, freed, start };
-        Ok(SetUp { geo, staging, flags, copies, keeps, waits_for_memory, two_streams, in_place })
+        let recv_parts = plan.recv_parts;
+        Ok(SetUp {
+            geo,
+            staging,
+            flags,
+            deferred,
+            work,
+            keeps,
+            waits_for_memory,
+            two_streams,
+            in_place,
+            early,
+            recv_parts,
+        })
     }
 
     /// Hands the operation to the proxy thread, before its device work is queued: a GPU's
@@ -266,20 +287,15 @@ impl<D: Device> Communicator<D> {
     /// operation of hundreds of chunks) blocks until the device has run some, which needs the
     /// proxy thread to run the operation's first chunks meanwhile. Tickets are still taken in
     /// the program's order.
-    fn hand_over<T: Element>(&self, set_up: SetUp<D>, plan: Plan<T>, id: OpId) -> HandedOver<D> {
-        let SetUp { geo, staging, flags, copies, keeps, waits_for_memory, two_streams, in_place } = set_up;
+    fn hand_over<T: Element>(&self, set_up: SetUp<D>, chunk: ChunkFn<T>, id: OpId) -> HandedOver<D> {
+        let SetUp { geo, staging, flags, deferred, work, keeps, .. } = set_up;
         let ticket = self.next_ticket();
         let grant = geo.direct.is_none().then(|| self.next_grant());
-        if let (Some(g), false) = (grant, waits_for_memory) {
+        if let (Some(g), false) = (grant, set_up.waits_for_memory) {
             self.shared.grants().pass(g);
         }
         let caller_gave_up = Arc::new(AtomicBool::new(false));
         let Flags { input, output, done, freed, start } = flags;
-        let early = copies.early;
-        let (deferred, work) = match &start {
-            Some(start) => (Some(copies), DeviceWork::Start(start.flag())),
-            None => (None, DeviceWork::Copies(copies)),
-        };
         let op = InFlight {
             shared: Arc::clone(&self.shared),
             ticket,
@@ -293,17 +309,17 @@ impl<D: Device> Communicator<D> {
             done: Arc::clone(&done),
             staging,
             retired: None,
-            grant: grant.filter(|_| waits_for_memory),
+            grant: grant.filter(|_| set_up.waits_for_memory),
             keep: if geo.direct.is_some() { keeps.clone() } else { Vec::new() },
         };
         let host = HostPart {
             op,
             deferred,
             geo,
-            chunk: plan.chunk,
-            recv_parts: plan.recv_parts,
-            in_place,
-            early,
+            chunk,
+            recv_parts: set_up.recv_parts,
+            in_place: set_up.in_place,
+            early: set_up.early,
             monitor: Arc::clone(&self.shared.monitor),
             id,
             caller_gave_up: Arc::clone(&caller_gave_up),
@@ -312,7 +328,17 @@ impl<D: Device> Communicator<D> {
         let task = Task::new(host.into_future());
         self.engine.submit_now(Arc::clone(&task));
         self.track(Arc::clone(&task));
-        HandedOver { work, done, output, freed, last_flag: geo.last_flag, two_streams, keeps, caller_gave_up, task }
+        HandedOver {
+            work,
+            done,
+            output,
+            freed,
+            last_flag: geo.last_flag,
+            two_streams: set_up.two_streams,
+            keeps,
+            caller_gave_up,
+            task,
+        }
     }
 
     /// Queues the operation's device side on `stream` (and the copy streams), or the `start`
