@@ -24,14 +24,6 @@
 //! proxy thread starts the MPI parts of one communicator's operations in the order they were
 //! queued (a ticket per operation), which is the same order on every rank, as MPI requires.
 //!
-//! The calling thread queues all of an operation's device work, each item after whatever it
-//! waits for: a stream never waits on the device for work queued later. GPUs may run streams
-//! that share a hardware queue one item at a time (more streams than
-//! `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1), and a wait for later work there is a
-//! deadlock. The host device built by
-//! [`HostDevice::with_queues`](crate::device::host::HostDevice::with_queues) behaves the same
-//! way, so the tests show such waits.
-//!
 //! Buffers an operation reads are [`DeviceSlice`]s; buffers it writes (outputs, in-place
 //! buffers) are [`crate::device::DeviceSliceMut`]s, as in rsmpi's `Buffer`/`BufferMut`: a
 //! shared view (cudarc's `CudaView`) can be sent from but not received into. On CUDA, each
@@ -41,8 +33,21 @@
 //! Errors in the MPI part are recorded and returned by the communicator's next call or by the
 //! operation's request; the stream is released either way (the output then holds unspecified
 //! values), so a failure never hangs the device.
+//!
+//! # Queue order
+//!
+//! The calling thread queues all of an operation's device work, each item after whatever it
+//! waits for: a stream never waits on the device for work queued later. GPUs may run streams
+//! that share a hardware queue one item at a time (more streams than
+//! `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1), and a wait for later work there is a
+//! deadlock. The host device built by
+//! [`HostDevice::with_queues`](crate::device::host::HostDevice::with_queues) behaves the same
+//! way, so the tests show such waits.
 
 mod collectives;
+mod copies;
+mod plans;
+mod proxy;
 mod request;
 mod staging;
 
@@ -118,10 +123,9 @@ pub struct HostTransferConfig {
     /// Have the proxy thread queue a pipelined operation's copies (once the stream reaches the
     /// operation) instead of the calling thread. Queueing costs the calling thread two flag
     /// operations instead of a few device calls per chunk, but the stream then waits for
-    /// copies queued after the work the program queues behind the operation. A GPU whose
-    /// hardware queue holds both that work and the copies (more streams than
-    /// `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1) deadlocks, so this is off by default.
-    /// Operations that wait for staging memory always work this way.
+    /// copies queued after the work the program queues behind the operation, which deadlocks
+    /// a GPU whose streams share a hardware queue (see [queue order](crate::backends::host_transfer#queue-order)), so
+    /// this is off by default. Operations that wait for staging memory always work this way.
     pub proxy_queues_copies: bool,
 }
 

@@ -1,0 +1,153 @@
+//! Plans of the reductions: allreduce, reduce, reduce_scatter, reduce_scatterv.
+
+use duralumin_kernels::{Element, ReduceOp};
+
+use super::{ChunkBufs, InputArea, Plan, SliceOf, blocks, longest, on_slices, rows};
+use crate::backends::host_transfer::Communicator;
+use crate::backends::mpi::{AllreduceAlgorithm, Mode};
+use crate::check;
+use crate::device::{Device, ReduceFns};
+use crate::error::Result;
+
+impl<D: Device> Communicator<D> {
+    pub(crate) fn plan_allreduce<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        op: O,
+    ) -> Result<Plan<T>> {
+        self.check_buffer("allreduce receive buffer", recv)?;
+        let n = recv.len();
+        let input = match send {
+            Some(s) => {
+                self.check_buffer("allreduce send buffer", s)?;
+                check::len("allreduce receive buffer", n, s.len())?;
+                (rows(s, 0, 1, n), InputArea::Send)
+            }
+            None => (rows(recv, 0, 1, n), InputArea::Recv { part: 0 }),
+        };
+        let size = self.size();
+        let fns = ReduceFns::of::<T, O>(size as u32);
+        // Pairs without device kernels (a user's pair whose kernels were not registered)
+        // reduce in MPI whatever their size.
+        if size > 1 && n * size_of::<T>() <= self.config.device_reduce_max_bytes && self.shared.device.can_reduce(&fns)
+        {
+            // Allgather the contributions into staging, reduce them on the device in rank order.
+            let allgather = on_slices(|mpi, send, recv| mpi.plan_allgather(send, recv, Mode::NonBlocking));
+            return Ok(Plan::collective(n, size, allgather)
+                .parts(1, size)
+                .input((input.0, InputArea::Send))
+                .output(rows(recv, 0, 1, n))
+                .reduce_on_device(fns));
+        }
+        let allreduce = on_slices(move |mpi, send, recv| {
+            mpi.plan_allreduce(send, recv, op, AllreduceAlgorithm::Auto, Mode::NonBlocking)
+        });
+        Ok(Plan::collective(n, 1, allreduce)
+            .parts(usize::from(send.is_some()), 1)
+            .input(input)
+            .output(rows(recv, 0, 1, n)))
+    }
+
+    pub(crate) fn plan_reduce<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        root: usize,
+        op: O,
+    ) -> Result<Plan<T>> {
+        self.check_root("reduce root", root)?;
+        let is_root = self.rank() == root;
+        let n = match send {
+            Some(s) => {
+                self.check_buffer("reduce send buffer", s)?;
+                if is_root {
+                    self.check_buffer("reduce receive buffer", recv)?;
+                    check::len("reduce receive buffer", recv.len(), s.len())?;
+                }
+                s.len()
+            }
+            None => {
+                self.check_buffer("reduce buffer", recv)?;
+                recv.len()
+            }
+        };
+        let input = match send {
+            Some(s) => (rows(s, 0, 1, n), InputArea::Send),
+            None => (rows(recv, 0, 1, n), InputArea::Recv { part: 0 }),
+        };
+        let staged_recv = is_root || send.is_none();
+        let reduce = on_slices(move |mpi, send, recv| mpi.plan_reduce(send, recv, root, op, Mode::NonBlocking));
+        Ok(Plan::collective(n, 1, reduce)
+            .parts(usize::from(send.is_some()), usize::from(staged_recv))
+            .input(input)
+            .output(is_root.then(|| rows(recv, 0, 1, n))))
+    }
+
+    pub(crate) fn plan_reduce_scatter<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        op: O,
+    ) -> Result<Plan<T>> {
+        let n = self.size();
+        self.check_buffer("reduce_scatter receive buffer", recv)?;
+        let (count, input) = match send {
+            Some(s) => {
+                self.check_buffer("reduce_scatter send buffer", s)?;
+                check::len("reduce_scatter send buffer", s.len(), check::product("reduce_scatter", recv.len(), n)?)?;
+                (recv.len(), (rows(s, 0, n, recv.len()), InputArea::Send))
+            }
+            None => {
+                let c = check::divisible("reduce_scatter buffer (size * count)", recv.len(), n)?;
+                (c, (rows(recv, 0, n, c), InputArea::Recv { part: 0 }))
+            }
+        };
+        let reduce_scatter =
+            on_slices(move |mpi, send, recv| mpi.plan_reduce_scatter(send, recv, op, Mode::NonBlocking));
+        Ok(Plan::collective(count, n, reduce_scatter)
+            .parts(if send.is_some() { n } else { 0 }, if send.is_some() { 1 } else { n })
+            .input(input)
+            .output(rows(recv, 0, 1, count)))
+    }
+
+    pub(crate) fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+        &self,
+        send: Option<&S>,
+        recv: &mut R,
+        counts: &[usize],
+        op: O,
+    ) -> Result<Plan<T>> {
+        let (n, me) = (self.size(), self.rank());
+        self.check_buffer("reduce_scatterv receive buffer", recv)?;
+        check::per_rank("reduce_scatterv counts", counts, n)?;
+        let total = check::total("reduce_scatterv counts", counts)?;
+        let packed_at = check::packed_displs(counts);
+        let input = match send {
+            Some(s) => {
+                self.check_buffer("reduce_scatterv send buffer", s)?;
+                check::len("reduce_scatterv send buffer", s.len(), total)?;
+                check::len("reduce_scatterv receive buffer", recv.len(), counts[me])?;
+                (blocks(s, counts, &packed_at), InputArea::Send)
+            }
+            None => {
+                check::len("reduce_scatterv buffer", recv.len(), total)?;
+                (blocks(recv, counts, &packed_at), InputArea::Recv { part: 0 })
+            }
+        };
+        let (out_of_place, count, own) = (send.is_some(), longest(counts), counts[me]);
+        let counts = counts.to_vec();
+        let reduce_scatterv = move |mpi: &crate::Communicator, chunk: ChunkBufs<T>| {
+            // Every rank knows every count, so every rank runs the same chunks.
+            let lens = chunk.cuts(&counts);
+            let total: usize = lens.iter().sum();
+            // SAFETY: as in `on_slices`.
+            let (s, r) = unsafe { chunk.prefixes(total, if out_of_place { lens[me] } else { total }) };
+            mpi.plan_reduce_scatterv(s, r, &lens, op, Mode::NonBlocking)
+        };
+        Ok(Plan::collective(count, n, reduce_scatterv)
+            .parts(if out_of_place { n } else { 0 }, if out_of_place { 1 } else { n })
+            .input(input)
+            .output(rows(recv, 0, 1, own)))
+    }
+}
