@@ -99,6 +99,7 @@ impl<D: Device> Communicator<D> {
     stream_ordered_and_nonblocking! {
         /// Allreduce: `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every rank (equal
         /// lengths everywhere).
+        #[doc(alias = "all_reduce")]
         fn allreduce / iallreduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
             (send: &'a S, recv: &'a mut R, op: O)
             sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len()))
@@ -123,11 +124,13 @@ impl<D: Device> Communicator<D> {
 
         /// Broadcast of the root's `buf` into every rank's `buf` (equal lengths). The root's
         /// stream does not wait for the other ranks' copies back.
+        #[doc(alias = "broadcast")]
         fn bcast / ibcast <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
             sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root)) uses(write buf)
             => plan_bcast(buf, root);
 
         /// Allgather: rank `i`'s `send` (`c` elements) lands at `recv[i*c..]` on every rank.
+        #[doc(alias = "all_gather")]
         fn allgather / iallgather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
             (send: &'a S, recv: &'a mut R)
             sig(|_| Signature::new(OpKind::Allgather).elem::<T>().count(send.len()))
@@ -139,6 +142,7 @@ impl<D: Device> Communicator<D> {
 
         /// All-to-all: block `j` of `send` goes to rank `j`, block `i` of `recv` comes from
         /// rank `i` (`size * c` elements each).
+        #[doc(alias = "all_to_all")]
         fn alltoall / ialltoall <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
             (send: &'a S, recv: &'a mut R)
             sig(|_| Signature::new(OpKind::Alltoall).elem::<T>().count(send.len()))
@@ -176,6 +180,7 @@ impl<D: Device> Communicator<D> {
 
         /// Reduce-scatter with equal blocks: `send` has `size * c` elements, rank `i` receives
         /// the reduction of block `i` in `recv` (`c` elements).
+        #[doc(alias = "reduce_scatter_tensor")]
         fn reduce_scatter / ireduce_scatter <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
             (send: &'a S, recv: &'a mut R, op: O)
             sig(|_| Signature::new(OpKind::ReduceScatter).reduce::<T, O>().count(recv.len()))
