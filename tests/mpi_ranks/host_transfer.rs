@@ -188,12 +188,13 @@ fn many_outstanding<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stre
                 requests.push(c.iallreduce_in_place(b, Sum).unwrap());
             }
         }
-        // The first communicator's stream waits for every request of the second on the device.
-        for r in &requests[4..8] {
-            r.stream_wait(comms[0].stream()).unwrap();
-        }
-        for r in requests {
-            r.wait().unwrap();
+        // The first communicator's stream takes every request of the second (the host does not
+        // wait for them); the others are waited for on the host.
+        for (i, r) in requests.into_iter().enumerate() {
+            match i {
+                4..8 => r.stream_wait(comms[0].stream()).unwrap(),
+                _ => r.wait().unwrap(),
+            }
         }
     }
     for (k, row) in bufs.iter().enumerate() {

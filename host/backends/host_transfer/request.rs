@@ -18,9 +18,10 @@ use crate::reliability::monitor::Asker;
 ///
 /// It borrows the operation's device buffers (lifetime `'a`), so safe code cannot queue other
 /// work on them until it is done. [`DeviceRequest::wait`] blocks the host until the operation
-/// has completed; [`DeviceRequest::stream_wait`] makes another stream wait for it on the device
-/// without blocking the host. Dropping an unfinished request waits for it (its error is then
-/// reported by the communicator's next call). A send-only operation (a bcast root, a send)
+/// has completed; [`DeviceRequest::stream_wait`] hands the request to a stream, which waits for
+/// it on the device, without blocking the host (torch's and NCCL's `work.wait()`). Dropping an
+/// unfinished request waits for it (its error is then reported by the communicator's next
+/// call). A send-only operation (a bcast root, a send)
 /// completes once its data is staged, while MPI may still be sending it from pinned memory; an
 /// MPI error after that point is reported by the communicator's next call.
 #[must_use = "a request must be waited on (dropping it waits and defers its error)"]
@@ -32,6 +33,8 @@ pub struct DeviceRequest<'a, D: Device> {
     stream: D::Stream,
     shared: Arc<Shared<D>>,
     reported: bool,
+    /// Handed to a stream by [`DeviceRequest::stream_wait`]: dropping it does not wait.
+    handed_over: bool,
     _buffers: PhantomData<&'a mut ()>,
 }
 
@@ -44,7 +47,7 @@ impl<D: Device> std::fmt::Debug for DeviceRequest<'_, D> {
 impl<'a, D: Device> DeviceRequest<'a, D> {
     pub(crate) fn new(queued: Queued<D>, stream: D::Stream, shared: Arc<Shared<D>>) -> Self {
         let Queued { done, task } = queued;
-        DeviceRequest { done, task, stream, shared, reported: false, _buffers: PhantomData }
+        DeviceRequest { done, task, stream, shared, reported: false, handed_over: false, _buffers: PhantomData }
     }
 
     /// Whether the operation has completed on the device.
@@ -85,13 +88,26 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
         self.shared.monitor.check_poison(Asker::Waiter(wait))
     }
 
-    /// Makes `stream` wait, on the device, until the operation has completed: work queued on
-    /// `stream` afterwards sees its results. The host does not block.
-    pub fn stream_wait(&self, stream: &D::Stream) -> Result<()> {
+    /// Makes `stream` wait, on the device, until the operation has completed, and lets the
+    /// request go: the host does not block, now or when the request is dropped. Work queued on
+    /// `stream` afterwards sees the results; an error of the operation is reported by the
+    /// communicator's next call (or its [`synchronize`](super::Communicator::synchronize)).
+    ///
+    /// The buffers are free for safe code again at once. Every later use of them is ordered
+    /// after the operation, as for any operation queued on the communicator's own stream: a
+    /// use on `stream` by the wait; host-device buffers by their per-stream uses, and their
+    /// downloads synchronize the device; cudarc buffers through their home stream, which waits
+    /// for the operation, and cudarc's events. Only a HIP buffer used on a
+    /// stream that does not wait for `stream` is unordered with it, as any two HIP streams are.
+    ///
+    /// On error nothing was queued and the request is dropped as usual (waiting for it).
+    pub fn stream_wait(mut self, stream: &D::Stream) -> Result<()> {
         let keep: KeepAlive = Arc::clone(&self.done) as KeepAlive;
         // SAFETY: `keep` holds the flag's slot until the wait has finished; the proxy thread and
         // the internal stream raise the flag independently of `stream`.
-        unsafe { self.shared.device.wait_flag(stream, self.done.flag(), 1, Some(keep)) }
+        unsafe { self.shared.device.wait_flag(stream, self.done.flag(), 1, Some(keep)) }?;
+        self.handed_over = true;
+        Ok(())
     }
 
     /// Waits for the operation (or until the communicator is given up, under
@@ -111,6 +127,8 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
 
 impl<D: Device> Drop for DeviceRequest<'_, D> {
     fn drop(&mut self) {
-        self.block();
+        if !self.handed_over {
+            self.block();
+        }
     }
 }
