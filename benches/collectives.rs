@@ -15,7 +15,7 @@ use duralumin::mpi::collective::SystemOperation;
 use duralumin::mpi::datatype::{Partition, PartitionMut};
 use duralumin::mpi::topology::{Communicator as _, SimpleCommunicator};
 use duralumin::mpi::traits::*;
-use duralumin::{AllreduceAlgorithm, BcastAlgorithm, Communicator, ReduceOp, Sum, bytemuck};
+use duralumin::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, ReduceOp, Sum, bytemuck};
 
 /// Timed rounds per measurement (the median is reported).
 const ROUNDS: usize = 5;
@@ -77,7 +77,7 @@ fn main() {
 }
 
 struct Bench<'a> {
-    comm: &'a Communicator,
+    comm: &'a MpiCommunicator,
     world: &'a SimpleCommunicator,
     filter: String,
     max_bytes: usize,
@@ -158,7 +158,7 @@ fn print_row(r: &Row) {
 fn rank_main() {
     let universe = duralumin::init().expect("init");
     let world = universe.world();
-    let mut comm = Communicator::new(&world).expect("communicator");
+    let mut comm = MpiCommunicator::new(&world).expect("communicator");
     comm.set_tuning(tuning_from_env(comm.tuning()));
     let mut b = Bench {
         comm: &comm,
@@ -276,7 +276,7 @@ fn reliability_rows(b: &mut Bench) -> Option<ReliabilityCost> {
     let send = [1.0f32; 2];
     let mut recv = [0.0f32; 2];
     let default = b.comm;
-    let mut run = |label: &str, comm: &Communicator| {
+    let mut run = |label: &str, comm: &MpiCommunicator| {
         let (ours, native, over) = paired_8b(b, || comm.allreduce(&send, &mut recv, Sum).unwrap());
         b.push(&format!("reliability/{label}"), 8, "blocking", ours, Some(native), 1.0);
         (over, native)
@@ -569,14 +569,17 @@ fn custom_op_rows(b: &mut Bench) {
 /// (what a GPU does), and staged whole (Aluminum's method); and the host thread's enqueue time
 /// per pipelined operation; and alltoallv staged in chunks.
 fn host_transfer_rows(b: &mut Bench) {
-    use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
     use duralumin::device::host::HostDevice;
+    use duralumin::{HostTransferCommunicator, HostTransferConfig};
     if !b.wanted("ht") {
         return;
     }
     let (c, n) = (b.comm, b.comm.size());
     let dev = HostDevice::new(0);
-    let comm = |config| HtComm::with_config(b.world, dev.clone(), dev.stream().expect("stream"), config).expect("comm");
+    let comm = |config| {
+        HostTransferCommunicator::with_config(b.world, dev.clone(), dev.stream().expect("stream"), config)
+            .expect("comm")
+    };
     let direct = comm(HostTransferConfig::default());
     let pipelined = comm(HostTransferConfig { direct: false, ..HostTransferConfig::default() });
     // Every operation in `chunk_bytes` chunks however many (the default grows them past

@@ -30,13 +30,13 @@ mod gpu {
 
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
     use duralumin::Sum;
-    use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
     use duralumin::device::cuda::{CudaDevice, FlagPath, device_count};
     use duralumin::device::pool::Pools;
     use duralumin::device::{Copy2d, Device};
     use duralumin::mpi::collective::SystemOperation;
     use duralumin::mpi::topology::SimpleCommunicator;
     use duralumin::mpi::traits::*;
+    use duralumin::{HostTransferCommunicator, HostTransferConfig};
 
     const SIZES: [usize; 9] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20];
 
@@ -169,7 +169,8 @@ mod gpu {
         }
 
         let comm = |config: HostTransferConfig| {
-            HtComm::with_config(&world, dev.clone(), Arc::clone(&stream), config).expect("communicator")
+            HostTransferCommunicator::with_config(&world, dev.clone(), Arc::clone(&stream), config)
+                .expect("communicator")
         };
         let pipelined = comm(HostTransferConfig::default());
         let whole =
@@ -187,7 +188,7 @@ mod gpu {
             let r = reps(bytes);
             let mut view = buf.slice_mut(0..n);
             // An operation's time, and the host thread's enqueue time of each repetition.
-            let mut timed = |c: &HtComm<CudaDevice>| {
+            let mut timed = |c: &HostTransferCommunicator<CudaDevice>| {
                 let mut enqueue = Vec::new();
                 let t = time_us(
                     &world,

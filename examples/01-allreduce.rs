@@ -2,11 +2,11 @@
 //!
 //! Run with `mpirun -np 4 target/release/examples/01-allreduce`.
 
-use duralumin::{Avg, Communicator, Max, Sum};
+use duralumin::{Avg, Max, MpiCommunicator, Sum};
 
 fn main() -> duralumin::Result<()> {
     let universe = duralumin::init()?;
-    let comm = Communicator::new(&universe.world())?;
+    let comm = MpiCommunicator::new(&universe.world())?;
     let (rank, size) = (comm.rank(), comm.size());
 
     // Blocking allreduce of a small vector.

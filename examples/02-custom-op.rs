@@ -6,7 +6,7 @@
 //!
 //! Run with `mpirun -np 3 target/release/examples/02-custom-op`.
 
-use duralumin::{Communicator, Element, ReduceOp, bytemuck};
+use duralumin::{Element, MpiCommunicator, ReduceOp, bytemuck};
 
 /// A value and where it came from.
 #[repr(C)]
@@ -54,7 +54,7 @@ impl ReduceOp<Complex> for ComplexSum {
 
 fn main() -> duralumin::Result<()> {
     let universe = duralumin::init()?;
-    let comm = Communicator::new(&universe.world())?;
+    let comm = MpiCommunicator::new(&universe.world())?;
     let (rank, size) = (comm.rank(), comm.size());
 
     // Each rank proposes a value per slot; find the smallest and which rank had it.

@@ -15,10 +15,10 @@
 
 use std::time::Duration;
 
-use duralumin::backends::host_transfer::Communicator as HtComm;
+use duralumin::HostTransferCommunicator;
 use duralumin::device::host::{HostBuffer, HostDevice};
 use duralumin::reliability::OnTimeout;
-use duralumin::{Communicator, Error, Result, Sum};
+use duralumin::{Error, MpiCommunicator, Result, Sum};
 
 const STEPS: usize = 40;
 const LEN: usize = 1 << 16;
@@ -43,13 +43,13 @@ fn main() -> Result<()> {
     let timeout = Some(Duration::from_secs(30));
     if std::env::var("DURALUMIN_EXAMPLE_BACKEND").is_ok_and(|b| b == "host-transfer") {
         let dev = HostDevice::new(0);
-        let mut comm = HtComm::new(&world, dev.clone(), dev.stream()?)?;
+        let mut comm = HostTransferCommunicator::new(&world, dev.clone(), dev.stream()?)?;
         // Errors come back to the program (the default, OnTimeout::Abort, ends the job).
         comm.set_on_timeout(OnTimeout::Error);
         comm.set_timeout(timeout);
         train(HostTransfer { comm, dev }, "HostTransfer")
     } else {
-        let mut comm = Communicator::new(&world)?;
+        let mut comm = MpiCommunicator::new(&world)?;
         comm.set_on_timeout(OnTimeout::Error);
         comm.set_timeout(timeout);
         train(comm, "Mpi")
@@ -103,12 +103,12 @@ fn train<G: Group>(mut comm: G, backend: &str) -> Result<()> {
     Ok(())
 }
 
-impl Group for Communicator {
+impl Group for MpiCommunicator {
     fn rank(&self) -> usize {
-        Communicator::rank(self)
+        MpiCommunicator::rank(self)
     }
     fn size(&self) -> usize {
-        Communicator::size(self)
+        MpiCommunicator::size(self)
     }
     fn sum(&mut self, grad: &[f64]) -> Result<Vec<f64>> {
         let mut sum = vec![0.0; grad.len()];
@@ -116,13 +116,13 @@ impl Group for Communicator {
         Ok(sum)
     }
     fn revoke(&self) -> Result<()> {
-        Communicator::revoke(self)
+        MpiCommunicator::revoke(self)
     }
     fn agree(&self, ok: bool) -> Result<bool> {
-        Communicator::agree(self, ok)
+        MpiCommunicator::agree(self, ok)
     }
     fn shrink(&self) -> Result<Self> {
-        Communicator::shrink(self)
+        MpiCommunicator::shrink(self)
     }
     fn members(&mut self, me: usize) -> Result<Vec<usize>> {
         let mut all = vec![0u64; self.size()];
@@ -133,7 +133,7 @@ impl Group for Communicator {
 
 /// A HostTransfer communicator with the device its buffers live on.
 struct HostTransfer {
-    comm: HtComm<HostDevice>,
+    comm: HostTransferCommunicator<HostDevice>,
     dev: HostDevice,
 }
 
@@ -144,7 +144,7 @@ impl HostTransfer {
         &mut self,
         send: &[T],
         len: usize,
-        op: impl FnOnce(&mut HtComm<HostDevice>, &HostBuffer<T>, &mut HostBuffer<T>) -> Result<()>,
+        op: impl FnOnce(&mut HostTransferCommunicator<HostDevice>, &HostBuffer<T>, &mut HostBuffer<T>) -> Result<()>,
     ) -> Result<Vec<T>> {
         let send = self.dev.upload(send)?;
         let mut recv = self.dev.alloc_zeroed::<T>(len)?;

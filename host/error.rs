@@ -123,7 +123,7 @@ pub enum Error {
     Aborted { reason: String },
 
     /// The signature check (`DURALUMIN_CHECK=1`, or
-    /// [`Communicator::set_check`](crate::Communicator::set_check)) found that the ranks called
+    /// [`MpiCommunicator::set_check`](crate::MpiCommunicator::set_check)) found that the ranks called
     /// different collectives at this point, or the same one with arguments that do not match,
     /// or that another rank's arguments were invalid. Nothing was sent; the communicator stays
     /// usable. `report` has one line per rank that differs.
@@ -131,11 +131,11 @@ pub enum Error {
     SignatureMismatch { op: &'static str, seq: u64, report: String },
 
     /// Processes of the communicator failed (an MPI library with ULFM reported it). Recover
-    /// with [`Communicator::shrink`](crate::Communicator::shrink).
+    /// with [`MpiCommunicator::shrink`](crate::MpiCommunicator::shrink).
     #[error("processes failed: ranks {ranks:?} of the communicator")]
     ProcessFailed { ranks: Vec<usize> },
 
-    /// The communicator was revoked ([`Communicator::revoke`](crate::Communicator::revoke) on
+    /// The communicator was revoked ([`MpiCommunicator::revoke`](crate::MpiCommunicator::revoke) on
     /// some rank, with an MPI library that has ULFM).
     #[error("the communicator was revoked")]
     Revoked,

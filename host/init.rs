@@ -9,7 +9,7 @@ use crate::ffi::{self, check, sys};
 use crate::reliability::InitOptions;
 
 /// Initializes MPI with `MPI_THREAD_MULTIPLE` and returns the [`Universe`] (MPI is finalized
-/// when it drops; drop every [`crate::Communicator`] first).
+/// when it drops; drop every [`crate::MpiCommunicator`] first).
 ///
 /// Duralumin needs `MPI_THREAD_MULTIPLE` because non-blocking operations progress on a proxy
 /// thread while the program keeps calling MPI. If the MPI library provides less, this returns
@@ -26,7 +26,7 @@ pub fn init() -> Result<Universe> {
 /// `DURALUMIN_ON_PANIC=abort|unwind`, else abort).
 pub fn init_with(options: InitOptions) -> Result<Universe> {
     let (universe, provided) = mpi::initialize_with_threading(Threading::Multiple)
-        .ok_or(Error::Init("MPI is already initialized (use Communicator::new on your communicator)"))?;
+        .ok_or(Error::Init("MPI is already initialized (use MpiCommunicator::new on your communicator)"))?;
     if provided != Threading::Multiple {
         return Err(Error::ThreadLevel { provided: level_name(provided as c_int) });
     }

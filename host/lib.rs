@@ -5,10 +5,10 @@
 //! with any [`ReduceOp`].
 //!
 //! ```no_run
-//! use duralumin::{Communicator, Sum};
+//! use duralumin::{MpiCommunicator, Sum};
 //!
 //! let universe = duralumin::init()?;
-//! let comm = Communicator::new(&universe.world())?;
+//! let comm = MpiCommunicator::new(&universe.world())?;
 //! let send = vec![comm.rank() as f32; 4];
 //! let mut recv = vec![0.0f32; 4];
 //! comm.allreduce(&send, &mut recv, Sum)?;
@@ -16,8 +16,8 @@
 //! ```
 //!
 //! Backends:
-//! * [`backends::mpi`] (re-exported at the root as [`Communicator`]): host memory over MPI.
-//! * [`backends::host_transfer`]: device memory staged through pinned host memory, ordered on
+//! * [`backends::mpi`] ([`MpiCommunicator`]): host memory over MPI.
+//! * [`backends::host_transfer`] ([`HostTransferCommunicator`]): device memory staged through pinned host memory, ordered on
 //!   a device stream.
 //!
 //! Nothing hangs silently: a panic ends the job, every operation has a deadline past which the
@@ -41,7 +41,12 @@ mod reducer;
 mod request;
 mod transport;
 
-pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, Communicator, Tuning, progress_thread_running};
+pub use backends::host_transfer::{DeviceRequest, HostTransferCommunicator, HostTransferConfig};
+pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Tuning, progress_thread_running};
+
+/// The Mpi backend's communicator under its old name.
+#[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator`")]
+pub type Communicator = MpiCommunicator;
 /// The cudarc version the CUDA device takes streams and buffers of.
 #[cfg(feature = "cuda")]
 pub use cudarc;
@@ -59,3 +64,20 @@ pub use {bytemuck, half, mpi};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(test)]
+mod tests {
+    /// The old paths name the renamed types until they are removed.
+    #[test]
+    #[allow(deprecated)]
+    fn deprecated_paths_still_name_the_communicators() {
+        use std::any::TypeId;
+        assert_eq!(TypeId::of::<crate::Communicator>(), TypeId::of::<crate::MpiCommunicator>());
+        assert_eq!(TypeId::of::<crate::backends::mpi::Communicator>(), TypeId::of::<crate::MpiCommunicator>());
+        type Host = crate::device::host::HostDevice;
+        assert_eq!(
+            TypeId::of::<crate::backends::host_transfer::Communicator<Host>>(),
+            TypeId::of::<crate::HostTransferCommunicator<Host>>()
+        );
+    }
+}

@@ -68,7 +68,7 @@ pub struct Scope<'s, 'env: 's> {
 /// started in it before returning.
 ///
 /// ```no_run
-/// # fn demo(comm: &duralumin::Communicator) -> duralumin::Result<()> {
+/// # fn demo(comm: &duralumin::MpiCommunicator) -> duralumin::Result<()> {
 /// let send = vec![1.0f32; 1024];
 /// let mut recv = vec![0.0f32; 1024];
 /// duralumin::scope(|s| {

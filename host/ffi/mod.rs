@@ -3,7 +3,7 @@
 //! Three layers, as in cudarc: [`sys`] is rsmpi's raw bindings; this module turns status codes
 //! into [`Error`]s and wraps MPI handles in `Copy` newtypes that may cross threads (the library
 //! always runs MPI at `MPI_THREAD_MULTIPLE`, see [`crate::init`]); the safe types
-//! ([`crate::Communicator`] and friends) are built on top. All `unsafe` that talks to MPI lives
+//! ([`crate::MpiCommunicator`] and friends) are built on top. All `unsafe` that talks to MPI lives
 //! here and in [`native`]; [`os`] holds the one operating-system call of the progress
 //! machinery.
 

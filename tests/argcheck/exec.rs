@@ -3,7 +3,7 @@
 
 use duralumin::backends::host_transfer;
 use duralumin::device::host::HostDevice;
-use duralumin::{Communicator, Error, Request, Sum, scope};
+use duralumin::{Error, MpiCommunicator, Request, Sum, scope};
 
 use crate::case::{Case, Op};
 
@@ -28,7 +28,7 @@ pub fn kind(e: &Error) -> &'static str {
 }
 
 /// Rank `me`'s part of `case` on the Mpi communicator `c`: its receive buffer afterwards.
-pub fn mpi(c: &Communicator, case: &Case, me: usize, nonblocking: bool) -> Result<Vec<u64>, Error> {
+pub fn mpi(c: &MpiCommunicator, case: &Case, me: usize, nonblocking: bool) -> Result<Vec<u64>, Error> {
     let a = &case.args[me];
     let (send, mut recv) = case.inputs(me);
     let (send, recv_buf) = (&send[..], &mut recv[..]);
@@ -71,7 +71,7 @@ pub fn mpi(c: &Communicator, case: &Case, me: usize, nonblocking: bool) -> Resul
 /// Rank `me`'s part of `case` on the HostTransfer communicator `c` (stream-ordered, then a
 /// synchronize; or non-blocking, then the request's wait and a synchronize).
 pub fn ht(
-    c: &host_transfer::Communicator<HostDevice>,
+    c: &host_transfer::HostTransferCommunicator<HostDevice>,
     dev: &HostDevice,
     case: &Case,
     me: usize,

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use duralumin::backends::host_transfer::{self, HostTransferConfig};
 use duralumin::device::host::HostDevice;
-use duralumin::{Communicator, Error, Tuning};
+use duralumin::{Error, MpiCommunicator, Tuning};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestCaseResult, TestRng, TestRunner};
 
@@ -110,11 +110,11 @@ struct Tally {
 }
 
 struct Comms {
-    mpi: Communicator,
-    ht: host_transfer::Communicator<HostDevice>,
+    mpi: MpiCommunicator,
+    ht: host_transfer::HostTransferCommunicator<HostDevice>,
     dev: HostDevice,
     /// Where the ranks compare verdicts (never given a bad argument).
-    verdict: Communicator,
+    verdict: MpiCommunicator,
 }
 
 /// What `in_flight` says once it is 0, or after 10 s.
@@ -193,7 +193,7 @@ fn one(comms: &RefCell<Comms>, tally: &RefCell<Tally>, me: usize, case: Case) ->
 fn rank_main() -> i32 {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let mut mpi = Communicator::new(&world).expect("communicator");
+    let mut mpi = MpiCommunicator::new(&world).expect("communicator");
     // Low thresholds: larger cases take Duralumin's own algorithms and split messages.
     mpi.set_tuning(
         Tuning::default()
@@ -205,13 +205,18 @@ fn rank_main() -> i32 {
             .with_bcast_chunk_bytes(16)
             .with_max_message_elements(6),
     );
-    let mut verdict = Communicator::new(&world).expect("communicator");
+    let mut verdict = MpiCommunicator::new(&world).expect("communicator");
     verdict.set_check(false);
     let dev = HostDevice::new(0);
     // Staged in chunks of a few elements, so cases pipeline.
     let config = HostTransferConfig { chunk_bytes: 64, direct: false, ..HostTransferConfig::default() };
-    let ht = host_transfer::Communicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
-        .expect("HostTransfer communicator");
+    let ht = host_transfer::HostTransferCommunicator::with_config(
+        &world,
+        dev.clone(),
+        dev.stream().expect("stream"),
+        config,
+    )
+    .expect("HostTransfer communicator");
     let (me, n) = (mpi.rank(), mpi.size());
     let comms = RefCell::new(Comms { mpi, ht, dev, verdict });
     let tally = RefCell::new(Tally::default());

@@ -9,7 +9,7 @@ use duralumin::backends::host_transfer::{self, HostTransferConfig};
 use duralumin::device::host::{HostBuffer, HostDevice};
 use duralumin::device::{Device, DeviceSliceMut};
 use duralumin::mpi::topology::SimpleCommunicator;
-use duralumin::{Communicator, Error, Result, Sum};
+use duralumin::{Error, MpiCommunicator, Result, Sum};
 
 /// The faults the tests inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,21 +68,21 @@ trait Ops {
     fn bcast(&self, buf: &[f32], root: usize) -> Result<Vec<f32>>;
 }
 
-impl Ops for Communicator {
+impl Ops for MpiCommunicator {
     fn rank(&self) -> usize {
-        Communicator::rank(self)
+        MpiCommunicator::rank(self)
     }
     fn size(&self) -> usize {
-        Communicator::size(self)
+        MpiCommunicator::size(self)
     }
     fn allreduce(&self, send: &[f32], recv_len: usize) -> Result<Vec<f32>> {
         let mut recv = vec![0.0; recv_len];
-        Communicator::allreduce(self, send, &mut recv, Sum)?;
+        MpiCommunicator::allreduce(self, send, &mut recv, Sum)?;
         Ok(recv)
     }
     fn bcast(&self, buf: &[f32], root: usize) -> Result<Vec<f32>> {
         let mut b = buf.to_vec();
-        Communicator::bcast(self, &mut b, root)?;
+        MpiCommunicator::bcast(self, &mut b, root)?;
         Ok(b)
     }
 }
@@ -122,7 +122,7 @@ impl Dev for duralumin::device::cuda::CudaDevice {
 
 struct Ht<D: Dev> {
     dev: D,
-    comm: host_transfer::Communicator<D>,
+    comm: host_transfer::HostTransferCommunicator<D>,
 }
 
 impl<D: Dev> Ops for Ht<D> {
@@ -176,7 +176,7 @@ pub fn main(backend: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     match backend {
-        "mpi" => run(&sc, &Communicator::new(&world).expect("communicator")),
+        "mpi" => run(&sc, &MpiCommunicator::new(&world).expect("communicator")),
         "host" => {
             let dev = HostDevice::new(0);
             run(&sc, &ht(&world, dev.clone(), dev.stream().expect("stream")));
@@ -194,7 +194,8 @@ pub fn main(backend: &str) {
 fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
     // Staged in small chunks, as on a GPU.
     let config = HostTransferConfig { chunk_bytes: 1 << 20, ..HostTransferConfig::default() };
-    let comm = host_transfer::Communicator::with_config(world, dev.clone(), stream, config).expect("communicator");
+    let comm =
+        host_transfer::HostTransferCommunicator::with_config(world, dev.clone(), stream, config).expect("communicator");
     Ht { dev, comm }
 }
 

@@ -14,7 +14,7 @@ use duralumin::*;
 /// Runs a method of the Mpi backend blocking or, inside a scope, non-blocking.
 macro_rules! mpi_call {
     ($nb:expr, $c:ident . $f:ident / $i:ident ( $($a:expr),* $(,)? )) => {
-        if $nb { scope(|s| $c.$i(s, $($a),*)?.wait()) } else { Communicator::$f($c, $($a),*) }
+        if $nb { scope(|s| $c.$i(s, $($a),*)?.wait()) } else { MpiCommunicator::$f($c, $($a),*) }
     };
 }
 pub(crate) use mpi_call;
@@ -99,12 +99,12 @@ const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
     AllreduceAlgorithm::Rabenseifner,
 ];
 
-impl Backend for Communicator {
+impl Backend for MpiCommunicator {
     fn rank(&self) -> usize {
-        Communicator::rank(self)
+        MpiCommunicator::rank(self)
     }
     fn size(&self) -> usize {
-        Communicator::size(self)
+        MpiCommunicator::size(self)
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
         &ALL_ALLREDUCE
@@ -319,7 +319,7 @@ impl TestDevice for CudaDevice {
 /// stream-ordered or non-blocking, and the results are downloaded after synchronizing.
 pub struct HostTransfer<D: TestDevice = HostDevice> {
     pub dev: D,
-    pub comm: host_transfer::Communicator<D>,
+    pub comm: host_transfer::HostTransferCommunicator<D>,
 }
 
 /// Staged (not direct, though the host device allows it) in chunks of 256 bytes and 2 slots:
@@ -356,7 +356,8 @@ impl<D: TestDevice> HostTransfer<D> {
         stream: D::Stream,
         config: HostTransferConfig,
     ) -> Self {
-        let comm = host_transfer::Communicator::with_config(world, dev.clone(), stream, config).expect("communicator");
+        let comm = host_transfer::HostTransferCommunicator::with_config(world, dev.clone(), stream, config)
+            .expect("communicator");
         HostTransfer { dev, comm }
     }
 

@@ -4,7 +4,7 @@
 
 use duralumin::*;
 
-fn still_works(c: &Communicator, after: &str) {
+fn still_works(c: &MpiCommunicator, after: &str) {
     let mut x = [c.rank() as u64, 1];
     c.allreduce_in_place(&mut x, Sum).unwrap_or_else(|e| panic!("after {after}: {e}"));
     let n = c.size() as u64;
@@ -24,7 +24,7 @@ macro_rules! expect_err {
     }};
 }
 
-pub fn run(c: &Communicator) {
+pub fn run(c: &MpiCommunicator) {
     let (me, n) = (c.rank(), c.size());
     let a = vec![1.0f32; 4];
     let mut b = vec![0.0f32; 5];

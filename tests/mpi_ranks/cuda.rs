@@ -21,7 +21,7 @@ use duralumin::*;
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
 use crate::host_transfer::assert_idle;
 
-pub fn run(_: &Communicator, world: &SimpleCommunicator) {
+pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     let ctx = CudaContext::new(0).expect("CUDA context");
     if world.rank() == 0 {
         // "cudasim (CPU)" on the driver simulator.

@@ -6,7 +6,7 @@ use duralumin::*;
 
 use crate::elements::*;
 
-pub fn run(c: &Communicator) {
+pub fn run(c: &MpiCommunicator) {
     many_outstanding(c);
     progresses_without_polling(c);
     test_polls_to_completion(c);
@@ -14,7 +14,7 @@ pub fn run(c: &Communicator) {
 }
 
 /// Many operations of different kinds in flight at once, completed in reverse order.
-fn many_outstanding(c: &Communicator) {
+fn many_outstanding(c: &MpiCommunicator) {
     let (me, n) = (c.rank(), c.size());
     let k = 12;
     let inputs: Vec<Vec<i64>> = (0..k).map(|j| (0..300).map(|i| (me * j + i) as i64).collect()).collect();
@@ -47,7 +47,7 @@ fn many_outstanding(c: &Communicator) {
 }
 
 /// A started operation completes while the caller sleeps: the proxy thread drives it.
-fn progresses_without_polling(c: &Communicator) {
+fn progresses_without_polling(c: &MpiCommunicator) {
     let n = c.size();
     let send = vec![1.0f64; 5000];
     let mut recv = vec![0.0f64; 5000];
@@ -65,7 +65,7 @@ fn progresses_without_polling(c: &Communicator) {
     assert!(recv.iter().all(|&x| x == n as f64));
 }
 
-fn test_polls_to_completion(c: &Communicator) {
+fn test_polls_to_completion(c: &MpiCommunicator) {
     let mut buf = vec![c.rank() as u16; 100];
     scope(|s| {
         let mut r = c.iallreduce_in_place(s, &mut buf, Max)?;
@@ -84,7 +84,7 @@ pub fn after_drop() {
     assert!(!progress_thread_running(), "the progress thread outlived every communicator");
 }
 
-pub fn topology(c: &Communicator) {
+pub fn topology(c: &MpiCommunicator) {
     let (me, n) = (c.rank(), c.size());
     // Everything runs on one node here.
     assert_eq!((c.local_rank(), c.local_size()), (me, n));
@@ -112,7 +112,7 @@ pub fn topology(c: &Communicator) {
 }
 
 /// Two communicators used from two threads at once; a communicator moved to another thread.
-pub fn threads(c: &Communicator) {
+pub fn threads(c: &MpiCommunicator) {
     let n = c.size();
     let a = c.dup().expect("dup a");
     let b = c.dup().expect("dup b");

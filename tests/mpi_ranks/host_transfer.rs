@@ -9,15 +9,15 @@
 //! queue, buffers and streams of another device, and no pinned memory left once the
 //! communicator is dropped.
 
-use duralumin::backends::host_transfer::{Communicator as HtComm, HostTransferConfig};
 use duralumin::device::Device;
 use duralumin::device::host::HostDevice;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::*;
+use duralumin::{HostTransferCommunicator, HostTransferConfig};
 
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
 
-pub fn run(_: &Communicator, world: &SimpleCommunicator) {
+pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     // The sweep twice: staged through pinned memory in small chunks (what a GPU does), and
     // direct on the host device's memory (the default there).
     let direct = HostTransfer::new(world, HostTransferConfig::default());
@@ -85,7 +85,7 @@ pub fn stream_ordered<D: TestDevice>(
 }
 
 /// Every staging block and flag is back in the pool once the operations have completed.
-pub fn assert_idle<D: Device>(c: &HtComm<D>, when: &str) {
+pub fn assert_idle<D: Device>(c: &HostTransferCommunicator<D>, when: &str) {
     // The proxy thread returns an operation's staging right after the stream's last copy; give
     // it a moment to see that.
     let start = std::time::Instant::now();
@@ -174,8 +174,9 @@ fn p2p<D: TestDevice>(ht: &HostTransfer<D>) {
 /// at once, plus stream-side waits: all complete with the right results.
 fn many_outstanding<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     let config = HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, ..HostTransferConfig::default() };
-    let comms: Vec<HtComm<D>> =
-        (0..3).map(|_| HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap()).collect();
+    let comms: Vec<HostTransferCommunicator<D>> = (0..3)
+        .map(|_| HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap())
+        .collect();
     let (me, n) = (comms[0].rank() as u64, comms[0].size() as u64);
     let len = 700;
     let mut bufs: Vec<Vec<_>> = (0..3)
@@ -223,7 +224,7 @@ fn queued_on_fresh_communicators<D: TestDevice>(
     let config = HostTransferConfig { chunk_bytes: 256 << 10, direct: false, ..HostTransferConfig::default() };
     let len = 1 << 20;
     for round in 0..12u32 {
-        let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+        let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
         let s = c.stream().clone();
         let (me, n) = (c.rank() as u32, c.size() as u32);
         let send = dev.up(&s, &vec![me + round; len]);
@@ -270,7 +271,7 @@ fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: 
         direct: false,
         ..Default::default()
     };
-    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank() as u32, c.size() as u32);
     // 16 chunks of 4 KiB grow to four of 16 KiB; 1024 of them grow to 64 of 64 KiB.
@@ -300,7 +301,7 @@ fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: 
 fn long_pipelines<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     let config =
         HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, max_chunks: usize::MAX, ..Default::default() };
-    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
     let len = 64 << 10; // 256 KiB of u32: 1024 chunks.
     let of = |r: usize| (0..len).map(|i| (r * 1_000_000 + i) as u32).collect::<Vec<_>>();
@@ -330,7 +331,7 @@ fn long_pipelines<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream
 fn early_release<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     use duralumin::mpi::traits::*;
     let config = HostTransferConfig { direct: false, ..Default::default() };
-    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
     if n < 2 {
@@ -390,7 +391,7 @@ pub fn waits_for_the_pool<D: TestDevice>(
         proxy_queues_copies: proxy_queues,
         ..Default::default()
     };
-    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
     let len = cap / size_of::<u32>();
     let val = |r: usize, i: usize, k: usize| (r * 1_000_000 + i * 10 + k) as u32;
@@ -427,7 +428,7 @@ pub fn waits_for_the_pool<D: TestDevice>(
 
     // One chunk of 8 KiB and its result need more than the 4 KiB cap, whatever else is queued.
     let big = HostTransferConfig { chunk_bytes: 8192, ..config };
-    let b = HtComm::with_config(world, dev.clone(), new_stream(), big).unwrap();
+    let b = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), big).unwrap();
     let x = dev.up(&s, &vec![1u32; 2048]);
     let mut y = dev.up(&s, &vec![0u32; 2048]);
     match b.allreduce(&x, &mut y, Sum) {
@@ -447,7 +448,7 @@ pub fn waits_for_the_pool<D: TestDevice>(
     // The calling thread frees them for an 8 KiB block; the proxy thread frees no pinned memory
     // (that may wait for the device), so there the operation runs through one slot.
     let tight = HostTransferConfig { chunk_bytes: 2048, depth: 2, pool_cap_bytes: 2 * cap, ..config };
-    let t = HtComm::with_config(world, dev.clone(), new_stream(), tight).unwrap();
+    let t = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), tight).unwrap();
     let small: Vec<_> = (0..2).map(|k| dev.up(&s, &(0..512).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();
     let mut small_out: Vec<_> = (0..2).map(|_| dev.up(&s, &vec![0u32; 512])).collect();
     let large = dev.up(&s, &(0..1024).map(|i| val(me, i, 2)).collect::<Vec<_>>());
@@ -474,7 +475,7 @@ pub fn waits_for_the_pool<D: TestDevice>(
 fn beyond_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream, direct: bool) {
     let cap = duralumin::device::pool::MIN_BLOCK;
     let config = HostTransferConfig { chunk_bytes: 512, depth: 2, direct, pool_cap_bytes: cap, ..Default::default() };
-    let c = HtComm::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
     let len = 4 * cap / size_of::<u32>();
@@ -628,13 +629,13 @@ fn wrong_device(ht: &HostTransfer, world: &SimpleCommunicator) {
     expect_err!(works, c.allreduce(&a, &mut foreign, Sum), Error::WrongDevice { .. });
     expect_err!(works, c.bcast(&mut foreign, 0), Error::WrongDevice { .. });
     // A stream of another device cannot carry a communicator.
-    match HtComm::new(world, dev.clone(), other.stream().unwrap()) {
+    match HostTransferCommunicator::new(world, dev.clone(), other.stream().unwrap()) {
         Err(Error::WrongDevice { .. }) => {}
         r => panic!("stream of another device: expected WrongDevice, got {:?}", r.map(|_| ())),
     }
     let zero = HostTransferConfig { depth: 0, ..HostTransferConfig::default() };
     assert!(matches!(
-        HtComm::with_config(world, dev.clone(), dev.stream().unwrap(), zero),
+        HostTransferCommunicator::with_config(world, dev.clone(), dev.stream().unwrap(), zero),
         Err(Error::InvalidConfig(_))
     ));
     assert!(dev.owns(c.stream()) && !other.owns(c.stream()));

@@ -21,7 +21,7 @@ mod sweep;
 use std::time::Instant;
 
 use duralumin::mpi::topology::SimpleCommunicator;
-use duralumin::{Communicator, Tuning};
+use duralumin::{MpiCommunicator, Tuning};
 
 /// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
 /// every algorithm, pipelines through several segments and chunks, and is split into several
@@ -49,12 +49,12 @@ fn main() {
 }
 
 /// A named group of checks run on every rank.
-type Group = (&'static str, fn(&Communicator, &SimpleCommunicator));
+type Group = (&'static str, fn(&MpiCommunicator, &SimpleCommunicator));
 
 fn rank_main(program: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let mut comm = Communicator::new(&world).expect("communicator");
+    let mut comm = MpiCommunicator::new(&world).expect("communicator");
     comm.set_tuning(small_thresholds());
     let groups: [Group; 7] = [
         ("sweep", |c, _| sweep::run(c)),
@@ -66,7 +66,7 @@ fn rank_main(program: &str) {
         ("host_transfer", host_transfer::run),
     ];
     #[cfg(feature = "cuda")]
-    let groups = groups.into_iter().chain([("cuda", cuda::run as fn(&Communicator, &SimpleCommunicator))]);
+    let groups = groups.into_iter().chain([("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator))]);
     for (name, group) in groups {
         // The GPU group runs only when asked for by name (the `cuda_np*` trials).
         if program != name && (program != "all" || name == "cuda") {

@@ -6,7 +6,7 @@ use crate::COUNTS;
 use crate::backend::mpi_call;
 use crate::elements::*;
 
-pub fn run(c: &Communicator) {
+pub fn run(c: &MpiCommunicator) {
     let (me, n) = (c.rank(), c.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     for count in COUNTS {
@@ -48,7 +48,7 @@ pub fn run(c: &Communicator) {
 }
 
 /// Every rank sends a distinct block to every rank (itself included) and receives from all.
-fn multi(c: &Communicator, count: usize, nb: bool) {
+fn multi(c: &MpiCommunicator, count: usize, nb: bool) {
     let (me, n) = (c.rank(), c.size());
     let outgoing: Vec<Vec<Complex>> = (0..n)
         .map(|to| (0..count + to).map(|i| Complex { re: me as f32, im: (to * 100 + i) as f32 }).collect())
@@ -67,7 +67,7 @@ fn multi(c: &Communicator, count: usize, nb: bool) {
 }
 
 /// Messages to this rank itself work when they cannot deadlock (non-blocking, or sendrecv).
-fn self_messages(c: &Communicator) {
+fn self_messages(c: &MpiCommunicator) {
     let me = c.rank();
     let send = [1u8, 2, 3];
     let mut recv = [0u8; 3];
@@ -85,7 +85,7 @@ fn self_messages(c: &Communicator) {
 
 /// A receive of a different size than what was sent is an error, not undefined behaviour; and
 /// an error of a request dropped unwaited surfaces from the next call.
-fn mismatches(c: &Communicator) {
+fn mismatches(c: &MpiCommunicator) {
     let (me, n) = (c.rank(), c.size());
     if n < 2 || me > 1 {
         c.barrier().expect("barrier");

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use duralumin::backends::host_transfer::{self, HostTransferConfig};
 use duralumin::device::host::HostDevice;
 use duralumin::device::pool::PoolStats;
-use duralumin::{Communicator, Sum, Tuning};
+use duralumin::{MpiCommunicator, Sum, Tuning};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 /// Operations per rank in the measured run, over the three communicators.
@@ -80,9 +80,9 @@ fn rss() -> usize {
 
 /// The three communicators of a rank.
 struct Comms {
-    algorithms: Communicator,
-    native: Communicator,
-    ht: host_transfer::Communicator<HostDevice>,
+    algorithms: MpiCommunicator,
+    native: MpiCommunicator,
+    ht: host_transfer::HostTransferCommunicator<HostDevice>,
     dev: HostDevice,
 }
 
@@ -150,7 +150,7 @@ fn in_step(c: &Comms) {
 fn rank_main() {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let mut algorithms = Communicator::new(&world).expect("communicator");
+    let mut algorithms = MpiCommunicator::new(&world).expect("communicator");
     algorithms.set_tuning(
         Tuning::default()
             .with_allreduce_ring_bytes(1024)
@@ -161,13 +161,18 @@ fn rank_main() {
             .with_bcast_chunk_bytes(512)
             .with_max_message_elements(700),
     );
-    let native = Communicator::new(&world).expect("communicator");
+    let native = MpiCommunicator::new(&world).expect("communicator");
     let dev = HostDevice::new(0);
     // Staged (not run on the device buffers directly) in small chunks, so larger operations
     // pipeline through several staging slots and flags.
     let config = HostTransferConfig { chunk_bytes: 4096, direct: false, ..HostTransferConfig::default() };
-    let ht = host_transfer::Communicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
-        .expect("HostTransfer communicator");
+    let ht = host_transfer::HostTransferCommunicator::with_config(
+        &world,
+        dev.clone(),
+        dev.stream().expect("stream"),
+        config,
+    )
+    .expect("HostTransfer communicator");
     let me = native.rank();
     let comms = Comms { algorithms, native, ht, dev };
 

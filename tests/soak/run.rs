@@ -3,7 +3,7 @@
 
 use duralumin::backends::host_transfer::{self, DeviceRequest};
 use duralumin::device::host::{HostBuffer, HostDevice};
-use duralumin::{Communicator, Max, Request, Result, Scope, Sum, scope};
+use duralumin::{Max, MpiCommunicator, Request, Result, Scope, Sum, scope};
 
 use crate::plan::{Kind, Spec};
 
@@ -25,7 +25,7 @@ impl Slot {
 }
 
 /// Starts `slot`'s operation on the Mpi communicator `c`.
-fn start<'s>(c: &'s Communicator, s: &'s Scope<'s, '_>, slot: &'s mut Slot) -> Result<Request<'s>> {
+fn start<'s>(c: &'s MpiCommunicator, s: &'s Scope<'s, '_>, slot: &'s mut Slot) -> Result<Request<'s>> {
     let (me, n) = (c.rank(), c.size());
     let Slot { spec, send, recv } = slot;
     let root = spec.root;
@@ -63,7 +63,7 @@ fn start<'s>(c: &'s Communicator, s: &'s Scope<'s, '_>, slot: &'s mut Slot) -> R
 /// Runs `ops` operations on the Mpi communicator `c` (number `comm` of the soak), in batches
 /// of [`BATCH`] non-blocking operations waited for together; `first` is the first batch's
 /// number (the warm-up and the measured run continue one sequence). Returns the batches run.
-pub fn mpi(c: &Communicator, comm: usize, first: usize, ops: usize) -> usize {
+pub fn mpi(c: &MpiCommunicator, comm: usize, first: usize, ops: usize) -> usize {
     let (me, n) = (c.rank(), c.size());
     let batches = ops.div_ceil(BATCH);
     for b in first..first + batches {
@@ -109,7 +109,7 @@ struct DevSlot {
     recv: HostBuffer<u64>,
 }
 
-type Ht = host_transfer::Communicator<HostDevice>;
+type Ht = host_transfer::HostTransferCommunicator<HostDevice>;
 
 /// Starts `slot`'s operation on the HostTransfer communicator `c`: non-blocking when `nb`
 /// (returning its request), else ordered on the communicator's stream.

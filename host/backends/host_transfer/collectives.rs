@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use duralumin_kernels::{Element, ReduceOp};
 
-use super::Communicator;
+use super::HostTransferCommunicator;
 use super::request::DeviceRequest;
 use crate::device::{Device, DeviceSlice, DeviceSliceMut};
 use crate::error::Result;
@@ -28,7 +28,7 @@ macro_rules! stream_ordered_and_nonblocking {
         ///
         /// Stream-ordered: queued on the communicator's stream after the work already there;
         /// returns at once. Argument errors are returned before anything is queued; errors of
-        /// the MPI part are returned by the communicator's next call or [`Communicator::synchronize`].
+        /// the MPI part are returned by the communicator's next call or [`HostTransferCommunicator::synchronize`].
         #[allow(clippy::too_many_arguments)]
         pub fn $name<'a, $($g: $bound),*>(&self, $($arg: $ty),*) -> Result<()> {
             let sig: Signature = ($sig)(self);
@@ -95,7 +95,7 @@ mod uses {
     }
 }
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     stream_ordered_and_nonblocking! {
         /// Allreduce: `recv[i] = op(send_0[i], ..., send_{n-1}[i])` on every rank (equal
         /// lengths everywhere).

@@ -1,7 +1,7 @@
 //! The HostTransfer backend: collectives on device buffers, staged through pinned host memory,
 //! ordered on a stream like kernels.
 //!
-//! A [`Communicator`] is an MPI communicator bound to a stream of a [`Device`]. Every operation
+//! A [`HostTransferCommunicator`] is an MPI communicator bound to a stream of a [`Device`]. Every operation
 //! is queued on that stream and the calling thread returns at once:
 //!
 //! 1. the stream copies chunk `k` of the input from the device into a pinned staging slot and
@@ -58,6 +58,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use request::DeviceRequest;
+
+/// The HostTransfer backend's communicator under its old name.
+#[deprecated(since = "0.2.0", note = "renamed `HostTransferCommunicator` (also at the crate root)")]
+pub type Communicator<D> = HostTransferCommunicator<D>;
 
 use crate::device::pool::{PoolStats, Pools};
 use crate::device::{Device, DeviceSlice};
@@ -169,7 +173,7 @@ impl Default for HostTransferConfig {
 /// What the operations of a communicator (and its in-flight work on the proxy thread) share.
 pub(crate) struct Shared<D: Device> {
     /// The Mpi backend communicator the proxy thread runs the MPI parts on.
-    pub(crate) mpi: Mutex<crate::Communicator>,
+    pub(crate) mpi: Mutex<crate::MpiCommunicator>,
     pub(crate) device: Arc<D>,
     pub(crate) pools: Arc<Pools<D>>,
     /// The ticket whose MPI part may run now.
@@ -224,7 +228,7 @@ impl Grants {
 ///
 /// `Send` but not `Sync`, like the Mpi backend's communicator: one thread queues its operations
 /// at a time (so their order is the program's order on every rank).
-pub struct Communicator<D: Device> {
+pub struct HostTransferCommunicator<D: Device> {
     shared: Arc<Shared<D>>,
     stream: D::Stream,
     /// The internal stream non-blocking operations run on (made on first use).
@@ -236,16 +240,16 @@ pub struct Communicator<D: Device> {
     /// Staging turns handed out (see [`Grants`]).
     grants_issued: Cell<u64>,
     /// The host parts of operations queued and maybe not yet through, which
-    /// [`Communicator::synchronize`] drives while it waits.
+    /// [`HostTransferCommunicator::synchronize`] drives while it waits.
     pending: RefCell<Vec<Arc<Task>>>,
     config: HostTransferConfig,
     engine: Arc<Engine>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-impl<D: Device> std::fmt::Debug for Communicator<D> {
+impl<D: Device> std::fmt::Debug for HostTransferCommunicator<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("host_transfer::Communicator")
+        f.debug_struct("HostTransferCommunicator")
             .field("rank", &self.shared.rank)
             .field("size", &self.shared.size)
             .field("device", &self.shared.device.name())
@@ -254,26 +258,26 @@ impl<D: Device> std::fmt::Debug for Communicator<D> {
     }
 }
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     /// A communicator over the ranks of `comm` (duplicated, like
-    /// [`crate::Communicator::new`]) whose operations are ordered on `stream` of `device`.
+    /// [`crate::MpiCommunicator::new`]) whose operations are ordered on `stream` of `device`.
     pub fn new<C: mpi::topology::Communicator>(comm: &C, device: D, stream: D::Stream) -> Result<Self> {
         Self::with_config(comm, device, stream, HostTransferConfig::default())
     }
 
-    /// As [`Communicator::new`], with explicit pipelining settings.
+    /// As [`HostTransferCommunicator::new`], with explicit pipelining settings.
     pub fn with_config<C: mpi::topology::Communicator>(
         comm: &C,
         device: D,
         stream: D::Stream,
         config: HostTransferConfig,
     ) -> Result<Self> {
-        let mpi = crate::Communicator::new(comm)?;
+        let mpi = crate::MpiCommunicator::new(comm)?;
         Self::from_mpi(mpi, Arc::new(device), stream, config)
     }
 
     fn from_mpi(
-        mpi: crate::Communicator,
+        mpi: crate::MpiCommunicator,
         device: Arc<D>,
         stream: D::Stream,
         config: HostTransferConfig,
@@ -291,7 +295,7 @@ impl<D: Device> Communicator<D> {
         let (rank, size, max_tag) = (mpi.rank(), mpi.size(), mpi.max_tag());
         let monitor = Arc::clone(mpi.monitor());
         let pools = Pools::new(Arc::clone(&device), config.pool_cap_bytes);
-        Ok(Communicator {
+        Ok(HostTransferCommunicator {
             shared: Arc::new(Shared {
                 mpi: Mutex::new(mpi),
                 device,
@@ -353,7 +357,7 @@ impl<D: Device> Communicator<D> {
         Self::from_mpi(mpi, Arc::clone(&self.shared.device), self.stream.clone(), self.config)
     }
 
-    /// Revokes the communicator (`MPIX_Comm_revoke`), as [`crate::Communicator::revoke`] does:
+    /// Revokes the communicator (`MPIX_Comm_revoke`), as [`crate::MpiCommunicator::revoke`] does:
     /// every rank's pending and later operations on it fail with [`Error::Revoked`] (or
     /// [`Error::Aborted`]), and this rank's queued operations are let go, their stream flags
     /// raised, so the stream goes on (the outputs of those operations are undefined). Needs ULFM;
@@ -362,14 +366,14 @@ impl<D: Device> Communicator<D> {
         self.mpi().revoke()
     }
 
-    /// Fault-tolerant agreement over the ranks still alive, as [`crate::Communicator::agree`]:
+    /// Fault-tolerant agreement over the ranks still alive, as [`crate::MpiCommunicator::agree`]:
     /// whether `ok` holds on all of them and no process failed since the last agreement. Works
     /// on a revoked communicator. Host-side: it is not ordered on the stream. Needs ULFM.
     pub fn agree(&self, ok: bool) -> Result<bool> {
         self.mpi().agree(ok)
     }
 
-    /// A communicator over the ranks still alive, as [`crate::Communicator::shrink`], with this
+    /// A communicator over the ranks still alive, as [`crate::MpiCommunicator::shrink`], with this
     /// one's device, stream and settings and a pool of its own; collective over the survivors.
     /// Works on a revoked communicator. Needs ULFM.
     pub fn shrink(&self) -> Result<Self> {
@@ -378,7 +382,7 @@ impl<D: Device> Communicator<D> {
     }
 
     /// The inner Mpi communicator (the proxy thread locks it only while it starts a chunk).
-    fn mpi(&self) -> std::sync::MutexGuard<'_, crate::Communicator> {
+    fn mpi(&self) -> std::sync::MutexGuard<'_, crate::MpiCommunicator> {
         self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -411,7 +415,7 @@ impl<D: Device> Communicator<D> {
     }
 
     /// The deadline of every operation and wait (`None`: none), as on the Mpi backend
-    /// ([`crate::Communicator::timeout`]).
+    /// ([`crate::MpiCommunicator::timeout`]).
     pub fn timeout(&self) -> Option<std::time::Duration> {
         self.shared.monitor.timeout()
     }
@@ -473,7 +477,7 @@ impl<D: Device> Communicator<D> {
         self.shared.monitor.checks(sig)
     }
 
-    /// Remembers the host part of an operation just queued, for [`Communicator::synchronize`].
+    /// Remembers the host part of an operation just queued, for [`HostTransferCommunicator::synchronize`].
     fn track(&self, task: Arc<Task>) {
         let mut pending = self.pending.borrow_mut();
         pending.retain(|t| !t.is_done());

@@ -77,10 +77,10 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     /// Blocks until the operation has completed, then returns any error recorded on the
     /// communicator. While it waits, the calling thread drives the operation's host part (and on
     /// the host device runs the internal stream's queued work), as
-    /// [`Communicator::synchronize`](super::Communicator::synchronize) does.
+    /// [`HostTransferCommunicator::synchronize`](super::HostTransferCommunicator::synchronize) does.
     ///
     /// The wait has the communicator's deadline, as
-    /// [`synchronize`](super::Communicator::synchronize) has.
+    /// [`synchronize`](super::HostTransferCommunicator::synchronize) has.
     pub fn wait(mut self) -> Result<()> {
         self.reported = true;
         let wait = self.block();
@@ -91,7 +91,7 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     /// Makes `stream` wait, on the device, until the operation has completed, and lets the
     /// request go: the host does not block, now or when the request is dropped. Work queued on
     /// `stream` afterwards sees the results; an error of the operation is reported by the
-    /// communicator's next call (or its [`synchronize`](super::Communicator::synchronize)).
+    /// communicator's next call (or its [`synchronize`](super::HostTransferCommunicator::synchronize)).
     ///
     /// The buffers are free for safe code again at once. Every later use of them is ordered
     /// after the operation, as for any operation queued on the communicator's own stream: a

@@ -1,16 +1,16 @@
-//! The staging engine: [`Communicator::enqueue`] queues a [`Plan`] on a stream and hands its
+//! The staging engine: [`HostTransferCommunicator::enqueue`] queues a [`Plan`] on a stream and hands its
 //! MPI part to the proxy thread, in named steps:
 //!
-//! 1. [`cut_into_chunks`](Communicator::cut_into_chunks): the chunk size, the number of
+//! 1. [`cut_into_chunks`](HostTransferCommunicator::cut_into_chunks): the chunk size, the number of
 //!    chunks and staging slots, or one chunk on the device buffers themselves ([`Geometry`]);
-//! 2. [`take_staging`](Communicator::take_staging): the pinned staging block, in the order
+//! 2. [`take_staging`](HostTransferCommunicator::take_staging): the pinned staging block, in the order
 //!    operations were queued ([`Grants`](super::Grants));
-//! 3. [`set_up`](Communicator::set_up): the flags, and the device side laid out ([`Copies`]);
-//! 4. [`hand_over`](Communicator::hand_over): the operation goes to the proxy thread
+//! 3. [`set_up`](HostTransferCommunicator::set_up): the flags, and the device side laid out ([`Copies`]);
+//! 4. [`hand_over`](HostTransferCommunicator::hand_over): the operation goes to the proxy thread
 //!    ([`HostPart`]);
-//! 5. [`queue_device_work`](Communicator::queue_device_work): the calling thread queues the
+//! 5. [`queue_device_work`](HostTransferCommunicator::queue_device_work): the calling thread queues the
 //!    device side (or the flag that lets the proxy thread queue it);
-//! 6. [`abandon_queueing`](Communicator::abandon_queueing) where that fails: what was queued
+//! 6. [`abandon_queueing`](HostTransferCommunicator::abandon_queueing) where that fails: what was queued
 //!    runs through, and the proxy thread lets the operation go.
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use duralumin_kernels::Element;
 
-use super::Communicator;
+use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
 use super::plans::{ChunkFn, InputArea, Plan};
 use super::proxy::{HostPart, InFlight, release_waits};
@@ -97,7 +97,7 @@ struct QueueingFailed {
     let_go: bool,
 }
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     /// Waits on the calling thread until the pool can lend `bytes` of staging: the earlier
     /// operations holding it are fully queued, so the proxy thread and the device finish them
     /// without this thread (as NCCL's host waits when its queue of work is full). An MPI
@@ -123,7 +123,7 @@ impl<D: Device> Communicator<D> {
 
     /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
     /// stream raises to 1 when the operation has completed on it, and the task of its host part
-    /// (which [`Communicator::synchronize`] drives too).
+    /// (which [`HostTransferCommunicator::synchronize`] drives too).
     ///
     /// The calling thread queues the device work of every chunk: one chunk on `stream`; more on
     /// the two internal copy streams (device-to-host on one, host-to-device on the other, so
@@ -394,7 +394,7 @@ impl<D: Device> Communicator<D> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::super::{Communicator, HostTransferConfig};
+    use super::super::{HostTransferCommunicator, HostTransferConfig};
     use crate::Sum;
     use crate::device::host::HostDevice;
 
@@ -413,7 +413,7 @@ mod tests {
         let dev = HostDevice::new(0);
         let stream = dev.stream().unwrap();
         let config = HostTransferConfig { chunk_bytes: 4 << 10, direct: false, ..Default::default() };
-        let c = Communicator::with_config(&world, dev.clone(), stream.clone(), config).unwrap();
+        let c = HostTransferCommunicator::with_config(&world, dev.clone(), stream.clone(), config).unwrap();
         let len = 4 << 10; // 16 KiB of u32: four chunks, so the operation pipelines.
         let send = dev.upload(&vec![3u32; len]).unwrap();
         let (mut first, mut second) = (dev.alloc_zeroed::<u32>(len).unwrap(), dev.alloc_zeroed::<u32>(len).unwrap());

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use duralumin_kernels::{Element, ReduceOp};
 
-use super::Communicator;
+use super::MpiCommunicator;
 use super::job::{Job, Mode, Post};
 use crate::algorithms::reduce_scatter::{self, Partials, RingLayout};
 use crate::algorithms::{allreduce, bcast, exchange};
@@ -204,7 +204,7 @@ macro_rules! shadow {
 pub(super) use blocking_and_nonblocking;
 pub(super) use shadow;
 
-impl Communicator {
+impl MpiCommunicator {
     fn fits(&self, n: usize) -> bool {
         n <= self.tuning.max_message_elements
     }

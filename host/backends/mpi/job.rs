@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use duralumin_kernels::Element;
 
-use super::Communicator;
+use super::MpiCommunicator;
 use super::shadow::Shadow;
 use crate::buffer::RawBuf;
 use crate::error::Result;
@@ -122,7 +122,7 @@ impl Drop for WaitRequests {
     }
 }
 
-impl Communicator {
+impl MpiCommunicator {
     /// Runs a job to completion on this thread.
     pub(crate) fn run<T: Element>(&self, job: Job<T>) -> Result<()> {
         match job {
@@ -225,7 +225,7 @@ impl Communicator {
         self.core.monitor.end(op, r)
     }
 
-    /// [`Communicator::run_op`] for an operation on shadow copies: driven through MPI's
+    /// [`MpiCommunicator::run_op`] for an operation on shadow copies: driven through MPI's
     /// non-blocking calls and, if the communicator is given up meanwhile, abandoned with them.
     pub(crate) fn run_shadowed<T: Element>(&self, op: OpId, job: Job<T>, shadow: Shadow) -> Result<()> {
         block_on(shadowed(self.job_future(job), Arc::clone(&self.core.monitor), op, shadow))

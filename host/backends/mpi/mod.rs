@@ -1,6 +1,6 @@
 //! The Mpi backend: collectives over host memory.
 //!
-//! A [`Communicator`] wraps an MPI communicator. Every operation exists blocking
+//! An [`MpiCommunicator`] wraps an MPI communicator. Every operation exists blocking
 //! (`allreduce`), non-blocking (`iallreduce`, returning a [`crate::Request`] inside a
 //! [`crate::scope`]) and, where it makes sense, in place (`allreduce_in_place`).
 //!
@@ -31,6 +31,10 @@ use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::DeferredError;
 
 pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
+
+/// The Mpi backend's communicator under its old name.
+#[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator` (also at the crate root)")]
+pub type Communicator = MpiCommunicator;
 pub(crate) use job::{Job, Mode};
 pub(crate) use p2p::exchange;
 
@@ -153,7 +157,7 @@ impl Drop for Core {
     fn drop(&mut self) {
         self.monitor.close();
         for c in [self.coll, self.algo, self.p2p] {
-            // SAFETY: the three communicators were created by `Communicator::from_raw` for
+            // SAFETY: the three communicators were created by `MpiCommunicator::from_raw` for
             // this core alone, and every operation using them has completed (operations hold
             // an Arc of the core).
             unsafe { ffi::comm::free(c) };
@@ -169,15 +173,15 @@ impl Drop for Core {
 ///
 /// ```compile_fail
 /// fn shared_between_threads<T: Sync>() {}
-/// shared_between_threads::<duralumin::Communicator>();
+/// shared_between_threads::<duralumin::MpiCommunicator>();
 /// ```
 ///
 /// ```
 /// fn movable_to_a_thread<T: Send>() {}
-/// movable_to_a_thread::<duralumin::Communicator>();
+/// movable_to_a_thread::<duralumin::MpiCommunicator>();
 /// ```
 #[derive(Debug)]
-pub struct Communicator {
+pub struct MpiCommunicator {
     core: Arc<Core>,
     local_rank: usize,
     local_size: usize,
@@ -187,7 +191,7 @@ pub struct Communicator {
     _not_sync: PhantomData<Cell<()>>,
 }
 
-impl Communicator {
+impl MpiCommunicator {
     /// A Duralumin communicator over the same ranks as `comm` (any rsmpi communicator: the
     /// world, or one the program made). `comm` is duplicated, so traffic never mixes with the
     /// program's own use of it.
@@ -227,7 +231,7 @@ impl Communicator {
         unsafe { ffi::comm::free(node) };
         let (local_rank, local_size) = local?;
         let monitor = Monitor::new(rank, size, vec![coll, algo, p2p])?;
-        Ok(Communicator {
+        Ok(MpiCommunicator {
             core: Arc::new(Core {
                 coll,
                 algo,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use duralumin_kernels::Element;
 
-use super::Communicator;
+use super::MpiCommunicator;
 use super::collectives::{blocking_and_nonblocking, shadow};
 use super::job::{Job, Mode};
 use crate::buffer::RawBuf;
@@ -35,7 +35,7 @@ pub(crate) unsafe fn exchange<T: Element>(
     Job::Future(Box::pin(async move { unsafe { x.post(&sends, &recvs) }?.await }))
 }
 
-impl Communicator {
+impl MpiCommunicator {
     pub(crate) fn p2p_transport<T: Element>(&self, tag: i32, mode: Mode) -> Result<MpiTransport> {
         check::tag(tag, self.core.tag_ub)?;
         Ok(MpiTransport {

@@ -23,7 +23,7 @@ mod vector;
 
 use duralumin_kernels::Element;
 
-use super::Communicator;
+use super::HostTransferCommunicator;
 use crate::backends::mpi::{Job, Mode, exchange};
 use crate::buffer::RawBuf;
 use crate::check;
@@ -129,7 +129,7 @@ impl<T> ChunkBufs<T> {
 }
 
 /// Builds the MPI part of one chunk on its staging buffers.
-pub(crate) type ChunkFn<T> = Box<dyn FnMut(&crate::Communicator, ChunkBufs<T>) -> Result<Job<T>> + Send>;
+pub(crate) type ChunkFn<T> = Box<dyn FnMut(&crate::MpiCommunicator, ChunkBufs<T>) -> Result<Job<T>> + Send>;
 
 /// Point-to-point messages of a chunk: `(block, peer)`.
 type Messages<T> = Vec<(RawBuf<T>, usize)>;
@@ -167,7 +167,7 @@ impl<T> Plan<T> {
     fn collective(
         count: usize,
         width: usize,
-        chunk: impl FnMut(&crate::Communicator, ChunkBufs<T>) -> Result<Job<T>> + Send + 'static,
+        chunk: impl FnMut(&crate::MpiCommunicator, ChunkBufs<T>) -> Result<Job<T>> + Send + 'static,
     ) -> Self {
         Plan {
             count,
@@ -252,7 +252,7 @@ impl<T: Element> Plan<T> {
         mut tag: Tag,
         mut messages: impl FnMut(&ChunkBufs<T>) -> Result<(Messages<T>, Messages<T>)> + Send + 'static,
     ) -> Self {
-        let chunk = move |mpi: &crate::Communicator, bufs: ChunkBufs<T>| {
+        let chunk = move |mpi: &crate::MpiCommunicator, bufs: ChunkBufs<T>| {
             let x = tag.transport::<T>(mpi)?;
             let (sends, recvs) = messages(&bufs)?;
             // SAFETY: the blocks lie in this chunk's staging slot (exchanges never work on the
@@ -267,9 +267,9 @@ impl<T: Element> Plan<T> {
 /// A chunk function that runs `plan` (an Mpi backend planner) on the chunk's send and receive
 /// staging as slices.
 fn on_slices<T>(
-    mut plan: impl for<'s> FnMut(&crate::Communicator, Option<&'s [T]>, &'s mut [T]) -> Result<Job<T>> + Send + 'static,
-) -> impl FnMut(&crate::Communicator, ChunkBufs<T>) -> Result<Job<T>> + Send + 'static {
-    move |mpi: &crate::Communicator, chunk: ChunkBufs<T>| {
+    mut plan: impl for<'s> FnMut(&crate::MpiCommunicator, Option<&'s [T]>, &'s mut [T]) -> Result<Job<T>> + Send + 'static,
+) -> impl FnMut(&crate::MpiCommunicator, ChunkBufs<T>) -> Result<Job<T>> + Send + 'static {
+    move |mpi: &crate::MpiCommunicator, chunk: ChunkBufs<T>| {
         // SAFETY: the staging engine hands each chunk's slot (or the device buffers, which the
         // operation holds) to its MPI part alone.
         let (send, recv) = unsafe { chunk.slices() };
@@ -289,7 +289,7 @@ enum Tag {
 
 impl Tag {
     /// The transport of this chunk's messages.
-    fn transport<T: Element>(&mut self, mpi: &crate::Communicator) -> Result<MpiTransport> {
+    fn transport<T: Element>(&mut self, mpi: &crate::MpiCommunicator) -> Result<MpiTransport> {
         match self {
             Tag::User(tag) => mpi.p2p_transport::<T>(*tag, Mode::NonBlocking),
             Tag::Operation(Some(x)) => Ok(*x),
@@ -343,7 +343,7 @@ fn peers<T>(n: usize, me: usize, f: impl Fn(usize) -> Option<RawBuf<T>>) -> Mess
     (0..n).filter(|&p| p != me).filter_map(|p| f(p).map(|b| (b, p))).collect()
 }
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     fn check_root(&self, what: &'static str, root: usize) -> Result<()> {
         check::rank(what, root, self.size())
     }

@@ -4,13 +4,13 @@
 use duralumin_kernels::Element;
 
 use super::{InputArea, Plan, SliceOf, on_slices, rows};
-use crate::backends::host_transfer::Communicator;
+use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::backends::mpi::{BcastAlgorithm, Mode};
 use crate::check;
 use crate::device::Device;
 use crate::error::Result;
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     pub(crate) fn plan_bcast<T: Element, B: SliceOf<D, T>>(&self, buf: &mut B, root: usize) -> Result<Plan<T>> {
         self.check_root("bcast root", root)?;
         self.check_buffer("bcast buffer", buf)?;

@@ -6,13 +6,13 @@
 use duralumin_kernels::Element;
 
 use super::{ChunkBufs, InputArea, Messages, Plan, Region, SliceOf, Tag, longest, packed, rows};
-use crate::backends::host_transfer::Communicator;
+use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::buffer::RawBuf;
 use crate::check;
 use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive};
 use crate::error::{Error, Result};
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     /// One message each way at most.
     pub(crate) fn plan_p2p<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
         &self,

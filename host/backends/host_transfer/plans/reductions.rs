@@ -3,13 +3,13 @@
 use duralumin_kernels::{Element, ReduceOp};
 
 use super::{ChunkBufs, InputArea, Plan, SliceOf, blocks, longest, on_slices, rows};
-use crate::backends::host_transfer::Communicator;
+use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::backends::mpi::{AllreduceAlgorithm, Mode};
 use crate::check;
 use crate::device::{Device, ReduceFns};
 use crate::error::Result;
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     pub(crate) fn plan_allreduce<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
         &self,
         send: Option<&S>,
@@ -137,7 +137,7 @@ impl<D: Device> Communicator<D> {
         };
         let (out_of_place, count, own) = (send.is_some(), longest(counts), counts[me]);
         let counts = counts.to_vec();
-        let reduce_scatterv = move |mpi: &crate::Communicator, chunk: ChunkBufs<T>| {
+        let reduce_scatterv = move |mpi: &crate::MpiCommunicator, chunk: ChunkBufs<T>| {
             // Every rank knows every count, so every rank runs the same chunks.
             let lens = chunk.cuts(&counts);
             let total: usize = lens.iter().sum();

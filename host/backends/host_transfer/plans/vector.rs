@@ -5,13 +5,13 @@
 use duralumin_kernels::Element;
 
 use super::{ChunkBufs, InputArea, Plan, Region, SliceOf, Tag, blocks, longest, packed, peers, rows};
-use crate::backends::host_transfer::Communicator;
+use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::backends::mpi::Mode;
 use crate::check;
 use crate::device::Device;
 use crate::error::{Error, Result};
 
-impl<D: Device> Communicator<D> {
+impl<D: Device> HostTransferCommunicator<D> {
     pub(crate) fn plan_allgatherv<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
         &self,
         send: Option<&S>,
@@ -25,7 +25,7 @@ impl<D: Device> Communicator<D> {
         let input = (own, if send.is_some() { InputArea::Send } else { InputArea::Recv { part: me } });
         let output = blocks(recv, counts, displs);
         let (count, counts) = (longest(counts), counts.to_vec());
-        let allgatherv = move |mpi: &crate::Communicator, chunk: ChunkBufs<T>| {
+        let allgatherv = move |mpi: &crate::MpiCommunicator, chunk: ChunkBufs<T>| {
             // Every rank knows every count, so every rank runs the same chunks.
             let lens = chunk.cuts(&counts);
             // SAFETY: as in `on_slices`.
