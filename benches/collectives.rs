@@ -581,17 +581,13 @@ fn host_transfer_rows(b: &mut Bench) {
             .expect("comm")
     };
     let direct = comm(HostTransferConfig::default());
-    let pipelined = comm(HostTransferConfig { direct: false, ..HostTransferConfig::default() });
+    let pipelined = comm(HostTransferConfig::default().with_direct(false));
     // Every operation in `chunk_bytes` chunks however many (the default grows them past
     // `max_chunks`); timed only where that differs.
     let config_default = pipelined.config();
-    let fixed = comm(HostTransferConfig { max_chunks: usize::MAX, ..config_default });
-    let unpipelined = comm(HostTransferConfig {
-        chunk_bytes: usize::MAX / 4,
-        depth: 1,
-        direct: false,
-        ..HostTransferConfig::default()
-    });
+    let fixed = comm(config_default.with_max_chunks(usize::MAX));
+    let unpipelined =
+        comm(HostTransferConfig::default().with_chunk_bytes(usize::MAX / 4).with_depth(1).with_direct(false));
     for bytes in sizes(b.max_bytes) {
         let len = bytes / 4;
         let host: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
@@ -624,7 +620,7 @@ fn host_transfer_rows(b: &mut Bench) {
         let slots = config.depth.min(len.div_ceil(c_elems).max(1));
         let one_op = (slots * 2 * c_elems.min(len) * 4).max(duralumin::device::pool::MIN_BLOCK).next_power_of_two();
         // Fresh communicators, so the pinned high-water mark reported below stays one operation's.
-        let (roomy, tight) = (comm(config), comm(HostTransferConfig { pool_cap_bytes: one_op, ..config }));
+        let (roomy, tight) = (comm(config), comm(config.with_pool_cap_bytes(one_op)));
         for (name, ht) in [("ht-allreduce/queued8", &roomy), ("ht-allreduce/queued8-one-op-pool", &tight)] {
             let ours = b.time(8 * bytes, || {
                 for _ in 0..8 {

@@ -173,15 +173,13 @@ mod gpu {
                 .expect("communicator")
         };
         let pipelined = comm(HostTransferConfig::default());
-        let whole =
-            comm(HostTransferConfig { chunk_bytes: usize::MAX >> 2, depth: 1, ..HostTransferConfig::default() });
-        let device_reduce =
-            comm(HostTransferConfig { device_reduce_max_bytes: usize::MAX, ..HostTransferConfig::default() });
+        let whole = comm(HostTransferConfig::default().with_chunk_bytes(usize::MAX >> 2).with_depth(1));
+        let device_reduce = comm(HostTransferConfig::default().with_device_reduce_max_bytes(usize::MAX));
         // The proxy thread queueing the copies: O(1) enqueue, unsafe when streams share a queue.
-        let proxied = comm(HostTransferConfig { proxy_queues_copies: true, ..HostTransferConfig::default() });
+        let proxied = comm(HostTransferConfig::default().with_proxy_queues_copies(true));
         // Every operation in `chunk_bytes` chunks, however many (the default grows them past
         // `max_chunks`): a few device calls per chunk on the calling thread.
-        let fixed = comm(HostTransferConfig { max_chunks: usize::MAX, ..HostTransferConfig::default() });
+        let fixed = comm(HostTransferConfig::default().with_max_chunks(usize::MAX));
         let mut checks = Vec::new();
         for bytes in SIZES.into_iter().filter(|&s| s <= max) {
             let n = bytes / 4;

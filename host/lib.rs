@@ -24,6 +24,9 @@
 //! ranks report who is out of step, and collectives can check their signatures across ranks
 //! ([`reliability`], `docs/reliability.md`).
 
+#[macro_use]
+mod setters;
+
 pub mod backends;
 pub mod device;
 pub mod device_code;

@@ -56,6 +56,65 @@ impl DeferredError {
     }
 }
 
+/// Where the error of one operation goes: to its request while the request is there to report
+/// it, else (an operation without a request, or once its request let it go) to the
+/// communicator's [`DeferredError`]. So a request reports its own operation's error, as
+/// `MPI_Wait` does, and no other; and an error nobody will collect from the request is still
+/// reported by the communicator.
+#[derive(Debug)]
+pub(crate) struct ErrorSlot {
+    deferred: Arc<DeferredError>,
+    state: Mutex<Slot>,
+}
+
+#[derive(Debug)]
+enum Slot {
+    /// A request will collect the error.
+    Held(Option<Error>),
+    /// Errors go to the communicator.
+    LetGo,
+}
+
+impl ErrorSlot {
+    /// The slot of an operation whose request reports its error.
+    pub(crate) fn for_request(deferred: &Arc<DeferredError>) -> Arc<Self> {
+        Arc::new(ErrorSlot { deferred: Arc::clone(deferred), state: Mutex::new(Slot::Held(None)) })
+    }
+
+    /// The slot of an operation without a request: errors go to the communicator.
+    pub(crate) fn for_communicator(deferred: &Arc<DeferredError>) -> Arc<Self> {
+        Arc::new(ErrorSlot { deferred: Arc::clone(deferred), state: Mutex::new(Slot::LetGo) })
+    }
+
+    /// Records an error of the operation. A second one while the first waits for the request
+    /// goes to the communicator, so neither is lost.
+    pub(crate) fn record(&self, e: Error) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *state {
+            Slot::Held(held @ None) => *held = Some(e),
+            Slot::Held(Some(_)) | Slot::LetGo => self.deferred.record(e),
+        }
+    }
+
+    /// The request's report: the operation's error so far, if any. Errors recorded later go to
+    /// the communicator.
+    pub(crate) fn take(&self) -> Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *state, Slot::LetGo) {
+            Slot::Held(Some(e)) => Err(e),
+            Slot::Held(None) | Slot::LetGo => Ok(()),
+        }
+    }
+
+    /// The request goes without reporting: an error it holds, and any later one, go to the
+    /// communicator.
+    pub(crate) fn let_go(&self) {
+        if let Err(e) = self.take() {
+            self.deferred.record(e);
+        }
+    }
+}
+
 /// A region in which non-blocking operations may borrow data. Made by [`scope`].
 #[derive(Debug)]
 pub struct Scope<'s, 'env: 's> {
@@ -185,6 +244,38 @@ mod tests {
 
     fn progress(what: &'static str) -> Error {
         Error::Progress(what)
+    }
+
+    /// A request's error goes to the request, not to the communicator; once the request let go
+    /// (or for an operation without one), errors go to the communicator.
+    #[test]
+    fn an_operations_error_goes_to_its_request_while_it_waits() {
+        use std::sync::Arc;
+
+        use super::ErrorSlot;
+        let deferred = Arc::new(DeferredError::default());
+        let slot = ErrorSlot::for_request(&deferred);
+        slot.record(progress("mine"));
+        slot.record(progress("second"));
+        assert!(matches!(slot.take(), Err(Error::Progress("mine"))));
+        assert!(matches!(deferred.check(), Err(Error::Progress("second"))), "a second error goes to the communicator");
+        slot.record(progress("after the report"));
+        assert!(slot.take().is_ok());
+        assert!(matches!(deferred.check(), Err(Error::Progress("after the report"))));
+        assert!(deferred.check().is_ok());
+
+        let dropped = ErrorSlot::for_request(&deferred);
+        dropped.record(progress("uncollected"));
+        dropped.let_go();
+        assert!(
+            matches!(deferred.check(), Err(Error::Progress("uncollected"))),
+            "let go: reported by the communicator"
+        );
+
+        let blocking = ErrorSlot::for_communicator(&deferred);
+        blocking.record(progress("blocking"));
+        assert!(blocking.take().is_ok());
+        assert!(matches!(deferred.check(), Err(Error::Progress("blocking"))));
     }
 
     /// Unobserved errors come back one per check, oldest first; past the cap, the count of the

@@ -209,7 +209,7 @@ fn rank_main() -> i32 {
     verdict.set_check(false);
     let dev = HostDevice::new(0);
     // Staged in chunks of a few elements, so cases pipeline.
-    let config = HostTransferConfig { chunk_bytes: 64, direct: false, ..HostTransferConfig::default() };
+    let config = HostTransferConfig::default().with_chunk_bytes(64).with_direct(false);
     let ht = host_transfer::HostTransferCommunicator::with_config(
         &world,
         dev.clone(),

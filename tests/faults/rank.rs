@@ -193,7 +193,7 @@ pub fn main(backend: &str) {
 
 fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
     // Staged in small chunks, as on a GPU.
-    let config = HostTransferConfig { chunk_bytes: 1 << 20, ..HostTransferConfig::default() };
+    let config = HostTransferConfig::default().with_chunk_bytes(1 << 20);
     let comm =
         host_transfer::HostTransferCommunicator::with_config(world, dev.clone(), stream, config).expect("communicator");
     Ht { dev, comm }

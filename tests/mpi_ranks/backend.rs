@@ -99,6 +99,8 @@ const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
     AllreduceAlgorithm::Rabenseifner,
 ];
 
+const ALL_BCAST: [BcastAlgorithm; 3] = [BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain];
+
 impl Backend for MpiCommunicator {
     fn rank(&self) -> usize {
         MpiCommunicator::rank(self)
@@ -110,7 +112,7 @@ impl Backend for MpiCommunicator {
         &ALL_ALLREDUCE
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        &[BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain]
+        &ALL_BCAST
     }
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,
@@ -320,25 +322,25 @@ impl TestDevice for CudaDevice {
 pub struct HostTransfer<D: TestDevice = HostDevice> {
     pub dev: D,
     pub comm: host_transfer::HostTransferCommunicator<D>,
+    /// The sweep runs every allreduce and bcast algorithm (else only `Auto`).
+    pub algorithms: bool,
 }
 
 /// Staged (not direct, though the host device allows it) in chunks of 256 bytes and 2 slots:
 /// every "big" operation of the sweep pipelines through many chunks and reuses its slots, as
 /// on a GPU.
 pub fn small_chunks() -> HostTransferConfig {
-    HostTransferConfig {
-        chunk_bytes: 256,
+    HostTransferConfig::default()
+        .with_chunk_bytes(256)
         // Operations of more than 4 such chunks get larger ones, up to 512 bytes: the sweep
         // has operations of few chunks, of grown chunks and of many capped ones, and roots and
         // in-place ranks must cut the same chunks as the others.
-        max_chunks: 4,
-        max_chunk_bytes: 512,
-        depth: 2,
-        direct: false,
+        .with_max_chunks(4)
+        .with_max_chunk_bytes(512)
+        .with_depth(2)
+        .with_direct(false)
         // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.
-        device_reduce_max_bytes: 64,
-        ..HostTransferConfig::default()
-    }
+        .with_device_reduce_max_bytes(64)
 }
 
 impl HostTransfer {
@@ -358,7 +360,7 @@ impl<D: TestDevice> HostTransfer<D> {
     ) -> Self {
         let comm = host_transfer::HostTransferCommunicator::with_config(world, dev.clone(), stream, config)
             .expect("communicator");
-        HostTransfer { dev, comm }
+        HostTransfer { dev, comm, algorithms: false }
     }
 
     fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
@@ -409,10 +411,10 @@ impl<D: TestDevice> Backend for HostTransfer<D> {
         self.comm.size()
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        &[AllreduceAlgorithm::Auto]
+        if self.algorithms { &ALL_ALLREDUCE } else { &[AllreduceAlgorithm::Auto] }
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        &[BcastAlgorithm::Auto]
+        if self.algorithms { &ALL_BCAST } else { &[BcastAlgorithm::Auto] }
     }
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,
@@ -420,18 +422,18 @@ impl<D: TestDevice> Backend for HostTransfer<D> {
         s: &[T],
         r: &mut [T],
         op: O,
-        _: AllreduceAlgorithm,
+        a: AllreduceAlgorithm,
     ) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, allreduce / iallreduce(s, r, op)))
+        self.two(s, r, |s, r| ht_call!(nb, self.comm, allreduce_with / iallreduce_with(s, r, op, a)))
     }
     fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
         &self,
         nb: bool,
         b: &mut [T],
         op: O,
-        _: AllreduceAlgorithm,
+        a: AllreduceAlgorithm,
     ) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, allreduce_in_place / iallreduce_in_place(b, op)))
+        self.one(b, |b| ht_call!(nb, self.comm, allreduce_in_place_with / iallreduce_in_place_with(b, op, a)))
     }
     fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
         self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce / ireduce(s, r, root, op)))
@@ -464,8 +466,8 @@ impl<D: TestDevice> Backend for HostTransfer<D> {
     ) -> Result<()> {
         self.one(b, |b| ht_call!(nb, self.comm, reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op)))
     }
-    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, _: BcastAlgorithm) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, bcast / ibcast(b, root)))
+    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()> {
+        self.one(b, |b| ht_call!(nb, self.comm, bcast_with / ibcast_with(b, root, a)))
     }
     fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
         self.two(s, r, |s, r| ht_call!(nb, self.comm, allgather / iallgather(s, r)))

@@ -53,6 +53,14 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         ht.comm.allreduce_in_place(&mut x, Sum).expect("allreduce on a stream of another context handle");
         assert_eq!(ht.dev.down(ht.comm.stream(), &x), [ht.comm.size() as u32; 3]);
         drop(ht);
+        // A communicator from a stream alone, on the device of the stream's context.
+        let stream = ctx.new_stream().expect("stream");
+        let c = HostTransferCommunicator::from_stream(world, Arc::clone(&stream)).expect("communicator from a stream");
+        assert!(Arc::ptr_eq(c.device().context(), &ctx), "the device of the stream's context");
+        let mut x = stream.clone_htod(&[1u32; 3]).expect("upload");
+        c.allreduce_in_place(&mut x, Sum).expect("allreduce on a communicator made from a stream");
+        assert_eq!(stream.clone_dtoh(&x).expect("download"), [c.size() as u32; 3]);
+        drop(c);
         // Everything else a stream-ordered backend has, written once for every device. The
         // proxy thread queueing copies needs streams that do not share a hardware queue.
         let shared = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() == Ok("1");

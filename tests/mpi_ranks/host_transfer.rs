@@ -60,13 +60,14 @@ pub fn stream_ordered<D: TestDevice>(
     assert_idle(&ht.comm, "after ordering and point-to-point");
     if !shared_queues {
         // The proxy thread queueing every pipelined operation's copies.
-        let proxy = HostTransferConfig { proxy_queues_copies: true, ..small_chunks() };
+        let proxy = small_chunks().with_proxy_queues_copies(true);
         let pq = HostTransfer::on(world, dev.clone(), new_stream(), proxy);
         ordering(&pq);
         p2p(&pq);
         assert_idle(&pq.comm, "with the proxy thread queueing copies");
     }
     many_outstanding(world, dev, &new_stream);
+    algorithms(world, dev, &new_stream);
     queued_on_fresh_communicators(world, dev, &new_stream);
     beyond_pool(world, dev, &new_stream, false);
     if dev.host_accessible() {
@@ -173,7 +174,7 @@ fn p2p<D: TestDevice>(ht: &HostTransfer<D>) {
 /// Three communicators on three streams, each with several non-blocking operations in flight
 /// at once, plus stream-side waits: all complete with the right results.
 fn many_outstanding<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
-    let config = HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, ..HostTransferConfig::default() };
+    let config = HostTransferConfig::default().with_chunk_bytes(256).with_depth(2).with_direct(false);
     let comms: Vec<HostTransferCommunicator<D>> = (0..3)
         .map(|_| HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap())
         .collect();
@@ -221,7 +222,7 @@ fn queued_on_fresh_communicators<D: TestDevice>(
     dev: &D,
     new_stream: &impl Fn() -> D::Stream,
 ) {
-    let config = HostTransferConfig { chunk_bytes: 256 << 10, direct: false, ..HostTransferConfig::default() };
+    let config = HostTransferConfig::default().with_chunk_bytes(256 << 10).with_direct(false);
     let len = 1 << 20;
     for round in 0..12u32 {
         let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
@@ -263,14 +264,12 @@ fn one_hardware_queue(world: &SimpleCommunicator) {
 /// the pinned memory it holds grows with them and stays within `depth` slots of the largest.
 fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     let (chunk, largest, depth) = (4 << 10, 64 << 10, 3);
-    let config = HostTransferConfig {
-        chunk_bytes: chunk,
-        max_chunks: 4,
-        max_chunk_bytes: largest,
-        depth,
-        direct: false,
-        ..Default::default()
-    };
+    let config = HostTransferConfig::default()
+        .with_chunk_bytes(chunk)
+        .with_max_chunks(4)
+        .with_max_chunk_bytes(largest)
+        .with_depth(depth)
+        .with_direct(false);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank() as u32, c.size() as u32);
@@ -299,8 +298,11 @@ fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: 
 /// operation's first chunks meanwhile. Point-to-point and alltoallv (chunks always of
 /// `chunk_bytes`) and an allreduce whose chunks may not grow.
 fn long_pipelines<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
-    let config =
-        HostTransferConfig { chunk_bytes: 256, depth: 2, direct: false, max_chunks: usize::MAX, ..Default::default() };
+    let config = HostTransferConfig::default()
+        .with_chunk_bytes(256)
+        .with_depth(2)
+        .with_direct(false)
+        .with_max_chunks(usize::MAX);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
     let len = 64 << 10; // 256 KiB of u32: 1024 chunks.
@@ -330,7 +332,7 @@ fn long_pipelines<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream
 /// told so), with messages far above MPI's eager limit, and the data arrives all the same.
 fn early_release<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
     use duralumin::mpi::traits::*;
-    let config = HostTransferConfig { direct: false, ..Default::default() };
+    let config = HostTransferConfig::default().with_direct(false);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
@@ -383,14 +385,12 @@ pub fn waits_for_the_pool<D: TestDevice>(
     proxy_queues: bool,
 ) {
     let cap = duralumin::device::pool::MIN_BLOCK;
-    let config = HostTransferConfig {
-        chunk_bytes: 512,
-        depth: 2,
-        direct: false,
-        pool_cap_bytes: cap,
-        proxy_queues_copies: proxy_queues,
-        ..Default::default()
-    };
+    let config = HostTransferConfig::default()
+        .with_chunk_bytes(512)
+        .with_depth(2)
+        .with_direct(false)
+        .with_pool_cap_bytes(cap)
+        .with_proxy_queues_copies(proxy_queues);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
     let len = cap / size_of::<u32>();
@@ -427,7 +427,7 @@ pub fn waits_for_the_pool<D: TestDevice>(
     assert!(c.pool_stats().high_water_bytes <= cap, "{:?}", c.pool_stats());
 
     // One chunk of 8 KiB and its result need more than the 4 KiB cap, whatever else is queued.
-    let big = HostTransferConfig { chunk_bytes: 8192, ..config };
+    let big = config.with_chunk_bytes(8192);
     let b = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), big).unwrap();
     let x = dev.up(&s, &vec![1u32; 2048]);
     let mut y = dev.up(&s, &vec![0u32; 2048]);
@@ -447,7 +447,7 @@ pub fn waits_for_the_pool<D: TestDevice>(
     // queued behind them finds, once they are through, only those idle blocks and no room.
     // The calling thread frees them for an 8 KiB block; the proxy thread frees no pinned memory
     // (that may wait for the device), so there the operation runs through one slot.
-    let tight = HostTransferConfig { chunk_bytes: 2048, depth: 2, pool_cap_bytes: 2 * cap, ..config };
+    let tight = config.with_chunk_bytes(2048).with_depth(2).with_pool_cap_bytes(2 * cap);
     let t = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), tight).unwrap();
     let small: Vec<_> = (0..2).map(|k| dev.up(&s, &(0..512).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();
     let mut small_out: Vec<_> = (0..2).map(|_| dev.up(&s, &vec![0u32; 512])).collect();
@@ -474,7 +474,8 @@ pub fn waits_for_the_pool<D: TestDevice>(
 /// not), and must still cut their messages alike.
 fn beyond_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream, direct: bool) {
     let cap = duralumin::device::pool::MIN_BLOCK;
-    let config = HostTransferConfig { chunk_bytes: 512, depth: 2, direct, pool_cap_bytes: cap, ..Default::default() };
+    let config =
+        HostTransferConfig::default().with_chunk_bytes(512).with_depth(2).with_direct(direct).with_pool_cap_bytes(cap);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
@@ -633,7 +634,7 @@ fn wrong_device(ht: &HostTransfer, world: &SimpleCommunicator) {
         Err(Error::WrongDevice { .. }) => {}
         r => panic!("stream of another device: expected WrongDevice, got {:?}", r.map(|_| ())),
     }
-    let zero = HostTransferConfig { depth: 0, ..HostTransferConfig::default() };
+    let zero = HostTransferConfig::default().with_depth(0);
     assert!(matches!(
         HostTransferCommunicator::with_config(world, dev.clone(), dev.stream().unwrap(), zero),
         Err(Error::InvalidConfig(_))
@@ -642,9 +643,26 @@ fn wrong_device(ht: &HostTransfer, world: &SimpleCommunicator) {
     c.synchronize().unwrap();
 }
 
+/// Explicit algorithms and the communicator's tuning reach the MPI part of every chunk: with
+/// thresholds below the chunk size, every allreduce and bcast algorithm runs (`Auto` picking
+/// the large-message ones), and a non-commutative operator is refused the reordering ones.
+fn algorithms<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
+    let mut ht = HostTransfer::on(world, dev.clone(), new_stream(), small_chunks());
+    ht.comm.set_tuning(crate::small_thresholds());
+    assert_eq!(ht.comm.tuning(), crate::small_thresholds());
+    ht.algorithms = true;
+    crate::sweep::reductions::<f32, Sum>(&ht);
+    crate::sweep::reductions::<u16, BitXor>(&ht);
+    crate::sweep::movement::<i64>(&ht);
+    crate::sweep::non_commutative(&ht);
+    ht.comm.synchronize().expect("synchronize after the algorithms");
+    assert_idle(&ht.comm, "after the algorithms");
+}
+
 /// A receive shorter than the message fails inside MPI on the proxy thread: the stream is
 /// released (no hang), the error reaches the caller on the next call, and the communicator
-/// keeps working.
+/// keeps working. A non-blocking one's error is its request's (by `wait` or `test`), not the
+/// communicator's, unless the request is dropped unreported.
 fn proxy_error<D: TestDevice>(ht: &HostTransfer<D>) {
     let (c, dev, s) = (&ht.comm, &ht.dev, ht.comm.stream().clone());
     let (me, n) = (c.rank(), c.size());
@@ -655,13 +673,34 @@ fn proxy_error<D: TestDevice>(ht: &HostTransfer<D>) {
     if partner < n {
         if me < partner {
             let long = dev.up(&s, &[7u8; 10]);
-            c.send(&long, partner, 9).unwrap();
+            for tag in 9..13 {
+                c.send(&long, partner, tag).unwrap();
+            }
             c.synchronize().unwrap();
         } else {
+            let truncated = |err: &Error| matches!(err, Error::Mpi { .. } | Error::CountMismatch { .. });
             let mut short = dev.up(&s, &[0u8; 4]);
             c.recv(&mut short, partner, 9).unwrap();
             let err = c.synchronize().expect_err("a truncated receive must fail");
-            assert!(matches!(err, Error::Mpi { .. } | Error::CountMismatch { .. }), "{err}");
+            assert!(truncated(&err), "{err}");
+            let err = c.irecv(&mut short, partner, 10).unwrap().wait().expect_err("the request reports its error");
+            assert!(truncated(&err), "{err}");
+            c.synchronize().expect("a request's error is not the communicator's too");
+            drop(c.irecv(&mut short, partner, 11).unwrap());
+            let err = c.synchronize().expect_err("a dropped request's error goes to the communicator");
+            assert!(truncated(&err), "{err}");
+            let mut r = c.irecv(&mut short, partner, 12).unwrap();
+            let err = loop {
+                match r.test() {
+                    Ok(false) => std::thread::yield_now(),
+                    Ok(true) => panic!("a truncated non-blocking receive tested complete without its error"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(truncated(&err), "{err}");
+            assert!(matches!(r.test(), Ok(true)), "the error is reported once");
+            drop(r);
+            c.synchronize().expect("a request's error is not the communicator's too");
         }
     }
     let mut x = dev.up(&s, &[1u32]);

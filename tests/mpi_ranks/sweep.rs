@@ -43,7 +43,7 @@ pub fn run(c: &impl Backend) {
     non_commutative(c);
 }
 
-fn reductions<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {
+pub fn reductions<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {
     let all = c.allreduce_algorithms();
     // Non-commutative operators: the automatic choice and MPI's own reduction only.
     let algorithms = if O::COMMUTATIVE { all } else { &all[..all.len().min(2)] };
@@ -175,7 +175,7 @@ fn data<T: TestElem>(r: usize, start: usize, len: usize) -> Vec<T> {
     (start..start + len).map(|i| v::<T>(r, i)).collect()
 }
 
-fn movement<T: TestElem>(c: &impl Backend) {
+pub fn movement<T: TestElem>(c: &impl Backend) {
     let n = c.size();
     for count in COUNTS {
         for nb in NB {
@@ -378,7 +378,7 @@ fn scatterv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: boo
 
 /// A non-commutative user operator: MPI must combine in rank order; the algorithms that
 /// reorder refuse it with a typed error.
-fn non_commutative(c: &impl Backend) {
+pub fn non_commutative(c: &impl Backend) {
     reductions::<Affine, Compose>(c);
     let mut buf = input::<Affine, Compose>(c.rank(), 7);
     for &algorithm in c.allreduce_algorithms().iter().skip(2) {

@@ -165,7 +165,7 @@ fn rank_main() {
     let dev = HostDevice::new(0);
     // Staged (not run on the device buffers directly) in small chunks, so larger operations
     // pipeline through several staging slots and flags.
-    let config = HostTransferConfig { chunk_bytes: 4096, direct: false, ..HostTransferConfig::default() };
+    let config = HostTransferConfig::default().with_chunk_bytes(4096).with_direct(false);
     let ht = host_transfer::HostTransferCommunicator::with_config(
         &world,
         dev.clone(),

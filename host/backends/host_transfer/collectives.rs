@@ -9,10 +9,12 @@ use duralumin_kernels::{Element, ReduceOp};
 
 use super::HostTransferCommunicator;
 use super::request::DeviceRequest;
+use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm};
 use crate::device::{Device, DeviceSlice, DeviceSliceMut};
 use crate::error::Result;
 use crate::reliability::crosscheck::Pairs;
 use crate::reliability::recorder::{OpKind, Signature};
+use crate::request::ErrorSlot;
 
 /// Emits the stream-ordered and the non-blocking method of an operation from its plan.
 /// `sig(|comm| ..)` is its [`Signature`] and `pairs(|comm| ..)` its per-pair counts, as on the Mpi
@@ -35,7 +37,7 @@ macro_rules! stream_ordered_and_nonblocking {
             let pairs: Option<Pairs> = if self.checks(&sig) { None $(.or_else(|| Some(($pairs)(self))))? } else { None };
             let (id, plan) = self.prepare(sig, pairs, || self.$plan($($pa),*))?;
             $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
-            self.enqueue(&self.stream, plan, id)?;
+            self.enqueue(&self.stream, plan, id, ErrorSlot::for_communicator(&self.shared.errors))?;
             $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
             Ok(())
         }
@@ -50,7 +52,7 @@ macro_rules! stream_ordered_and_nonblocking {
             let side = self.side_stream()?;
             let (id, plan) = self.prepare(sig, pairs, || self.$plan($($pa),*))?;
             $(uses::$kind::<D, _>($buf, uses::Stage::Before);)*
-            let queued = self.enqueue(side, plan, id)?;
+            let queued = self.enqueue(side, plan, id, ErrorSlot::for_request(&self.shared.errors))?;
             $(uses::$kind::<D, _>($buf, uses::Stage::After);)*
             Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
         }
@@ -103,12 +105,27 @@ impl<D: Device> HostTransferCommunicator<D> {
         fn allreduce / iallreduce <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
             (send: &'a S, recv: &'a mut R, op: O)
             sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len()))
-            uses(read send, write recv) => plan_allreduce(Some(send), recv, op);
+            uses(read send, write recv) => plan_allreduce(Some(send), recv, op, AllreduceAlgorithm::Auto);
         /// In-place allreduce: `buf` is the input and receives the result.
         fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
             (buf: &'a mut B, op: O)
             sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(buf.len()).in_place())
-            uses(write buf) => plan_allreduce(None::<&B>, buf, op);
+            uses(write buf) => plan_allreduce(None::<&B>, buf, op, AllreduceAlgorithm::Auto);
+        /// Allreduce whose MPI part runs `algorithm` on every chunk (`Auto`: by the chunk's size
+        /// and the communicator's [`Tuning`](crate::Tuning)). Algorithms other than `Native` and `Auto` need
+        /// a commutative operator ([`Error::AlgorithmUnsupported`](crate::Error::AlgorithmUnsupported)
+        /// otherwise, before anything is queued). Small allreduces reduce on the device
+        /// ([`HostTransferConfig::device_reduce_max_bytes`](super::HostTransferConfig::device_reduce_max_bytes))
+        /// only under `Auto`.
+        fn allreduce_with / iallreduce_with <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
+            (send: &'a S, recv: &'a mut R, op: O, algorithm: AllreduceAlgorithm)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(send.len()).algorithm(algorithm.name()))
+            uses(read send, write recv) => plan_allreduce(Some(send), recv, op, algorithm);
+        /// In-place allreduce with an explicit algorithm, as [`allreduce_with`](Self::allreduce_with).
+        fn allreduce_in_place_with / iallreduce_in_place_with <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
+            (buf: &'a mut B, op: O, algorithm: AllreduceAlgorithm)
+            sig(|_| Signature::new(OpKind::Allreduce).reduce::<T, O>().count(buf.len()).algorithm(algorithm.name()).in_place())
+            uses(write buf) => plan_allreduce(None::<&B>, buf, op, algorithm);
 
         /// Reduce to `root`: at the root `recv` (the length of `send`) receives the reduction;
         /// elsewhere `recv` is not used.
@@ -127,7 +144,12 @@ impl<D: Device> HostTransferCommunicator<D> {
         #[doc(alias = "broadcast")]
         fn bcast / ibcast <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
             sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root)) uses(write buf)
-            => plan_bcast(buf, root);
+            => plan_bcast(buf, root, BcastAlgorithm::Auto);
+        /// Broadcast whose MPI part runs `algorithm` on every chunk (`Auto`: by the chunk's size
+        /// and the communicator's [`Tuning`](crate::Tuning)).
+        fn bcast_with / ibcast_with <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize, algorithm: BcastAlgorithm)
+            sig(|_| Signature::new(OpKind::Bcast).elem::<T>().count(buf.len()).root(root).algorithm(algorithm.name()))
+            uses(write buf) => plan_bcast(buf, root, algorithm);
 
         /// Allgather: rank `i`'s `send` (`c` elements) lands at `recv[i*c..]` on every rank.
         #[doc(alias = "all_gather")]
@@ -295,14 +317,14 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// has reached the barrier. Returns at once.
     pub fn barrier(&self) -> Result<()> {
         let (id, plan) = self.prepare(Signature::new(OpKind::Barrier), None, || Ok(self.plan_barrier()))?;
-        self.enqueue::<u8>(&self.stream, plan, id).map(drop)
+        self.enqueue::<u8>(&self.stream, plan, id, ErrorSlot::for_communicator(&self.shared.errors)).map(drop)
     }
 
     /// Non-blocking [`barrier`](Self::barrier) on the internal stream.
     pub fn ibarrier(&self) -> Result<DeviceRequest<'_, D>> {
         let side = self.side_stream()?;
         let (id, plan) = self.prepare(Signature::new(OpKind::Barrier), None, || Ok(self.plan_barrier()))?;
-        let queued = self.enqueue::<u8>(side, plan, id)?;
+        let queued = self.enqueue::<u8>(side, plan, id, ErrorSlot::for_request(&self.shared.errors))?;
         Ok(DeviceRequest::new(queued, side.clone(), Arc::clone(&self.shared)))
     }
 }

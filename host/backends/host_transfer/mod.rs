@@ -63,6 +63,7 @@ pub use request::DeviceRequest;
 #[deprecated(since = "0.2.0", note = "renamed `HostTransferCommunicator` (also at the crate root)")]
 pub type Communicator<D> = HostTransferCommunicator<D>;
 
+use crate::backends::mpi::Tuning;
 use crate::device::pool::{PoolStats, Pools};
 use crate::device::{Device, DeviceSlice};
 use crate::error::{Error, Result};
@@ -75,7 +76,17 @@ use crate::request::DeferredError;
 
 /// Pipelining and memory settings of a HostTransfer communicator. Every rank must use the same
 /// values (they decide how operations are cut into chunks).
+///
+/// Start from [`HostTransferConfig::default()`] and change what you need with the `with_*`
+/// setters (or the fields): the struct is `#[non_exhaustive]`, so settings can be added
+/// without breaking callers.
+///
+/// ```
+/// let c = duralumin::HostTransferConfig::default().with_chunk_bytes(256 << 10).with_depth(4);
+/// assert_eq!((c.chunk_bytes, c.depth), (256 << 10, 4));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HostTransferConfig {
     /// Bytes per chunk and direction, rounded down to whole elements: reductions and
     /// point-to-point messages are cut into chunks of this size; collectives over per-rank
@@ -154,6 +165,17 @@ impl HostTransferConfig {
         count.div_ceil(chunks).min(elems(self.max_chunk_bytes)).min(pool_share).max(base)
     }
 }
+
+with_setters!(HostTransferConfig {
+    chunk_bytes: usize => with_chunk_bytes,
+    max_chunks: usize => with_max_chunks,
+    max_chunk_bytes: usize => with_max_chunk_bytes,
+    depth: usize => with_depth,
+    pool_cap_bytes: usize => with_pool_cap_bytes,
+    direct: bool => with_direct,
+    device_reduce_max_bytes: usize => with_device_reduce_max_bytes,
+    proxy_queues_copies: bool => with_proxy_queues_copies,
+});
 
 impl Default for HostTransferConfig {
     fn default() -> Self {
@@ -381,6 +403,21 @@ impl<D: Device> HostTransferCommunicator<D> {
         Self::from_mpi(mpi, Arc::clone(&self.shared.device), self.stream.clone(), self.config)
     }
 
+    /// The thresholds of the automatic algorithm choice for the MPI parts (the inner Mpi
+    /// communicator's: [`crate::MpiCommunicator::tuning`]).
+    pub fn tuning(&self) -> Tuning {
+        self.mpi().tuning()
+    }
+
+    /// Sets the thresholds of the automatic algorithm choice (the same on every rank). The MPI
+    /// part of each chunk picks its algorithm by the chunk's size, so thresholds above the
+    /// chunk size ([`HostTransferConfig::chunk_bytes`], or `max_chunk_bytes` for operations
+    /// whose chunks grow) never pick the large-message algorithms. Applies to operations queued
+    /// from now on; ones already queued may still start with the old ones.
+    pub fn set_tuning(&mut self, tuning: Tuning) {
+        self.mpi().set_tuning(tuning);
+    }
+
     /// The inner Mpi communicator (the proxy thread locks it only while it starts a chunk).
     fn mpi(&self) -> std::sync::MutexGuard<'_, crate::MpiCommunicator> {
         self.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -540,6 +577,31 @@ impl<D: Device> HostTransferCommunicator<D> {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl HostTransferCommunicator<crate::device::cuda::CudaDevice> {
+    /// A communicator over the ranks of `comm` whose operations are ordered on the CUDA stream
+    /// `stream`, on the device of the stream's context (a
+    /// [`CudaDevice::new`](crate::device::cuda::CudaDevice::new) of it, with its own kernels
+    /// and flag path: the [`device`](Self::device) accessor returns it). As
+    /// [`new`](Self::new) otherwise.
+    pub fn from_stream<C: mpi::topology::Communicator>(
+        comm: &C,
+        stream: Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Self> {
+        Self::from_stream_with_config(comm, stream, HostTransferConfig::default())
+    }
+
+    /// As [`from_stream`](Self::from_stream), with explicit pipelining settings.
+    pub fn from_stream_with_config<C: mpi::topology::Communicator>(
+        comm: &C,
+        stream: Arc<cudarc::driver::CudaStream>,
+        config: HostTransferConfig,
+    ) -> Result<Self> {
+        let device = crate::device::cuda::CudaDevice::new(Arc::clone(stream.context()))?;
+        Self::with_config(comm, device, stream, config)
     }
 }
 

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::progress::OpFuture;
 use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::State;
+use crate::request::ErrorSlot;
 
 /// The flags and staging memory of an operation in flight. Dropping it (normally after the
 /// stream raised `done`; early only if the MPI part panicked) releases the stream and waits for
@@ -47,6 +48,8 @@ pub(super) struct InFlight<D: Device> {
     pub(super) grant: Option<u64>,
     /// The device buffers, held while the MPI part works on them directly.
     pub(super) keep: Vec<KeepAlive>,
+    /// Where the operation's error goes (its request, or the communicator).
+    pub(super) errors: Arc<ErrorSlot>,
 }
 
 impl<D: Device> InFlight<D> {
@@ -110,7 +113,7 @@ impl<D: Device> InFlight<D> {
             self.shared.grants().abandon(grant);
         }
         if let Some(p) = m.poisoned() {
-            self.shared.errors.record(p.error(Asker::Op(id)));
+            self.errors.record(p.error(Asker::Op(id)));
         }
         std::mem::forget(self);
         Ok(())
@@ -238,7 +241,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
 
     /// Records the operation's error `e` (`fallback` if the monitor had one already).
     fn fail(&mut self, e: Error, fallback: &'static str) {
-        self.op.shared.errors.record(self.monitor.end(self.id, Err(e)).err().unwrap_or(Error::Progress(fallback)));
+        self.op.errors.record(self.monitor.end(self.id, Err(e)).err().unwrap_or(Error::Progress(fallback)));
         self.failed = true;
     }
 

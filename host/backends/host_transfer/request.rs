@@ -13,17 +13,23 @@ use crate::error::Result;
 use crate::progress::Task;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::Asker;
+use crate::request::ErrorSlot;
 
 /// A non-blocking HostTransfer operation in flight on the communicator's internal stream.
 ///
 /// It borrows the operation's device buffers (lifetime `'a`), so safe code cannot queue other
 /// work on them until it is done. [`DeviceRequest::wait`] blocks the host until the operation
 /// has completed; [`DeviceRequest::stream_wait`] hands the request to a stream, which waits for
-/// it on the device, without blocking the host (torch's and NCCL's `work.wait()`). Dropping an
-/// unfinished request waits for it (its error is then reported by the communicator's next
-/// call). A send-only operation (a bcast root, a send)
-/// completes once its data is staged, while MPI may still be sending it from pinned memory; an
-/// MPI error after that point is reported by the communicator's next call.
+/// it on the device, without blocking the host (torch's and NCCL's `work.wait()`).
+///
+/// [`test`](Self::test) and [`wait`](Self::wait) report this operation's own error, as the Mpi
+/// backend's [`Request`](crate::Request) does, and no other operation's (those are reported by
+/// the communicator's next call). An error the request does not report (it was dropped
+/// unfinished, handed to a stream, or the error came after the request had reported) is
+/// reported by the communicator's next call. Dropping an unfinished request waits for it. A
+/// send-only operation (a bcast root, a send) completes once its data is staged, while MPI may
+/// still be sending it from pinned memory; an MPI error after that point is reported by the
+/// communicator's next call.
 #[must_use = "a request must be waited on (dropping it waits and defers its error)"]
 pub struct DeviceRequest<'a, D: Device> {
     done: Arc<FlagSlot<D>>,
@@ -32,6 +38,8 @@ pub struct DeviceRequest<'a, D: Device> {
     /// The internal stream the operation runs on.
     stream: D::Stream,
     shared: Arc<Shared<D>>,
+    /// The operation's own error, until the request reports it or lets it go.
+    errors: Arc<ErrorSlot>,
     reported: bool,
     /// Handed to a stream by [`DeviceRequest::stream_wait`]: dropping it does not wait.
     handed_over: bool,
@@ -46,8 +54,8 @@ impl<D: Device> std::fmt::Debug for DeviceRequest<'_, D> {
 
 impl<'a, D: Device> DeviceRequest<'a, D> {
     pub(crate) fn new(queued: Queued<D>, stream: D::Stream, shared: Arc<Shared<D>>) -> Self {
-        let Queued { done, task } = queued;
-        DeviceRequest { done, task, stream, shared, reported: false, handed_over: false, _buffers: PhantomData }
+        let Queued { done, task, errors } = queued;
+        DeviceRequest { done, task, stream, shared, errors, reported: false, handed_over: false, _buffers: PhantomData }
     }
 
     /// Whether the operation has completed on the device.
@@ -55,9 +63,9 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
         reached(self.done.load(), 1)
     }
 
-    /// Whether the operation has completed; the first time it has, returns any error recorded
-    /// on the communicator. Polls the operation's host part once on the calling thread, as
-    /// `MPI_Test` makes progress.
+    /// Whether the operation has completed; the first time it has, returns the operation's
+    /// error, if it had one (or the communicator's being given up). Polls the operation's host
+    /// part once on the calling thread, as `MPI_Test` makes progress.
     pub fn test(&mut self) -> Result<bool> {
         self.task.poll_once();
         let given_up = self.shared.monitor.poisoned();
@@ -66,7 +74,7 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
         }
         if !self.reported {
             self.reported = true;
-            self.shared.errors.check()?;
+            self.errors.take()?;
             if let Some(p) = given_up {
                 return Err(p.error(Asker::Waiter(0)));
             }
@@ -74,8 +82,8 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
         Ok(true)
     }
 
-    /// Blocks until the operation has completed, then returns any error recorded on the
-    /// communicator. While it waits, the calling thread drives the operation's host part (and on
+    /// Blocks until the operation has completed, then returns its error, if it had one (or
+    /// the communicator's being given up). While it waits, the calling thread drives the operation's host part (and on
     /// the host device runs the internal stream's queued work), as
     /// [`HostTransferCommunicator::synchronize`](super::HostTransferCommunicator::synchronize) does.
     ///
@@ -84,7 +92,7 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     pub fn wait(mut self) -> Result<()> {
         self.reported = true;
         let wait = self.block();
-        self.shared.errors.check()?;
+        self.errors.take()?;
         self.shared.monitor.check_poison(Asker::Waiter(wait))
     }
 
@@ -130,5 +138,6 @@ impl<D: Device> Drop for DeviceRequest<'_, D> {
         if !self.handed_over {
             self.block();
         }
+        self.errors.let_go();
     }
 }

@@ -29,6 +29,7 @@ use crate::progress::Task;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::{Asker, OpId};
 use crate::reliability::recorder::State;
+use crate::request::ErrorSlot;
 
 /// An operation handed to the proxy thread and queued on a stream.
 pub(crate) struct Queued<D: Device> {
@@ -36,6 +37,8 @@ pub(crate) struct Queued<D: Device> {
     pub(crate) done: Arc<FlagSlot<D>>,
     /// Its host part, which a thread waiting for the operation drives too.
     pub(crate) task: Arc<Task>,
+    /// Where its error goes.
+    pub(crate) errors: Arc<ErrorSlot>,
 }
 
 /// The flags of an operation (see [`InFlight`] for what each says).
@@ -137,25 +140,40 @@ impl<D: Device> HostTransferCommunicator<D> {
     ///
     /// `id` is the operation's record: the proxy thread marks it running when the stream
     /// reaches the operation, and done or failed when its MPI part ends; a failure to queue
-    /// marks it failed.
-    pub(crate) fn enqueue<T: Element>(&self, stream: &D::Stream, plan: Plan<T>, id: OpId) -> Result<Queued<D>> {
-        let queued = self.enqueue_recorded(stream, plan, id);
+    /// marks it failed. Errors of the MPI part go to `errors`: the request's or the
+    /// communicator's (a failure to queue is returned here, and later errors then go to the
+    /// communicator).
+    pub(crate) fn enqueue<T: Element>(
+        &self,
+        stream: &D::Stream,
+        plan: Plan<T>,
+        id: OpId,
+        errors: Arc<ErrorSlot>,
+    ) -> Result<Queued<D>> {
+        let queued = self.enqueue_recorded(stream, plan, id, Arc::clone(&errors));
         if let Err(e) = &queued {
             self.shared.monitor.set(id, State::Failed, Some(e.to_string()));
+            errors.let_go();
         }
         queued
     }
 
-    fn enqueue_recorded<T: Element>(&self, stream: &D::Stream, mut plan: Plan<T>, id: OpId) -> Result<Queued<D>> {
+    fn enqueue_recorded<T: Element>(
+        &self,
+        stream: &D::Stream,
+        mut plan: Plan<T>,
+        id: OpId,
+        errors: Arc<ErrorSlot>,
+    ) -> Result<Queued<D>> {
         let geo = self.cut_into_chunks(&plan)?;
         let staging = self.take_staging(&geo)?;
         let set_up = self.set_up(stream, &mut plan, geo, staging)?;
-        let handed = self.hand_over(set_up, plan.chunk, id);
+        let handed = self.hand_over(set_up, plan.chunk, id, Arc::clone(&errors));
         if let Err(failed) = self.queue_device_work(stream, &handed) {
             return Err(self.abandon_queueing(stream, handed, failed));
         }
         self.shared.device.release(stream, &handed.keeps)?;
-        Ok(Queued { done: handed.done, task: handed.task })
+        Ok(Queued { done: handed.done, task: handed.task, errors })
     }
 
     /// How the operation is cut: in one chunk on the device buffers themselves where the host
@@ -287,7 +305,13 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// operation of hundreds of chunks) blocks until the device has run some, which needs the
     /// proxy thread to run the operation's first chunks meanwhile. Tickets are still taken in
     /// the program's order.
-    fn hand_over<T: Element>(&self, set_up: SetUp<D>, chunk: ChunkFn<T>, id: OpId) -> HandedOver<D> {
+    fn hand_over<T: Element>(
+        &self,
+        set_up: SetUp<D>,
+        chunk: ChunkFn<T>,
+        id: OpId,
+        errors: Arc<ErrorSlot>,
+    ) -> HandedOver<D> {
         let SetUp { geo, staging, flags, deferred, work, keeps, .. } = set_up;
         let ticket = self.next_ticket();
         let grant = geo.direct.is_none().then(|| self.next_grant());
@@ -311,6 +335,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             retired: None,
             grant: grant.filter(|_| set_up.waits_for_memory),
             keep: if geo.direct.is_some() { keeps.clone() } else { Vec::new() },
+            errors,
         };
         let host = HostPart {
             op,

@@ -63,7 +63,7 @@ pub enum BcastAlgorithm {
 }
 
 impl BcastAlgorithm {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BcastAlgorithm::Auto => "auto",
             BcastAlgorithm::Native => "native",
@@ -73,7 +73,19 @@ impl BcastAlgorithm {
 }
 
 impl AllreduceAlgorithm {
-    fn name(self) -> &'static str {
+    /// Whether the algorithm can reduce with `O`: only `Auto` and `Native` keep the rank order
+    /// a non-commutative operator needs.
+    pub(crate) fn check_operator<T: Element, O: ReduceOp<T>>(self) -> Result<()> {
+        match self {
+            AllreduceAlgorithm::Auto | AllreduceAlgorithm::Native => Ok(()),
+            a if !O::COMMUTATIVE => {
+                Err(Error::AlgorithmUnsupported { algorithm: a.name(), reason: "the operator is not commutative" })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
         match self {
             AllreduceAlgorithm::Auto => "auto",
             AllreduceAlgorithm::Native => "native",
@@ -436,6 +448,7 @@ impl MpiCommunicator {
         }
         let n = recv.len();
         let bytes = n.saturating_mul(size_of::<T>());
+        algorithm.check_operator::<T, O>()?;
         let algorithm = match algorithm {
             AllreduceAlgorithm::Auto
                 if !O::COMMUTATIVE || self.size() == 1 || bytes < self.tuning.allreduce_ring_bytes =>
@@ -443,12 +456,6 @@ impl MpiCommunicator {
                 AllreduceAlgorithm::Native
             }
             AllreduceAlgorithm::Auto => AllreduceAlgorithm::Ring,
-            a if a != AllreduceAlgorithm::Native && !O::COMMUTATIVE => {
-                return Err(Error::AlgorithmUnsupported {
-                    algorithm: a.name(),
-                    reason: "the operator is not commutative",
-                });
-            }
             a => a,
         };
         let out = RawBuf::from_mut(recv);

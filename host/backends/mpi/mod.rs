@@ -75,49 +75,15 @@ pub struct Tuning {
     pub max_message_elements: usize,
 }
 
-impl Tuning {
-    /// This [`Tuning`] with [`allreduce_ring_bytes`](Tuning::allreduce_ring_bytes) set to `value`.
-    #[must_use]
-    pub fn with_allreduce_ring_bytes(self, value: usize) -> Self {
-        Tuning { allreduce_ring_bytes: value, ..self }
-    }
-
-    /// This [`Tuning`] with [`ring_segment_bytes`](Tuning::ring_segment_bytes) set to `value`.
-    #[must_use]
-    pub fn with_ring_segment_bytes(self, value: usize) -> Self {
-        Tuning { ring_segment_bytes: value, ..self }
-    }
-
-    /// This [`Tuning`] with [`reduce_ring_bytes`](Tuning::reduce_ring_bytes) set to `value`.
-    #[must_use]
-    pub fn with_reduce_ring_bytes(self, value: usize) -> Self {
-        Tuning { reduce_ring_bytes: value, ..self }
-    }
-
-    /// This [`Tuning`] with [`reduce_root_ring_bytes`](Tuning::reduce_root_ring_bytes) set to `value`.
-    #[must_use]
-    pub fn with_reduce_root_ring_bytes(self, value: usize) -> Self {
-        Tuning { reduce_root_ring_bytes: value, ..self }
-    }
-
-    /// This [`Tuning`] with [`bcast_chain_bytes`](Tuning::bcast_chain_bytes) set to `value`.
-    #[must_use]
-    pub fn with_bcast_chain_bytes(self, value: usize) -> Self {
-        Tuning { bcast_chain_bytes: value, ..self }
-    }
-
-    /// This [`Tuning`] with [`bcast_chunk_bytes`](Tuning::bcast_chunk_bytes) set to `value`.
-    #[must_use]
-    pub fn with_bcast_chunk_bytes(self, value: usize) -> Self {
-        Tuning { bcast_chunk_bytes: value, ..self }
-    }
-
-    /// This [`Tuning`] with [`max_message_elements`](Tuning::max_message_elements) set to `value`.
-    #[must_use]
-    pub fn with_max_message_elements(self, value: usize) -> Self {
-        Tuning { max_message_elements: value, ..self }
-    }
-}
+with_setters!(Tuning {
+    allreduce_ring_bytes: usize => with_allreduce_ring_bytes,
+    ring_segment_bytes: usize => with_ring_segment_bytes,
+    reduce_ring_bytes: usize => with_reduce_ring_bytes,
+    reduce_root_ring_bytes: usize => with_reduce_root_ring_bytes,
+    bcast_chain_bytes: usize => with_bcast_chain_bytes,
+    bcast_chunk_bytes: usize => with_bcast_chunk_bytes,
+    max_message_elements: usize => with_max_message_elements,
+});
 
 impl Default for Tuning {
     fn default() -> Self {

@@ -11,12 +11,17 @@ use crate::device::Device;
 use crate::error::Result;
 
 impl<D: Device> HostTransferCommunicator<D> {
-    pub(crate) fn plan_bcast<T: Element, B: SliceOf<D, T>>(&self, buf: &mut B, root: usize) -> Result<Plan<T>> {
+    pub(crate) fn plan_bcast<T: Element, B: SliceOf<D, T>>(
+        &self,
+        buf: &mut B,
+        root: usize,
+        algorithm: BcastAlgorithm,
+    ) -> Result<Plan<T>> {
         self.check_root("bcast root", root)?;
         self.check_buffer("bcast buffer", buf)?;
         let n = buf.len();
         let is_root = self.rank() == root;
-        let bcast = on_slices(move |mpi, _, recv| mpi.plan_bcast(recv, root, BcastAlgorithm::Auto, Mode::NonBlocking));
+        let bcast = on_slices(move |mpi, _, recv| mpi.plan_bcast(recv, root, algorithm, Mode::NonBlocking));
         Ok(Plan::collective(n, 1, bcast)
             .parts(0, 1)
             .input(is_root.then(|| (rows(buf, 0, 1, n), InputArea::Recv { part: 0 })))

@@ -15,7 +15,9 @@ impl<D: Device> HostTransferCommunicator<D> {
         send: Option<&S>,
         recv: &mut R,
         op: O,
+        algorithm: AllreduceAlgorithm,
     ) -> Result<Plan<T>> {
+        algorithm.check_operator::<T, O>()?;
         self.check_buffer("allreduce receive buffer", recv)?;
         let n = recv.len();
         let input = match send {
@@ -29,9 +31,9 @@ impl<D: Device> HostTransferCommunicator<D> {
         let size = self.size();
         let fns = ReduceFns::of::<T, O>(size as u32);
         // Pairs without device kernels (a user's pair whose kernels were not registered)
-        // reduce in MPI whatever their size.
-        if size > 1 && n * size_of::<T>() <= self.config.device_reduce_max_bytes && self.shared.device.can_reduce(&fns)
-        {
+        // reduce in MPI whatever their size; so do those with an algorithm chosen.
+        let small = n * size_of::<T>() <= self.config.device_reduce_max_bytes;
+        if size > 1 && small && algorithm == AllreduceAlgorithm::Auto && self.shared.device.can_reduce(&fns) {
             // Allgather the contributions into staging, reduce them on the device in rank order.
             let allgather = on_slices(|mpi, send, recv| mpi.plan_allgather(send, recv, Mode::NonBlocking));
             return Ok(Plan::collective(n, size, allgather)
@@ -40,9 +42,8 @@ impl<D: Device> HostTransferCommunicator<D> {
                 .output(rows(recv, 0, 1, n))
                 .reduce_on_device(fns));
         }
-        let allreduce = on_slices(move |mpi, send, recv| {
-            mpi.plan_allreduce(send, recv, op, AllreduceAlgorithm::Auto, Mode::NonBlocking)
-        });
+        let allreduce =
+            on_slices(move |mpi, send, recv| mpi.plan_allreduce(send, recv, op, algorithm, Mode::NonBlocking));
         Ok(Plan::collective(n, 1, allreduce)
             .parts(usize::from(send.is_some()), 1)
             .input(input)
