@@ -132,7 +132,7 @@ mod gpu {
         // Copy bandwidth with every rank copying at once (they share the GPU's PCIe link).
         let ptr = {
             let (p, _sync) = buf.device_ptr(&stream);
-            duralumin::device::DevicePtr(p)
+            duralumin::device::DevicePtr::new(p)
         };
         let sync = || stream.synchronize().expect("synchronize");
         let shape = Copy2d::contiguous(top);

@@ -35,6 +35,7 @@ pub mod reliability;
 mod algorithms;
 mod buffer;
 mod check;
+mod collectives;
 mod datatype;
 mod error;
 mod ffi;
@@ -50,6 +51,7 @@ pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Tun
 /// The Mpi backend's communicator under its old name.
 #[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator`")]
 pub type Communicator = MpiCommunicator;
+pub use collectives::Collectives;
 /// The cudarc version the CUDA device takes streams and buffers of.
 #[cfg(feature = "cuda")]
 pub use cudarc;

@@ -134,7 +134,7 @@ struct HeldUp {
 impl HeldUp {
     fn queue(dev: &CudaDevice, stream: &CudaStream) -> HeldUp {
         let words = dev.alloc_pinned(8).expect("pinned memory");
-        let device = dev.mapped(words).expect("its device address").0;
+        let device = dev.mapped(words).expect("its device address").addr();
         let geq = CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
         // SAFETY: both words lie in pinned mapped memory that is never freed; the device's
         // context is current (alloc_pinned made it so).
@@ -180,7 +180,7 @@ impl Drop for Witness {
 fn hold(dev: &CudaDevice, stream: &Arc<CudaStream>, witness: Witness) {
     // SAFETY: an empty copy touches no memory.
     let held =
-        unsafe { dev.copy_d2h(stream, null_mut(), DevicePtr(0), Copy2d::contiguous(0), Some(Arc::new(witness))) };
+        unsafe { dev.copy_d2h(stream, null_mut(), DevicePtr::new(0), Copy2d::contiguous(0), Some(Arc::new(witness))) };
     let err = held.expect_err("cuLaunchHostFunc fails on the simulator here");
     assert!(err.to_string().contains("cuLaunchHostFunc"), "{err}");
 }
@@ -236,7 +236,7 @@ fn reduce_h2d_refuses_rows_whose_size_overflows() {
     for (rows, len) in [(1, usize::MAX / 2), (2, usize::MAX / 8 + 1)] {
         // SAFETY: the call fails its size check before it queues anything, so the addresses
         // are never used.
-        let r = unsafe { dev.reduce_h2d(&stream, DevicePtr(64), 64 as *const u8, rows, len, op) };
+        let r = unsafe { dev.reduce_h2d(&stream, DevicePtr::new(64), 64 as *const u8, rows, len, op) };
         assert!(matches!(r, Err(Error::CountOverflow { .. })), "rows {rows} of {len}: {r:?}");
     }
     dev.synchronize(&stream).expect("nothing failed on the stream");

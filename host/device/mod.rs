@@ -22,7 +22,12 @@ mod gpu;
 #[cfg(feature = "hip")]
 pub mod hip;
 pub mod host;
+// Not part of the API (hidden from the docs, no stability promise): public only so the crate's
+// own device tests and benchmarks can drive the staging pool directly.
+#[doc(hidden)]
 pub mod pool;
+
+pub use pool::PoolStats;
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -37,9 +42,20 @@ use crate::error::{Error, Result};
 /// An address in a device's memory (a `CUdeviceptr`, a HIP device pointer, or a host address on
 /// the host device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DevicePtr(pub u64);
+pub struct DevicePtr(u64);
 
 impl DevicePtr {
+    /// The address `addr` (a `CUdeviceptr`, a HIP device pointer, or a host address on the host
+    /// device).
+    pub const fn new(addr: u64) -> DevicePtr {
+        DevicePtr(addr)
+    }
+
+    /// The address as a number.
+    pub const fn addr(self) -> u64 {
+        self.0
+    }
+
     /// The address `bytes` further on.
     pub fn offset(self, bytes: usize) -> DevicePtr {
         DevicePtr(self.0.wrapping_add(bytes as u64))
@@ -464,6 +480,46 @@ pub trait DeviceSliceMut<D: Device>: DeviceSlice<D> {
     /// the operation, so later cudarc work on any stream that uses the buffer waits for it.
     /// Nothing by default.
     fn track_write(&mut self) {}
+}
+
+impl<S: sealed::Sealed + ?Sized> sealed::Sealed for &S {}
+impl<S: sealed::Sealed + ?Sized> sealed::Sealed for &mut S {}
+
+/// Forwards [`DeviceSlice`] to the buffer behind a reference, so a borrowed buffer (or a
+/// `&dyn DeviceSlice`, as [`Collectives`](crate::Collectives) takes) is a buffer too.
+macro_rules! forward_device_slice {
+    () => {
+        type Elem = S::Elem;
+        fn device_ptr(&self) -> DevicePtr {
+            (**self).device_ptr()
+        }
+        fn len(&self) -> usize {
+            (**self).len()
+        }
+        fn ordinal(&self) -> usize {
+            (**self).ordinal()
+        }
+        fn keep_alive(&self) -> Option<KeepAlive> {
+            (**self).keep_alive()
+        }
+        fn track_read(&self) {
+            (**self).track_read();
+        }
+    };
+}
+
+impl<D: Device, S: DeviceSlice<D> + ?Sized> DeviceSlice<D> for &S {
+    forward_device_slice!();
+}
+
+impl<D: Device, S: DeviceSlice<D> + ?Sized> DeviceSlice<D> for &mut S {
+    forward_device_slice!();
+}
+
+impl<D: Device, S: DeviceSliceMut<D> + ?Sized> DeviceSliceMut<D> for &mut S {
+    fn track_write(&mut self) {
+        (**self).track_write();
+    }
 }
 
 #[cfg(test)]

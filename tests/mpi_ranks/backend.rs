@@ -273,7 +273,7 @@ impl TestDevice for HostDevice {
     fn copy<T: Element>(&self, stream: &HostStream, src: &HostBuffer<T>, dst: &mut HostBuffer<T>) {
         use duralumin::device::{Copy2d, DeviceSlice};
         assert_eq!(src.len(), dst.len(), "copy: lengths differ");
-        let (from, bytes) = (src.device_ptr().0 as *const u8, src.len() * size_of::<T>());
+        let (from, bytes) = (src.device_ptr().addr() as *const u8, src.len() * size_of::<T>());
         // SAFETY: host device memory is host memory at its device address; both buffers hold
         // `len` elements, and `src` is kept alive until the copy has run (its keep-alive), `dst`
         // by the caller until the stream is synchronized (the tests download it).
@@ -309,7 +309,7 @@ impl TestDevice for CudaDevice {
     fn down<T: Element>(&self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, b: &Self::Buf<T>) -> Vec<T> {
         stream.synchronize().expect("synchronize");
         let mut bytes = vec![0u8; b.len() * size_of::<T>()];
-        let ptr = duralumin::device::DeviceSlice::<CudaDevice>::device_ptr(b).0;
+        let ptr = duralumin::device::DeviceSlice::<CudaDevice>::device_ptr(b).addr();
         // SAFETY: `b` holds `bytes.len()` bytes of device memory and its stream has finished.
         unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut bytes, ptr) }.expect("download");
         bytes.chunks_exact(size_of::<T>().max(1)).map(bytemuck::pod_read_unaligned).collect()

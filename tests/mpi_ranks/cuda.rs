@@ -61,6 +61,8 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         c.allreduce_in_place(&mut x, Sum).expect("allreduce on a communicator made from a stream");
         assert_eq!(stream.clone_dtoh(&x).expect("download"), [c.size() as u32; 3]);
         drop(c);
+        // Code generic over the public trait, on this device.
+        crate::generic::on_device(world, dev.clone(), ctx.new_stream().expect("stream"));
         // Everything else a stream-ordered backend has, written once for every device. The
         // proxy thread queueing copies needs streams that do not share a hardware queue.
         let shared = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() == Ok("1");

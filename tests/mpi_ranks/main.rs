@@ -11,6 +11,7 @@ mod bad_input;
 mod cuda;
 mod elements;
 mod engine;
+mod generic;
 mod host_transfer;
 mod launcher;
 #[path = "../common/mpirun.rs"]
@@ -56,7 +57,7 @@ fn rank_main(program: &str) {
     let world = universe.world();
     let mut comm = MpiCommunicator::new(&world).expect("communicator");
     comm.set_tuning(small_thresholds());
-    let groups: [Group; 7] = [
+    let groups: [Group; 8] = [
         ("sweep", |c, _| sweep::run(c)),
         ("p2p", |c, _| p2p::run(c)),
         ("bad_input", |c, _| bad_input::run(c)),
@@ -64,6 +65,7 @@ fn rank_main(program: &str) {
         ("topology", |c, _| engine::topology(c)),
         ("threads", |c, _| engine::threads(c)),
         ("host_transfer", host_transfer::run),
+        ("generic", generic::run),
     ];
     #[cfg(feature = "cuda")]
     let groups = groups.into_iter().chain([("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator))]);

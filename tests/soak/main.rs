@@ -22,8 +22,8 @@ mod run;
 use std::time::{Duration, Instant};
 
 use duralumin::backends::host_transfer::{self, HostTransferConfig};
+use duralumin::device::PoolStats;
 use duralumin::device::host::HostDevice;
-use duralumin::device::pool::PoolStats;
 use duralumin::{MpiCommunicator, Sum, Tuning};
 use libtest_mimic::{Arguments, Failed, Trial};
 

@@ -64,7 +64,8 @@ pub use request::DeviceRequest;
 pub type Communicator<D> = HostTransferCommunicator<D>;
 
 use crate::backends::mpi::Tuning;
-use crate::device::pool::{PoolStats, Pools};
+use crate::device::PoolStats;
+use crate::device::pool::Pools;
 use crate::device::{Device, DeviceSlice};
 use crate::error::{Error, Result};
 use crate::progress::{Engine, Task};

@@ -218,6 +218,11 @@ impl MpiCommunicator {
         })
     }
 
+    /// The oldest error of a request nobody waited for, if any.
+    pub(crate) fn deferred_error(&self) -> Result<()> {
+        self.core.errors.check()
+    }
+
     /// This process's rank in the communicator.
     pub fn rank(&self) -> usize {
         self.core.rank
