@@ -7,7 +7,7 @@
 //! blocking (stream-ordered) and in-place forms. Non-blocking forms stay with each backend,
 //! since they borrow differently: the Mpi backend's requests live in a
 //! [`scope`](crate::scope), the stream-ordered backends' borrow their buffers until they
-//! complete on the device.
+//! complete on the device. The design is argued in `docs/api.md`.
 
 use duralumin_kernels::{Element, ReduceOp};
 

@@ -15,7 +15,7 @@
 //! # Ok::<(), duralumin::Error>(())
 //! ```
 //!
-//! Backends:
+//! Backends, all implementing [`Collectives`] (so code can be written once for any of them):
 //! * [`backends::mpi`] ([`MpiCommunicator`]): host memory over MPI.
 //! * [`backends::host_transfer`] ([`HostTransferCommunicator`]): device memory staged through pinned host memory, ordered on
 //!   a device stream.
