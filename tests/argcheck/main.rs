@@ -28,9 +28,9 @@ mod mpirun;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use duralumin::backends::host_transfer::{self, HostTransferConfig};
 use duralumin::device::host::HostDevice;
 use duralumin::{Error, MpiCommunicator, Tuning};
+use duralumin::{HostTransferCommunicator, HostTransferConfig};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestCaseResult, TestRng, TestRunner};
 
@@ -111,7 +111,7 @@ struct Tally {
 
 struct Comms {
     mpi: MpiCommunicator,
-    ht: host_transfer::HostTransferCommunicator<HostDevice>,
+    ht: HostTransferCommunicator<HostDevice>,
     dev: HostDevice,
     /// Where the ranks compare verdicts (never given a bad argument).
     verdict: MpiCommunicator,
@@ -210,13 +210,8 @@ fn rank_main() -> i32 {
     let dev = HostDevice::new(0);
     // Staged in chunks of a few elements, so cases pipeline.
     let config = HostTransferConfig::default().with_chunk_bytes(64).with_direct(false);
-    let ht = host_transfer::HostTransferCommunicator::with_config(
-        &world,
-        dev.clone(),
-        dev.stream().expect("stream"),
-        config,
-    )
-    .expect("HostTransfer communicator");
+    let ht = HostTransferCommunicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
+        .expect("HostTransfer communicator");
     let (me, n) = (mpi.rank(), mpi.size());
     let comms = RefCell::new(Comms { mpi, ht, dev, verdict });
     let tally = RefCell::new(Tally::default());

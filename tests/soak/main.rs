@@ -21,9 +21,9 @@ mod run;
 
 use std::time::{Duration, Instant};
 
-use duralumin::backends::host_transfer::{self, HostTransferConfig};
 use duralumin::device::PoolStats;
 use duralumin::device::host::HostDevice;
+use duralumin::{HostTransferCommunicator, HostTransferConfig};
 use duralumin::{MpiCommunicator, Sum, Tuning};
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -82,7 +82,7 @@ fn rss() -> usize {
 struct Comms {
     algorithms: MpiCommunicator,
     native: MpiCommunicator,
-    ht: host_transfer::HostTransferCommunicator<HostDevice>,
+    ht: HostTransferCommunicator<HostDevice>,
     dev: HostDevice,
 }
 
@@ -166,13 +166,8 @@ fn rank_main() {
     // Staged (not run on the device buffers directly) in small chunks, so larger operations
     // pipeline through several staging slots and flags.
     let config = HostTransferConfig::default().with_chunk_bytes(4096).with_direct(false);
-    let ht = host_transfer::HostTransferCommunicator::with_config(
-        &world,
-        dev.clone(),
-        dev.stream().expect("stream"),
-        config,
-    )
-    .expect("HostTransfer communicator");
+    let ht = HostTransferCommunicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
+        .expect("HostTransfer communicator");
     let me = native.rank();
     let comms = Comms { algorithms, native, ht, dev };
 
