@@ -74,6 +74,14 @@ fn main() -> duralumin::Result<()> {
         let re: f32 = (0..size).map(|r| r as f32).sum();
         println!("complex sum: {:?} (expected re = {re}, im = {size})", z[0]);
         assert!(z.iter().all(|c| c.re == re && c.im == size as f32));
+        // The smallest value of each slot and the lowest rank holding it.
+        for (slot, b) in best.iter().enumerate() {
+            let (value, index) = (0..size)
+                .map(|r| (((r * 7 + slot * 3) % 5) as f64, r as u64))
+                .fold((f64::INFINITY, u64::MAX), |a, b| if b.0 < a.0 { b } else { a });
+            assert_eq!((b.value, b.index), (value, index), "slot {slot}");
+        }
+        println!("ok");
     }
     Ok(())
 }

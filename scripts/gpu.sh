@@ -19,7 +19,8 @@
 # * examples/custom-kernels/tests/gpu.rs: the user's MinLoc argmin and complex-sum kernels;
 # * tests/mpi_ranks (trials cuda_np1..3): the whole collective sweep on HostTransfer<cuda>, both
 #   flag paths (stream memory operations and the Rust kernels), small chunks and defaults, at
-#   np = 1, 2, 3 sharing the GPU;
+#   np = 1, 2, 3 sharing the GPU (part of it through the public Collectives trait);
+# * examples/05-cuda-stream.rs: HostTransfer built from a cudarc stream, at np = 2;
 # * benches/host_transfer_gpu.rs: HostTransfer allreduce 4 KiB..256 MiB, pipelined vs
 #   whole-buffer staging vs bulk-synchronous vs device reduction, fraction of copy bandwidth,
 #   enqueue time, stream-wait release latency of both flag paths, at np = 1 and 2.
@@ -39,7 +40,7 @@ bundle() {
       cargo bench --bench host_transfer_gpu --no-run --message-format=json 2>/dev/null; } | python3 -c '
 import json, sys
 names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu", "mpi_ranks": "mpi_ranks",
-         "host_transfer_gpu": "host_transfer_gpu"}
+         "host_transfer_gpu": "host_transfer_gpu", "05-cuda-stream": "cuda_stream_example"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -103,7 +104,9 @@ run() {
             sweep)
                 # HostTransfer<cuda>: the whole sweep, both flag paths, at np 1..3.
                 stage "cuda sweep np 1..3" 560 "$b/mpi_ranks" cuda_np --nocapture
-                if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi ;;
+                if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi
+                # The example a user runs first: HostTransfer from a cudarc stream alone.
+                stage "example 05-cuda-stream np 2" 120 mpirun --oversubscribe -np 2 "$b/cuda_stream_example" ;;
             maxconn1)
                 # Every stream on one hardware queue: work must never wait for work queued after it.
                 stage "cuda sweep np 2, one hardware queue" 300 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
