@@ -37,15 +37,24 @@ unsafe impl<T: Sync> Sync for RawBuf<T> {}
 /// zero), but it must be a real, distinct address.
 static EMPTY: [u64; 8] = [0; 8];
 
-/// `s`'s address, or [`EMPTY`]'s for an empty slice.
+/// `s`'s address, or [`EMPTY`]'s for an empty slice. Only for reading: a pointer taken from a
+/// shared slice may not be written through (see [`address_mut`]).
 pub(crate) fn address<T>(s: &[T]) -> *mut T {
     if s.is_empty() { EMPTY.as_ptr().cast_mut().cast() } else { s.as_ptr().cast_mut() }
+}
+
+/// `s`'s address, for writing through, or [`EMPTY`]'s for an empty slice (never written: its
+/// length is zero).
+pub(crate) fn address_mut<T>(s: &mut [T]) -> *mut T {
+    if s.is_empty() { EMPTY.as_ptr().cast_mut().cast() } else { s.as_mut_ptr() }
 }
 
 impl<T> RawBuf<T> {
     /// A view of a buffer the operation reads and writes.
     pub(crate) fn from_mut(s: &mut [T]) -> Self {
-        RawBuf { ptr: address(s), len: s.len() }
+        // The pointer comes from the unique borrow: one taken through a shared reborrow (as
+        // `address` does) permits reads only, and every write through the view would be UB.
+        RawBuf { ptr: address_mut(s), len: s.len() }
     }
 
     /// A view of a buffer the operation only reads. Nothing in the crate writes through a
@@ -197,5 +206,83 @@ impl<T> Drop for Scratch<'_, T> {
                 free.push(block);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EMPTY, MAX_IDLE_BLOCKS, RawBuf, SCRATCH_ALIGN, ScratchPool};
+    use crate::error::Error;
+
+    #[test]
+    fn views_of_a_borrowed_buffer_write_through_to_it() {
+        let mut v: Vec<u32> = (0..10).collect();
+        let raw = RawBuf::from_mut(&mut v);
+        let (low, high) = (raw.block(0, 4), raw.block(6, 100));
+        assert_eq!((low.len(), high.len()), (4, 4), "blocks are clamped to the buffer");
+        // SAFETY: `v` is borrowed for the views' use only; the two blocks are disjoint.
+        unsafe {
+            let (l, h) = (low.as_mut_slice(), high.as_mut_slice());
+            l[0] = 100;
+            h[3] = 900;
+            high.block(0, 2).copy_from(low.block(1, 2));
+        }
+        assert_eq!(v, [100, 1, 2, 3, 4, 5, 1, 2, 8, 900]);
+    }
+
+    #[test]
+    fn empty_views_are_a_distinct_address_and_never_touched() {
+        let mut bytes: [u8; 0] = [];
+        let raw = RawBuf::from_mut(&mut bytes);
+        assert_eq!(raw.ptr().cast_const(), EMPTY.as_ptr().cast(), "not the dangling 0x1 (MPI_IN_PLACE)");
+        assert_eq!(RawBuf::<u64>::from_raw(std::ptr::null_mut(), 0).ptr().cast_const(), EMPTY.as_ptr());
+        let past = RawBuf::from_ref(&[1u16, 2][..]).block(5, 1);
+        // SAFETY: empty views are never dereferenced.
+        unsafe {
+            assert!(raw.as_mut_slice().is_empty() && past.as_slice().is_empty());
+            raw.copy_from(raw);
+        }
+    }
+
+    #[test]
+    fn scratch_is_zeroed_aligned_and_reused() {
+        let pool = ScratchPool::default();
+        let first = {
+            let mut s = pool.take::<f64>(100).unwrap();
+            let raw = s.raw();
+            assert_eq!(raw.ptr() as usize % SCRATCH_ALIGN, 0);
+            // SAFETY: the scratch buffer is this test's alone while `s` lives.
+            let view = unsafe { raw.as_mut_slice() };
+            assert!(view.iter().all(|&x| x == 0.0));
+            view.fill(1.5);
+            raw.ptr().cast::<u8>()
+        };
+        // A smaller request of another type reuses the idle block, contents as left.
+        let mut again = pool.take::<u64>(3).unwrap();
+        let raw = again.raw();
+        assert_eq!(raw.ptr().cast::<u8>(), first);
+        // SAFETY: as above.
+        assert_eq!(unsafe { raw.as_slice() }, [1.5f64.to_bits(); 3]);
+        // Zero elements and zero-sized types still get a block of their own.
+        let mut none = pool.take::<u32>(0).unwrap();
+        let mut units = pool.take::<()>(5).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            assert!(none.raw().as_mut_slice().is_empty());
+            assert_eq!(units.raw().as_mut_slice().len(), 5);
+        }
+    }
+
+    #[test]
+    fn scratch_keeps_a_few_idle_blocks_and_refuses_impossible_ones() {
+        let pool = ScratchPool::default();
+        let taken: Vec<_> = (1..=MAX_IDLE_BLOCKS + 2).map(|n| pool.take::<u8>(n * 64).unwrap()).collect();
+        drop(taken);
+        assert_eq!(pool.free.lock().unwrap().len(), MAX_IDLE_BLOCKS);
+        assert!(matches!(pool.take::<u64>(usize::MAX / 4), Err(Error::CountOverflow { .. })));
+        #[repr(C, align(128))]
+        #[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+        struct Wide([u8; 128]);
+        assert!(matches!(pool.take::<Wide>(1), Err(Error::CountOverflow { .. })));
     }
 }

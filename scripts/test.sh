@@ -12,6 +12,8 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 # The API docs: every intra-doc link resolves (the kernels' builder is behind its feature).
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin -p duralumin-cudasim
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin-kernels --features builder
+# Undefined behaviour in the unit tests of the unsafe code, under Miri (see the script).
+bash scripts/miri.sh
 # The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
 # on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim

@@ -140,9 +140,8 @@ pub(crate) fn run(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, 
     let n = m.size;
     let note = local.as_ref().err().map(|e| e.to_string());
     let send = encode(op.seq, sig, note.as_deref());
-    let recv = vec![0u8; RECORD * n];
-    let call =
-        Native::Allgather { send: send.as_ptr().cast(), recv: recv.as_ptr().cast_mut().cast(), count: RECORD as c_int };
+    let mut recv = vec![0u8; RECORD * n];
+    let call = Native::Allgather { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: RECORD as c_int };
     let got = collective(m, op, call, vec![send, recv])?;
     let mine = report_view(op.seq, sig, note.as_deref());
     let views: Vec<RecordView> = got[1].chunks_exact(RECORD).map(|b| decode(b, &mine)).collect();
@@ -163,8 +162,8 @@ pub(crate) fn run(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, 
 fn check_pairs(m: &Monitor, op: OpId, sig: &Signature, mine: &RecordView, p: Pairs) -> Result<()> {
     let n = m.size;
     let send: Vec<u8> = p.send_to.iter().flat_map(|c| c.to_le_bytes()).collect();
-    let recv = vec![0u8; 8 * n];
-    let call = Native::Alltoall { send: send.as_ptr().cast(), recv: recv.as_ptr().cast_mut().cast(), count: 8 };
+    let mut recv = vec![0u8; 8 * n];
+    let call = Native::Alltoall { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: 8 };
     let got = collective(m, op, call, vec![send, recv])?;
     let sent_to_me = |i: usize| u64::from_le_bytes(got[1][8 * i..8 * i + 8].try_into().unwrap_or_default());
     let bad: Vec<usize> = (0..n).filter(|&i| i != m.rank && sent_to_me(i) != p.recv_from[i]).collect();
@@ -174,8 +173,8 @@ fn check_pairs(m: &Monitor, op: OpId, sig: &Signature, mine: &RecordView, p: Pai
     for v in [first.0, first.1, first.2] {
         finding.extend_from_slice(&v.to_le_bytes());
     }
-    let all = vec![0u8; 32 * n];
-    let call = Native::Allgather { send: finding.as_ptr().cast(), recv: all.as_ptr().cast_mut().cast(), count: 32 };
+    let mut all = vec![0u8; 32 * n];
+    let call = Native::Allgather { send: finding.as_ptr().cast(), recv: all.as_mut_ptr().cast(), count: 32 };
     let got = collective(m, op, call, vec![finding, all])?;
     let word = |r: usize, k: usize| {
         u64::from_le_bytes(got[1][32 * r + 8 * k..32 * r + 8 * k + 8].try_into().unwrap_or_default())

@@ -432,6 +432,7 @@ mod tests {
     /// was all there was, the next operation took the slot and reset it to 0 under the wait,
     /// and the stream never went on.
     #[test]
+    #[cfg_attr(miri, ignore = "initializes MPI, a foreign library Miri cannot call")]
     fn a_stream_behind_the_proxy_thread_keeps_its_done_flag() {
         let universe = crate::init().expect("MPI init (singleton)");
         let world = universe.world();
