@@ -109,7 +109,9 @@ macro_rules! declare {
     ($( $(#[$doc:meta])* fn $name:ident <$($g:ident: $b:path),*> ($($arg:ident: $ty:ty => $pass:ident),*); )*) => {
         /// The operations every backend offers, over the backend's own buffers: host slices on
         /// the Mpi backend, device buffers on the stream-ordered ones. Code generic over this
-        /// trait runs on any backend; see the [module docs](self) for what it leaves out.
+        /// trait runs on any backend. It holds the blocking (on a stream-ordered backend:
+        /// stream-ordered) and in-place forms; the non-blocking forms stay with each backend,
+        /// since they borrow their buffers differently (`docs/api.md` says why).
         ///
         /// Every operation checks its arguments and returns a typed error, with nothing sent,
         /// on bad input, as the backend's own method does (which each one forwards to; its docs
