@@ -35,6 +35,7 @@
 //! makes the named calls fail (`CUDA_ERROR_UNKNOWN`, doing nothing), for tests of what their
 //! callers do then.
 
+#![deny(missing_docs)]
 #![allow(non_snake_case)]
 
 mod api;
