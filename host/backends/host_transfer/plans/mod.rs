@@ -210,7 +210,7 @@ impl<T> Plan<T> {
             return None;
         }
         let rows = |r: &Region| match r {
-            Region::Rows(rows) => Some(rows.ptr.0 as usize),
+            Region::Rows(rows) => usize::try_from(rows.ptr.0).ok(),
             Region::Pieces { .. } => None,
         };
         let input = match &self.input {

@@ -27,7 +27,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             None => (rows(recv, 0, 1, n), InputArea::Recv { part: 0 }),
         };
         let size = self.size();
-        let fns = ReduceFns::of::<T, O>(size as u32);
+        let fns = ReduceFns::of::<T, O>(crate::ffi::u32_rank(size));
         // Pairs without device kernels (a user's pair whose kernels were not registered)
         // reduce in MPI whatever their size.
         if size > 1 && n * size_of::<T>() <= self.config.device_reduce_max_bytes && self.shared.device.can_reduce(&fns)
