@@ -390,8 +390,8 @@ fn movement_rows(b: &mut Bench) {
         let mut part = vec![0.0f32; block];
         let counts = vec![block; n];
         let displs: Vec<usize> = (0..n).map(|i| i * block).collect();
-        let ccounts: Vec<i32> = counts.iter().map(|&x| x as i32).collect();
-        let cdispls: Vec<i32> = displs.iter().map(|&x| x as i32).collect();
+        let ccounts: Vec<i32> = counts.iter().map(|&x| i32::try_from(x).expect("an MPI count")).collect();
+        let cdispls: Vec<i32> = displs.iter().map(|&x| i32::try_from(x).expect("an MPI displacement")).collect();
         let root = w.process_at_rank(0);
 
         if b.wanted("bcast") {
@@ -499,7 +499,8 @@ fn p2p_rows(b: &mut Bench) {
         let send = vec![me as f32; len];
         let mut recv = vec![0.0f32; len];
         if b.wanted("sendrecv") {
-            let (rp, lp) = (w.process_at_rank(right as i32), w.process_at_rank(left as i32));
+            let rank = |r: usize| w.process_at_rank(i32::try_from(r).expect("an MPI rank"));
+            let (rp, lp) = (rank(right), rank(left));
             let native = b.time(bytes, || {
                 duralumin::mpi::point_to_point::send_receive_into(&send[..], &rp, &mut recv[..], &lp);
             });

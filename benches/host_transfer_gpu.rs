@@ -120,7 +120,7 @@ mod gpu {
     fn rank_main() {
         let universe = duralumin::init().expect("init");
         let world = universe.world();
-        let (me, np) = (world.rank(), world.size() as usize);
+        let (me, np) = (world.rank(), usize::try_from(world.size()).expect("an MPI size"));
         let max: usize = std::env::var("DURALUMIN_BENCH_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(256 << 20);
         let ctx = CudaContext::new(0).expect("CUDA context");
         let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");

@@ -127,7 +127,7 @@ impl Group for MpiCommunicator {
     fn members(&mut self, me: usize) -> Result<Vec<usize>> {
         let mut all = vec![0u64; self.size()];
         self.allgather(&[me as u64], &mut all)?;
-        Ok(all.into_iter().map(|r| r as usize).collect())
+        Ok(all.into_iter().map(|r| usize::try_from(r).expect("a rank")).collect())
     }
 }
 
@@ -176,7 +176,7 @@ impl Group for HostTransfer {
     fn members(&mut self, me: usize) -> Result<Vec<usize>> {
         let n = self.comm.size();
         let all = self.stream_op(&[me as u64], n, |c, s, r| c.allgather(s, r))?;
-        Ok(all.into_iter().map(|r| r as usize).collect())
+        Ok(all.into_iter().map(|r| usize::try_from(r).expect("a rank")).collect())
     }
 }
 

@@ -19,11 +19,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stream = ctx.new_stream()?;
     let comm = HostTransferCommunicator::from_stream(&universe.world(), stream.clone())?;
     let (rank, size) = (comm.rank(), comm.size());
+    let (r, n) = (u32::try_from(rank)?, u32::try_from(size)?);
 
     // Upload, reduce and download, all in the stream's order: no synchronize in between.
     let mut grads = stream.clone_htod(&vec![rank as f32 + 1.0; 1 << 20])?;
     comm.allreduce_in_place(&mut grads, Sum)?;
-    let mut peak = stream.clone_htod(&[rank as i32; 16])?;
+    let mut peak = stream.clone_htod(&[r; 16])?;
     let req = comm.iallreduce_in_place(&mut peak, Max)?;
     req.stream_wait(&stream)?;
     let sums = stream.clone_dtoh(&grads)?;
@@ -32,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let expected = (size * (size + 1) / 2) as f32;
     assert!(sums.iter().all(|&g| g == expected), "allreduce");
-    assert!(peaks.iter().all(|&p| p == size as i32 - 1), "max");
+    assert!(peaks.iter().all(|&p| p == n - 1), "max");
     if rank == 0 {
         let name = ctx.name().unwrap_or_else(|_| "an unnamed device".into());
         println!("HostTransfer on {name}, {size} ranks: sum {expected}, max {}", size - 1);

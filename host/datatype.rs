@@ -16,7 +16,7 @@ use duralumin_kernels::{
     Avg, BitAnd, BitOr, BitXor, Element, LogicalAnd, LogicalOr, LogicalXor, Max, Min, Prod, ReduceOp, Sum,
 };
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ffi::{RawDatatype, RawOp, check, sys};
 
 /// The MPI datatype of a builtin element, if MPI has one.
@@ -70,7 +70,9 @@ pub(crate) fn datatype<T: Element>() -> Result<RawDatatype> {
         return Ok(*dt);
     }
     let mut dt = std::mem::MaybeUninit::<sys::MPI_Datatype>::uninit();
-    let size = std::mem::size_of::<T>() as c_int;
+    let size = c_int::try_from(std::mem::size_of::<T>()).map_err(|_| {
+        Error::Unsupported("element types of more than i32::MAX bytes (MPI counts their bytes in an int)")
+    })?;
     // SAFETY: MPI writes the new type into `dt` on success (read only then); the base type is
     // a shim constant. Elements are Pod, so their bytes are their whole value.
     let dt = unsafe {
@@ -149,7 +151,7 @@ unsafe extern "C" fn user_op_trampoline<T: Element, O: ReduceOp<T>>(
     _datatype: *mut sys::MPI_Datatype,
 ) {
     // SAFETY: MPI passes a valid pointer to the element count.
-    let n = unsafe { *len }.max(0) as usize;
+    let n = usize::try_from(unsafe { *len }).unwrap_or(0);
     let input = invec.cast::<T>().cast_const();
     let inout = inoutvec.cast::<T>();
     // A panic must not unwind into MPI (it would abort the process with no word, or worse):

@@ -11,52 +11,131 @@
 pub enum Error {
     /// A buffer does not hold the number of elements the call needs.
     #[error("{what}: the buffer holds {actual} elements but the call needs {expected}")]
-    BufferLength { what: &'static str, expected: usize, actual: usize },
+    BufferLength {
+        /// The buffer, as the call names it (`"allreduce receive buffer"`).
+        what: &'static str,
+        /// The number of elements the call needs.
+        expected: usize,
+        /// The number of elements the buffer holds.
+        actual: usize,
+    },
 
     /// A per-rank vector (counts or displacements) is not one entry per rank.
     #[error("{what} has {actual} entries but the communicator has {expected} ranks")]
-    VectorLength { what: &'static str, expected: usize, actual: usize },
+    VectorLength {
+        /// The vector, as the call names it (`"reduce_scatterv counts"`).
+        what: &'static str,
+        /// The communicator's size: one entry per rank.
+        expected: usize,
+        /// The number of entries the vector has.
+        actual: usize,
+    },
 
     /// A block `[start, start + count)` of a v-collective does not fit its buffer.
     #[error("{what}: the block of rank {rank} ({start}..{end}) is outside the buffer of {len} elements")]
-    DisplacementOutOfRange { what: &'static str, rank: usize, start: usize, end: usize, len: usize },
+    DisplacementOutOfRange {
+        /// The blocks, as the call names them (`"gatherv receive blocks"`).
+        what: &'static str,
+        /// The rank the block belongs to.
+        rank: usize,
+        /// The block's first element: its displacement.
+        start: usize,
+        /// One past the block's last element: its displacement plus its count.
+        end: usize,
+        /// The number of elements the buffer holds.
+        len: usize,
+    },
 
     /// Two receive blocks of a v-collective overlap, so the result would depend on timing.
     #[error("{what}: the blocks of ranks {first} and {second} overlap")]
-    DisplacementOverlap { what: &'static str, first: usize, second: usize },
+    DisplacementOverlap {
+        /// The blocks, as the call names them.
+        what: &'static str,
+        /// The lower of the two ranks whose blocks overlap.
+        first: usize,
+        /// The higher of the two ranks whose blocks overlap.
+        second: usize,
+    },
 
     /// A root or peer rank is not in the communicator.
     #[error("{what} {rank} is out of range for a communicator of {size} ranks")]
-    RankOutOfRange { what: &'static str, rank: usize, size: usize },
+    RankOutOfRange {
+        /// The argument, as the call names it (`"bcast root"`, `"destination rank"`).
+        what: &'static str,
+        /// The rank given.
+        rank: usize,
+        /// The communicator's size: valid ranks are `0..size`.
+        size: usize,
+    },
 
     /// A blocking send or receive with this rank itself as the peer, which can never complete.
     #[error("a blocking {op} to this rank itself would deadlock; use sendrecv or the non-blocking form")]
-    SelfMessage { op: &'static str },
+    SelfMessage {
+        /// The call (`"send"`, `"recv"`).
+        op: &'static str,
+    },
 
     /// A tag outside `0..=max` (`max` is the MPI library's `MPI_TAG_UB`).
     #[error("tag {tag} is outside 0..={max}")]
-    InvalidTag { tag: i64, max: i64 },
+    InvalidTag {
+        /// The tag given.
+        tag: i64,
+        /// The largest valid tag: the MPI library's `MPI_TAG_UB`.
+        max: i64,
+    },
 
     /// A count, displacement or byte size does not fit the integer types involved.
     #[error("{what}: {value} elements overflows what can be addressed")]
-    CountOverflow { what: &'static str, value: u128 },
+    CountOverflow {
+        /// The quantity, as the call names it.
+        what: &'static str,
+        /// The value that does not fit (computed without overflow), or the operand that made
+        /// the computation overflow.
+        value: u128,
+    },
 
     /// An algorithm was requested that cannot run this operation.
     #[error("algorithm {algorithm} cannot run this operation: {reason}")]
-    AlgorithmUnsupported { algorithm: &'static str, reason: &'static str },
+    AlgorithmUnsupported {
+        /// The algorithm requested.
+        algorithm: &'static str,
+        /// Why it cannot run this operation.
+        reason: &'static str,
+    },
 
     /// Another rank sent a different amount of data than this rank expected (a count mismatch
     /// between ranks, which cannot be detected before sending).
     #[error("{what}: expected {expected} elements from rank {peer} but {received} arrived")]
-    CountMismatch { what: &'static str, peer: usize, expected: usize, received: usize },
+    CountMismatch {
+        /// The transfer, as the call names it (`"message"`).
+        what: &'static str,
+        /// The rank the data came from.
+        peer: usize,
+        /// The number of elements this rank expected.
+        expected: usize,
+        /// The number of elements that arrived.
+        received: usize,
+    },
 
     /// The MPI library returned an error.
     #[error("{call} failed: {message} (MPI error code {code}, class {class})")]
-    Mpi { call: &'static str, code: i32, class: i32, message: String },
+    Mpi {
+        /// The MPI function that failed (`"MPI_Allreduce"`).
+        call: &'static str,
+        /// The error code it returned.
+        code: i32,
+        /// The code's error class (`MPI_Error_class`).
+        class: i32,
+        /// The code's description (`MPI_Error_string`).
+        message: String,
+    },
 
     /// MPI is initialized with a thread level below `MPI_THREAD_MULTIPLE`.
     #[error("Duralumin needs MPI_THREAD_MULTIPLE but the MPI library provides {provided}")]
-    ThreadLevel { provided: &'static str },
+    ThreadLevel {
+        /// The thread level the MPI library provides (`"MPI_THREAD_SERIALIZED"`).
+        provided: &'static str,
+    },
 
     /// MPI was already initialized by someone else, or initialization failed.
     #[error("MPI initialization: {0}")]
@@ -68,15 +147,30 @@ pub enum Error {
 
     /// A buffer or stream belongs to another device (or context) than the communicator's.
     #[error("{what} belongs to {found}, but the communicator uses {expected}")]
-    WrongDevice { what: &'static str, expected: String, found: String },
+    WrongDevice {
+        /// The argument, as the call names it (`"stream"`).
+        what: &'static str,
+        /// The communicator's device.
+        expected: String,
+        /// The device the argument belongs to.
+        found: String,
+    },
 
     /// An in-place call was given two different buffers, or out-of-place buffers that overlap.
     #[error("{what}: the send and receive buffers overlap")]
-    BufferOverlap { what: &'static str },
+    BufferOverlap {
+        /// The call, as it names itself.
+        what: &'static str,
+    },
 
     /// A device or host allocation failed.
     #[error("{what}: could not allocate {bytes} bytes")]
-    OutOfMemory { what: &'static str, bytes: usize },
+    OutOfMemory {
+        /// The memory asked for (`"pinned host memory (cuMemHostAlloc)"`).
+        what: &'static str,
+        /// The size of the allocation that failed.
+        bytes: usize,
+    },
 
     /// A pinned staging block does not fit under the pool's configured cap: a HostTransfer
     /// operation whose `depth` slots alone exceed it, or [`Pools::take`](crate::device::pool::Pools::take)
@@ -84,7 +178,14 @@ pub enum Error {
     #[error(
         "the pinned staging pool is full: {requested} more bytes would exceed its cap of {cap} bytes ({in_use} in use)"
     )]
-    PoolExhausted { requested: usize, in_use: usize, cap: usize },
+    PoolExhausted {
+        /// The bytes asked for.
+        requested: usize,
+        /// The bytes of the pool's blocks in use when it was asked.
+        in_use: usize,
+        /// The pool's cap, in bytes.
+        cap: usize,
+    },
 
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
@@ -94,8 +195,11 @@ pub enum Error {
     /// `DriverError`, a HIP status).
     #[error("{call} failed: {message}")]
     Device {
+        /// The device call that failed (`"cuMemcpyAsync"`).
         call: &'static str,
+        /// What went wrong: the driver's description, or the library's where there is none.
         message: String,
+        /// The driver's own error, where there is one.
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
@@ -103,7 +207,12 @@ pub enum Error {
     /// More operations failed, unobserved, than a communicator keeps for its next calls: the
     /// last error kept, and how many more were logged (`tracing`) but not kept.
     #[error("{first} (and {more} more unobserved errors, logged but not kept)")]
-    Deferred { first: Box<Error>, more: usize },
+    Deferred {
+        /// The last error kept.
+        first: Box<Error>,
+        /// How many errors beyond it were logged but not kept.
+        more: usize,
+    },
 
     /// The operation's task was lost (its thread panicked), so its outcome is unknown.
     #[error("the progress engine lost this operation: {0}")]
@@ -114,13 +223,26 @@ pub enum Error {
     /// rank was doing at that moment (format in `docs/reliability.md`). The communicator is
     /// poisoned: later calls on it fail with [`Error::Aborted`].
     #[error("{op} #{seq} timed out after {elapsed:.1?}\n{report}")]
-    Timeout { op: &'static str, seq: u64, elapsed: std::time::Duration, report: String },
+    Timeout {
+        /// The operation (`"allreduce"`).
+        op: &'static str,
+        /// Its number on the communicator: collectives and point-to-point operations are
+        /// numbered separately, each from 1.
+        seq: u64,
+        /// How long it had run when it was given up.
+        elapsed: std::time::Duration,
+        /// The desync report.
+        report: String,
+    },
 
     /// The communicator was given up ([`OnTimeout::Error`](crate::reliability::OnTimeout::Error)
     /// after a timeout or a failed collective, here or on another rank): every later call on it
     /// fails at once with this error, and operations pending on it complete with it.
     #[error("the communicator was aborted: {reason}")]
-    Aborted { reason: String },
+    Aborted {
+        /// Why and where the communicator was given up.
+        reason: String,
+    },
 
     /// The signature check (`DURALUMIN_CHECK=1`, or
     /// [`MpiCommunicator::set_check`](crate::MpiCommunicator::set_check)) found that the ranks called
@@ -128,12 +250,23 @@ pub enum Error {
     /// or that another rank's arguments were invalid. Nothing was sent; the communicator stays
     /// usable. `report` has one line per rank that differs.
     #[error("{op} #{seq}: the ranks' calls do not match\n{report}")]
-    SignatureMismatch { op: &'static str, seq: u64, report: String },
+    SignatureMismatch {
+        /// This rank's operation.
+        op: &'static str,
+        /// Its number on the communicator (collectives are numbered from 1).
+        seq: u64,
+        /// One line per rank whose call differs.
+        report: String,
+    },
 
     /// Processes of the communicator failed (an MPI library with ULFM reported it). Recover
     /// with [`MpiCommunicator::shrink`](crate::MpiCommunicator::shrink).
     #[error("processes failed: ranks {ranks:?} of the communicator")]
-    ProcessFailed { ranks: Vec<usize> },
+    ProcessFailed {
+        /// The ranks, in the communicator, of the processes known to have failed; empty where
+        /// the MPI library could not say which.
+        ranks: Vec<usize>,
+    },
 
     /// The communicator was revoked ([`MpiCommunicator::revoke`](crate::MpiCommunicator::revoke) on
     /// some rank, with an MPI library that has ULFM).

@@ -23,6 +23,7 @@
 //! Nothing hangs silently: a panic ends the job, every operation has a deadline past which the
 //! ranks report who is out of step, and collectives can check their signatures across ranks
 //! ([`reliability`], `docs/reliability.md`).
+#![deny(missing_docs)]
 
 #[macro_use]
 mod setters;

@@ -15,7 +15,7 @@ use duralumin_kernels::Element;
 
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
-use crate::ffi::{RawComm, RawDatatype, RawRequest, p2p};
+use crate::ffi::{RawComm, RawDatatype, RawRequest, c_rank, p2p};
 
 /// A point-to-point transport between the ranks of one communicator.
 pub(crate) trait Transport<T>: Send + Sync {
@@ -78,11 +78,10 @@ impl<T: Element> Transport<T> for MpiTransport {
         for &(buf, from) in recvs {
             for (start, len) in pieces(buf.len(), max) {
                 let piece = buf.block(start, len);
+                let count = count(len)?;
                 // SAFETY: the caller keeps the block valid and untouched until `pending`
-                // completes or is dropped (Drop cancels and completes it); `len` fits c_int.
-                let req = unsafe {
-                    p2p::irecv(piece.ptr().cast(), len as c_int, self.dt, from as c_int, self.tag, self.comm)
-                }?;
+                // completes or is dropped (Drop cancels and completes it).
+                let req = unsafe { p2p::irecv(piece.ptr().cast(), count, self.dt, c_rank(from), self.tag, self.comm) }?;
                 pending.recvs.push((pending.reqs.len(), len, from));
                 pending.reqs.push(req);
             }
@@ -90,14 +89,20 @@ impl<T: Element> Transport<T> for MpiTransport {
         for &(buf, to) in sends {
             for (start, len) in pieces(buf.len(), max) {
                 let piece = buf.block(start, len);
+                let count = count(len)?;
                 // SAFETY: as above, for reads.
-                let req =
-                    unsafe { p2p::isend(piece.ptr().cast(), len as c_int, self.dt, to as c_int, self.tag, self.comm) }?;
+                let req = unsafe { p2p::isend(piece.ptr().cast(), count, self.dt, c_rank(to), self.tag, self.comm) }?;
                 pending.reqs.push(req);
             }
         }
         Ok(pending)
     }
+}
+
+/// A message's `len` elements as MPI's count. `post` cuts messages at `c_int::MAX` elements, so
+/// this does not fail.
+fn count(len: usize) -> Result<c_int> {
+    c_int::try_from(len).map_err(|_| Error::CountOverflow { what: "MPI count", value: len as u128 })
 }
 
 /// Splits `len` elements into messages of at most `max`; an empty buffer is one empty message,

@@ -2,6 +2,9 @@
 //! (element, operator) pair, a few user element types (odd-sized ones included), pack/unpack and
 //! stream-wait/signal, at sizes 0, 1, odd and large, aligned and unaligned, with several emulated
 //! thread counts.
+// Test values are cut from counters, ranks and random numbers on purpose (all small, or
+// wanted modulo the type): the cast lints are noise here.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -4,6 +4,9 @@
 //!
 //! Ignored by default, since CI machines have no GPU: `scripts/gpu.sh` runs it with
 //! `--ignored`. Without a CUDA driver it prints `SKIPPED: ...` and checks nothing.
+// Test values are cut from counters, ranks and random numbers on purpose (all small, or
+// wanted modulo the type): the cast lints are noise here.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -14,10 +14,10 @@ use cudarc::driver::sys::{
 };
 use duralumin_kernels::flag::reached;
 
-use crate::Fault;
 use crate::exec::{self, Context, Event, Marker, Stream, Work};
 use crate::kernels::{self, Function, Module, Params};
 use crate::memory::{self, Kind};
+use crate::{Fault, usize_of};
 
 thread_local! {
     /// The context current on this thread (its handle, 0 for none).
@@ -260,7 +260,7 @@ fn side(
 ) -> Result<(usize, usize, bool), Fault> {
     let base = match kind {
         MEMORYTYPE_HOST => host,
-        MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED if array == 0 => device as usize,
+        MEMORYTYPE_DEVICE | MEMORYTYPE_UNIFIED if array == 0 => usize_of(device),
         _ => return Err(Fault::not_supported(format!("memory type {kind} (arrays are not simulated)"))),
     };
     let at = y.checked_mul(pitch).and_then(|o| o.checked_add(x)).and_then(|o| o.checked_add(base));
@@ -403,7 +403,7 @@ driver! {
     Init fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) {
         device(dev)?;
         let text = b"cudasim (CPU)\0";
-        if name.is_null() || (len as usize) < text.len() {
+        if name.is_null() || usize::try_from(len).ok().is_none_or(|len| len < text.len()) {
             return Err(Fault::invalid("name buffer too small".into()));
         }
         // SAFETY: the caller's buffer holds `len` bytes (checked against the text's length).
@@ -583,13 +583,13 @@ driver! {
     /// Synchronizes the device first, as the driver's does.
     Context fn cuMemFree_v2(dptr: CUdeviceptr) {
         wait_idle("cuMemFree")?;
-        memory::free(dptr as usize, "cuMemFree", |k| k == Kind::Device)
+        memory::free(usize_of(dptr), "cuMemFree", |k| k == Kind::Device)
     }
 
     /// Freed when the stream reaches it.
     Context fn cuMemFreeAsync(dptr: CUdeviceptr, h: CUstream) {
         let s = stream(h)?;
-        submit(&s, "cuMemFreeAsync", Box::new(move || memory::free(dptr as usize, "cuMemFreeAsync", |k| k == Kind::Device)))
+        submit(&s, "cuMemFreeAsync", Box::new(move || memory::free(usize_of(dptr), "cuMemFreeAsync", |k| k == Kind::Device)))
     }
 
     Context fn cuMemsetD8Async(dptr: CUdeviceptr, value: u8, n: usize, h: CUstream) {
@@ -613,32 +613,32 @@ driver! {
     }
 
     Context fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, h: CUstream) {
-        host_copy(h, dst as usize, src as usize, n, false, "cuMemcpyHtoDAsync")
+        host_copy(h, usize_of(dst), src as usize, n, false, "cuMemcpyHtoDAsync")
     }
 
     Context fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, h: CUstream) {
-        host_copy(h, dst as usize, src as usize, n, true, "cuMemcpyDtoHAsync")
+        host_copy(h, dst as usize, usize_of(src), n, true, "cuMemcpyDtoHAsync")
     }
 
     Context fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream) {
         let s = stream(h)?;
-        submit(&s, "cuMemcpyDtoDAsync", copy_work(dst as usize, true, src as usize, true, n, "cuMemcpyDtoDAsync"))
+        submit(&s, "cuMemcpyDtoDAsync", copy_work(usize_of(dst), true, usize_of(src), true, n, "cuMemcpyDtoDAsync"))
     }
 
     /// Synchronous: on the null stream, waited for.
     Context fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) {
         let s = ctx().null_stream();
-        submit_and_wait(&s, "cuMemcpyHtoD", copy_work(dst as usize, true, src as usize, false, n, "cuMemcpyHtoD"))
+        submit_and_wait(&s, "cuMemcpyHtoD", copy_work(usize_of(dst), true, src as usize, false, n, "cuMemcpyHtoD"))
     }
 
     Context fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) {
         let s = ctx().null_stream();
-        submit_and_wait(&s, "cuMemcpyDtoH", copy_work(dst as usize, false, src as usize, true, n, "cuMemcpyDtoH"))
+        submit_and_wait(&s, "cuMemcpyDtoH", copy_work(dst as usize, false, usize_of(src), true, n, "cuMemcpyDtoH"))
     }
 
     Context fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) {
         let s = ctx().null_stream();
-        submit_and_wait(&s, "cuMemcpyDtoD", copy_work(dst as usize, true, src as usize, true, n, "cuMemcpyDtoD"))
+        submit_and_wait(&s, "cuMemcpyDtoD", copy_work(usize_of(dst), true, usize_of(src), true, n, "cuMemcpyDtoD"))
     }
 
     Context fn cuMemcpy2DAsync_v2(p: *const Memcpy2d, h: CUstream) {

@@ -11,7 +11,7 @@ use duralumin_kernels::grid::HostGrid;
 use duralumin_kernels::pack::Segment;
 use duralumin_kernels::{Element, ReduceOp, flag, names::fixed, pack, reduce};
 
-use crate::{Fault, exec, memory};
+use crate::{Fault, exec, memory, usize_of};
 
 /// What a builtin kernel is, with its element size where it has one.
 #[derive(Clone, Copy)]
@@ -198,7 +198,12 @@ impl Params {
 }
 
 fn bytes(n: u64, size: usize, what: &str) -> Result<usize, Fault> {
-    (n as usize).checked_mul(size).ok_or_else(|| Fault::illegal(format!("{what}: {n} elements overflow")))
+    usize_of(n).checked_mul(size).ok_or_else(|| Fault::illegal(format!("{what}: {n} elements overflow")))
+}
+
+/// A launch's narrow last argument (see [`Body::narrow_last`]), read as a `u32`, so it fits.
+fn narrow_arg(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 /// The segments of a pack or unpack launch, read from device memory, and their total length.
@@ -207,13 +212,13 @@ fn segments(list: u64, count: u64, scattered: u64, name: &str) -> Result<(Vec<Se
     memory::device_range(list, len, &format!("{name} (segment list)"))?;
     // SAFETY: the list lies in live device memory (checked) and segments are plain data.
     let segs: Vec<Segment> =
-        (0..count as usize).map(|k| unsafe { (list as *const Segment).add(k).read_unaligned() }).collect();
+        (0..usize_of(count)).map(|k| unsafe { (list as *const Segment).add(k).read_unaligned() }).collect();
     let mut total = 0usize;
     for (k, s) in segs.iter().enumerate() {
         let at =
             scattered.checked_add(s.offset).ok_or_else(|| Fault::illegal(format!("{name}: segment {k} overflows")))?;
-        memory::device_range(at, s.len as usize, &format!("{name} (segment {k})"))?;
-        total += s.len as usize;
+        memory::device_range(at, usize_of(s.len), &format!("{name} (segment {k})"))?;
+        total += usize_of(s.len);
     }
     Ok((segs, total))
 }
@@ -251,7 +256,7 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                     memory::device_range(dst, len, &name)?;
                     memory::device_range(src, len, &name)?;
                     // SAFETY: both ranges are live device-accessible memory (checked).
-                    unsafe { run(g, dst as *mut u8, src as *const u8, n as usize) };
+                    unsafe { run(g, dst as *mut u8, src as *const u8, usize_of(n)) };
                     Ok(())
                 })
             }
@@ -263,16 +268,16 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                         memory::device_range(p, len, &name)?;
                     }
                     // SAFETY: as for reduce.
-                    unsafe { run(g, dst as *mut u8, x as *const u8, y as *const u8, n as usize) };
+                    unsafe { run(g, dst as *mut u8, x as *const u8, y as *const u8, usize_of(n)) };
                     Ok(())
                 })
             }
             Body::Finish { size, run } => {
-                let (dst, n, ranks) = (a[0], a[1], a[2] as u32);
+                let (dst, n, ranks) = (a[0], a[1], narrow_arg(a[2]));
                 Box::new(move || {
                     memory::device_range(dst, bytes(n, size, &name)?, &name)?;
                     // SAFETY: as for reduce.
-                    unsafe { run(g, dst as *mut u8, n as usize, ranks) };
+                    unsafe { run(g, dst as *mut u8, usize_of(n), ranks) };
                     Ok(())
                 })
             }
@@ -284,9 +289,9 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                     }
                     let extent = |pitch: u64| (rows - 1).checked_mul(pitch).and_then(|x| x.checked_add(row));
                     let over = || Fault::illegal(format!("{name}: extent overflows"));
-                    memory::device_range(dst, extent(dst_pitch).ok_or_else(over)? as usize, &name)?;
-                    memory::device_range(src, extent(src_pitch).ok_or_else(over)? as usize, &name)?;
-                    let (dp, sp, row, rows) = (dst_pitch as usize, src_pitch as usize, row as usize, rows as usize);
+                    memory::device_range(dst, usize_of(extent(dst_pitch).ok_or_else(over)?), &name)?;
+                    memory::device_range(src, usize_of(extent(src_pitch).ok_or_else(over)?), &name)?;
+                    let (dp, sp, row, rows) = (usize_of(dst_pitch), usize_of(src_pitch), usize_of(row), usize_of(rows));
                     // SAFETY: every row of both sides is in live memory (checked).
                     g.run(|t| unsafe { pack::copy_2d(t, dst as *mut u8, dp, src as *const u8, sp, row, rows) });
                     Ok(())
@@ -308,7 +313,7 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                 })
             }
             Body::StreamWait | Body::Signal => {
-                let (ptr, value) = (a[0], a[1] as u32);
+                let (ptr, value) = (a[0], narrow_arg(a[1]));
                 let signal = matches!(body, Body::Signal);
                 Box::new(move || {
                     memory::device_range(ptr, 4, &name)?;

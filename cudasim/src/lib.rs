@@ -35,6 +35,7 @@
 //! makes the named calls fail (`CUDA_ERROR_UNKNOWN`, doing nothing), for tests of what their
 //! callers do then.
 
+#![deny(missing_docs)]
 #![allow(non_snake_case)]
 
 mod api;
@@ -43,6 +44,16 @@ mod kernels;
 mod memory;
 
 use cudarc::driver::sys::CUresult;
+
+// CUDA's device addresses are 64-bit; the simulator's are host addresses.
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("the simulator needs 64-bit host addresses");
+
+/// A device address, size or count as the host's `usize`.
+#[allow(clippy::cast_possible_truncation, reason = "the host is 64-bit (checked above)")]
+pub(crate) fn usize_of(v: u64) -> usize {
+    v as usize
+}
 
 /// Why a call or a piece of device work failed: the status and what the simulator saw.
 #[derive(Clone, Debug)]

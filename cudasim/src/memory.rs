@@ -119,7 +119,9 @@ pub(crate) fn device_range(ptr: u64, len: usize, what: &str) -> Result<(), Fault
     if len == 0 {
         return Ok(());
     }
-    find(&heap(), ptr as usize, len).map(drop).map_err(|e| Fault::illegal(format!("{what}: device address {e}")))
+    find(&heap(), crate::usize_of(ptr), len)
+        .map(drop)
+        .map_err(|e| Fault::illegal(format!("{what}: device address {e}")))
 }
 
 /// Whether the host range `[ptr, ptr + len)` of a copy is pinned memory; `false` for memory the

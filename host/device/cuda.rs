@@ -54,7 +54,7 @@ pub fn device_count() -> usize {
     if !driver_present() {
         return 0;
     }
-    CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+    CudaContext::device_count().map_or(0, |n| usize::try_from(n).unwrap_or(0))
 }
 
 fn driver(call: &'static str) -> impl FnOnce(DriverError) -> Error {
@@ -99,8 +99,9 @@ impl CudaDevice {
             other => other,
         };
         let attr = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
-        let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as u32;
-        let max_pitch = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?.max(0) as usize;
+        let sms =
+            u32::try_from(attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?).unwrap_or(0).max(1);
+        let max_pitch = usize::try_from(attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)?).unwrap_or(0);
         Ok(CudaDevice { gpu: Gpu::new(Cuda { ctx }, flags, sms, max_pitch)? })
     }
 

@@ -67,9 +67,13 @@ impl DevicePtr {
 /// is one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Copy2d {
+    /// The bytes copied from each row.
     pub row_bytes: usize,
+    /// The number of rows.
     pub rows: usize,
+    /// The distance in bytes from one row's start to the next one's in the source.
     pub src_pitch: usize,
+    /// The distance in bytes from one row's start to the next one's in the destination.
     pub dst_pitch: usize,
 }
 

@@ -49,9 +49,28 @@ pub(crate) fn in_place() -> *mut c_void {
     unsafe { duralumin_mpi_in_place() }
 }
 
+/// `MPI_SUCCESS` as the `int` MPI calls return (the bindings give the macro as a `u32`).
+#[allow(clippy::cast_possible_wrap, reason = "MPI_SUCCESS is 0 in every MPI library")]
+pub(crate) const SUCCESS: c_int = sys::MPI_SUCCESS as c_int;
+
+/// A rank or communicator size as MPI's `int`. Both come from MPI as `int`s (a rank a user passes
+/// is checked below the size first), so this never saturates; were it to, MPI would refuse the
+/// rank rather than reach another one.
+pub(crate) fn c_rank(rank: usize) -> c_int {
+    c_int::try_from(rank).unwrap_or(c_int::MAX)
+}
+
+/// A rank or communicator size as a `u32` (the rank count of [`ReduceOp::finish`], a snapshot's
+/// rank). Both come from MPI as non-negative `int`s, so this never saturates.
+///
+/// [`ReduceOp::finish`]: duralumin_kernels::ReduceOp::finish
+pub(crate) fn u32_rank(rank: usize) -> u32 {
+    u32::try_from(rank).unwrap_or(u32::MAX)
+}
+
 /// Turns an MPI return code into a `Result`, with MPI's own error string.
 pub(crate) fn check(code: c_int, call: &'static str) -> Result<()> {
-    if code == sys::MPI_SUCCESS as c_int {
+    if code == SUCCESS {
         return Ok(());
     }
     Err(mpi_error(code, call))
@@ -68,7 +87,7 @@ pub(crate) fn mpi_error(code: c_int, call: &'static str) -> Error {
         sys::MPI_Error_class(code, &mut class);
         sys::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len);
     }
-    buf.truncate(len.max(0) as usize);
+    buf.truncate(usize::try_from(len).unwrap_or(0));
     match ulfm::classify(class) {
         // The failed ranks are filled in by the caller, who knows the communicator.
         Some(ulfm::Failure::ProcessFailed) => Error::ProcessFailed { ranks: Vec::new() },
@@ -148,7 +167,7 @@ pub(crate) fn library_version() -> String {
     // SAFETY: MPI writes at most MPI_MAX_LIBRARY_VERSION_STRING bytes and one int; the call
     // is valid before MPI_Init and after MPI_Finalize.
     unsafe { sys::MPI_Get_library_version(buf.as_mut_ptr().cast(), &mut len) };
-    buf.truncate(len.clamp(0, buf.len() as c_int) as usize);
+    buf.truncate(usize::try_from(len).unwrap_or(0));
     String::from_utf8_lossy(&buf).trim_end_matches('\0').trim().to_string()
 }
 
@@ -166,14 +185,14 @@ pub(crate) fn on_finalize(f: fn()) -> Result<()> {
     ) -> c_int {
         // SAFETY: MPI passes a valid flag to write.
         unsafe { *flag = 0 };
-        sys::MPI_SUCCESS as c_int
+        SUCCESS
     }
     unsafe extern "C" fn run(_: sys::MPI_Comm, _: c_int, _: *mut c_void, extra: *mut c_void) -> c_int {
         // SAFETY: `extra` is the `fn()` registered below, cast to a pointer.
         let f: fn() = unsafe { std::mem::transmute::<*mut c_void, fn()>(extra) };
         // A panic must not unwind into MPI.
         let _ = std::panic::catch_unwind(f);
-        sys::MPI_SUCCESS as c_int
+        SUCCESS
     }
     let mut key: c_int = 0;
     // SAFETY: both callbacks have the signatures MPI declares; `extra` carries a plain function
@@ -208,6 +227,7 @@ pub(crate) mod comm {
             check(sys::MPI_Comm_rank(comm.0, &mut rank), "MPI_Comm_rank")?;
             check(sys::MPI_Comm_size(comm.0, &mut size), "MPI_Comm_size")?;
         }
+        #[allow(clippy::cast_sign_loss, reason = "MPI gives a size of at least 1 and a rank in 0..size")]
         Ok((rank as usize, size as usize))
     }
 
@@ -267,18 +287,15 @@ pub(crate) mod comm {
 
     /// The largest tag value the MPI library allows on `comm` (`MPI_TAG_UB`).
     pub(crate) fn tag_ub(comm: RawComm) -> Result<c_int> {
+        #[allow(clippy::cast_possible_wrap, reason = "MPI_TAG_UB is a small attribute key")]
+        const TAG_UB: c_int = sys::MPI_TAG_UB as c_int;
         let mut value: *mut c_int = std::ptr::null_mut();
         let mut flag: c_int = 0;
         // SAFETY: for MPI_TAG_UB, MPI stores a pointer to an int it owns into `value`, valid
         // for the life of the communicator; we read it only when `flag` says it was set.
         unsafe {
             check(
-                sys::MPI_Comm_get_attr(
-                    comm.0,
-                    sys::MPI_TAG_UB as c_int,
-                    (&mut value as *mut *mut c_int).cast(),
-                    &mut flag,
-                ),
+                sys::MPI_Comm_get_attr(comm.0, TAG_UB, (&mut value as *mut *mut c_int).cast(), &mut flag),
                 "MPI_Comm_get_attr",
             )?;
             Ok(if flag != 0 && !value.is_null() { *value } else { 32767 })
@@ -425,6 +442,7 @@ pub(crate) mod p2p {
         let mut count: c_int = 0;
         // SAFETY: `status` was filled by MPI for a receive of `dt`; MPI writes one int.
         check(unsafe { sys::MPI_Get_count(status, dt.0, &mut count) }, "MPI_Get_count")?;
-        Ok(count.max(0) as usize)
+        // MPI_UNDEFINED (negative: not a whole number of elements) reads as none.
+        Ok(usize::try_from(count).unwrap_or(0))
     }
 }

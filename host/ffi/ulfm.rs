@@ -150,7 +150,7 @@ pub(crate) fn agree(comm: RawComm, flag: bool) -> Result<(bool, bool)> {
         (api.failure_ack)(comm.0);
         (api.agree)(comm.0, &mut value)
     };
-    if rc == sys::MPI_SUCCESS as c_int {
+    if rc == super::SUCCESS {
         if value == 0 {
             // Some rank saw a failure.
             FAILURE_SEEN.store(true, Ordering::Relaxed);
@@ -184,7 +184,8 @@ pub(crate) fn failed_ranks(comm: RawComm) -> Result<Vec<usize>> {
                 "MPI_Group_translate_ranks",
             );
             sys::MPI_Group_free(&mut all);
-            r.map(|()| to.into_iter().filter(|&r| r >= 0).map(|r| r as usize).collect())
+            // A rank with no counterpart is MPI_UNDEFINED (negative): left out.
+            r.map(|()| to.into_iter().filter_map(|r| usize::try_from(r).ok()).collect())
         });
         sys::MPI_Group_free(&mut failed);
         translated

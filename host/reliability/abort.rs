@@ -36,7 +36,7 @@ pub(crate) fn rank_label() -> String {
 /// to the one already set).
 pub(crate) fn settle(requested: Option<OnPanic>) -> crate::Result<OnPanic> {
     if let Ok((rank, _)) = ffi::comm::rank_size(ffi::world()) {
-        WORLD_RANK.store(rank as i64, Ordering::Relaxed);
+        WORLD_RANK.store(i64::try_from(rank).unwrap_or(-1), Ordering::Relaxed);
     }
     let wanted = match requested {
         Some(p) => p,

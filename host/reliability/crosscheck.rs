@@ -141,6 +141,7 @@ pub(crate) fn run(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, 
     let note = local.as_ref().err().map(|e| e.to_string());
     let send = encode(op.seq, sig, note.as_deref());
     let mut recv = vec![0u8; RECORD * n];
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "RECORD is 256")]
     let call = Native::Allgather { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: RECORD as c_int };
     let got = collective(m, op, call, vec![send, recv])?;
     let mine = report_view(op.seq, sig, note.as_deref());

@@ -125,6 +125,12 @@ pub(crate) struct Monitor {
 /// The default deadline of every operation.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// A deadline as the milliseconds the settings keep: at least 1 (0 is none), and at most
+/// `u64::MAX`, where a longer one saturates.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 impl Monitor {
     /// The monitor of a communicator whose operations run on `data` (the first is the one its
     /// collectives use): makes its check and report communicators (collective over `data[0]`)
@@ -145,7 +151,7 @@ impl Monitor {
             rank,
             size,
             settings: Settings {
-                timeout_ms: AtomicU64::new(env.timeout.map_or(0, |d| d.as_millis().max(1) as u64)),
+                timeout_ms: AtomicU64::new(env.timeout.map_or(0, millis)),
                 on_timeout: AtomicU8::new(env.on_timeout as u8),
                 check: AtomicBool::new(env.check),
             },
@@ -195,8 +201,7 @@ impl Monitor {
     }
 
     pub(crate) fn set_timeout(&self, t: Option<Duration>) {
-        let ms = t.map_or(0, |d| d.as_millis().clamp(1, u64::MAX as u128) as u64);
-        self.settings.timeout_ms.store(ms, Ordering::Relaxed);
+        self.settings.timeout_ms.store(t.map_or(0, millis), Ordering::Relaxed);
     }
 
     pub(crate) fn on_timeout(&self) -> OnTimeout {
@@ -372,7 +377,7 @@ impl Monitor {
     pub(crate) fn snapshot(&self, st: &MonitorState) -> Snapshot {
         let now = recorder::now();
         Snapshot {
-            rank: self.rank as u32,
+            rank: ffi::u32_rank(self.rank),
             next_seq: st.next_seq,
             next_p2p: st.next_p2p,
             poisoned: st.poison.is_some(),

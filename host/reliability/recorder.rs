@@ -19,7 +19,9 @@ pub(crate) fn now() -> Tick {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid timespec to write; the clock id is a constant Linux knows.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    // The monotonic clock is never negative.
+    let (secs, nanos) = (u64::try_from(ts.tv_sec).unwrap_or(0), u64::try_from(ts.tv_nsec).unwrap_or(0));
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }
 
 /// Seconds between two ticks, for messages.
@@ -166,7 +168,7 @@ impl Signature {
     }
 
     pub(crate) fn elem<T: Element>(self) -> Signature {
-        Signature { elem: T::NAME, elem_size: size_of::<T>() as u32, ..self }
+        Signature { elem: T::NAME, elem_size: u32::try_from(size_of::<T>()).unwrap_or(u32::MAX), ..self }
     }
 
     pub(crate) fn reduce<T: Element, O: ReduceOp<T>>(self) -> Signature {
@@ -194,7 +196,8 @@ impl Signature {
     }
 
     pub(crate) fn tag(self, tag: i32) -> Signature {
-        Signature { digest: tag as u32 as u64, ..self }
+        // The tag's bits: an invalid, negative one differs from every valid one too.
+        Signature { digest: u64::from(u32::from_ne_bytes(tag.to_ne_bytes())), ..self }
     }
 
     pub(crate) fn algorithm(self, name: &'static str) -> Signature {
@@ -310,6 +313,7 @@ impl Recorder {
         self.next_id += 1;
         let started = if state == State::Running { at } else { 0 };
         let rec = Record { id, seq, sig, state, enqueued: at, started, ended: 0, note: None };
+        #[allow(clippy::cast_possible_truncation, reason = "the remainder is below `cap`, a usize")]
         let slot = (id % self.cap as u64) as usize;
         if slot == self.ring.len() {
             self.ring.push(rec);
@@ -349,6 +353,7 @@ impl Recorder {
 
     /// Records oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Record> {
+        #[allow(clippy::cast_possible_truncation, reason = "the remainder is below `cap`, a usize")]
         let split = if self.ring.len() < self.cap { 0 } else { (self.next_id % self.cap as u64) as usize };
         self.aside.iter().chain(self.ring[split..].iter()).chain(self.ring[..split].iter())
     }
@@ -476,7 +481,7 @@ mod wire {
         }
         pub(super) fn str(&mut self, s: &str) {
             let s = super::clip(s, 255);
-            self.u8(s.len() as u8);
+            self.u8(u8::try_from(s.len()).unwrap_or(u8::MAX));
             self.0.extend_from_slice(s.as_bytes());
         }
     }
@@ -527,11 +532,13 @@ impl Snapshot {
         w.u64(self.next_p2p);
         w.u8(u8::from(self.poisoned));
         w.f64(self.idle);
+        #[allow(clippy::cast_possible_truncation, reason = "one per thread blocked on the communicator")]
         w.u32(self.waits.len() as u32);
         for wait in &self.waits {
             w.str(&wait.what);
             w.f64(wait.ago);
         }
+        #[allow(clippy::cast_possible_truncation, reason = "the ring's (at most 4096) and the unfinished ones")]
         w.u32(self.records.len() as u32);
         for r in &self.records {
             w.u64(r.seq);
@@ -605,7 +612,7 @@ mod tests {
         let first = r.push(1, sig(1), State::Running, 10);
         let mut ids = Vec::new();
         for seq in 2..=20 {
-            let id = r.push(seq, sig(seq as usize), State::Running, 10 + seq);
+            let id = r.push(seq, sig(usize::try_from(seq).unwrap()), State::Running, 10 + seq);
             r.set(id, State::Done, 20 + seq, None);
             ids.push(id);
         }

@@ -146,7 +146,8 @@ fn tick(m: &Monitor, outgoing: &mut Vec<Outgoing>) {
     let mut exchange = m.exchange.lock().unwrap_or_else(PoisonError::into_inner);
     while let Ok(Some((source, tag, bytes))) = p2p::probe_any(rc) {
         let Ok(msg) = p2p::recv_bytes(rc, source, tag, bytes) else { break };
-        let from = source as usize;
+        // A message received has a real source, never MPI_ANY_SOURCE or MPI_PROC_NULL.
+        let Ok(from) = usize::try_from(source) else { continue };
         match tag {
             ASK => answer(m, rc, from, &msg, exchange.is_some(), outgoing),
             SNAP => {
@@ -206,7 +207,7 @@ fn send(rc: RawComm, to: usize, tag: c_int, bytes: Vec<u8>, outgoing: &mut Vec<O
     let Ok(count) = c_int::try_from(bytes.len()) else { return };
     // SAFETY: `bytes` moves into `outgoing` with the request and stays there (its heap buffer
     // unmoved) until the request completes.
-    if let Ok(req) = unsafe { p2p::isend(bytes.as_ptr().cast(), count, dt, to as c_int, tag, rc) } {
+    if let Ok(req) = unsafe { p2p::isend(bytes.as_ptr().cast(), count, dt, ffi::c_rank(to), tag, rc) } {
         outgoing.push((req, bytes));
     }
 }
@@ -242,7 +243,7 @@ fn start(m: &Monitor) -> Option<Exchange> {
         }
     } else {
         let timeout = m.timeout()?;
-        let limit = timeout.as_nanos() as u64;
+        let limit = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
         let late = late_op(m, &st, now).map(|r| (Trigger::Op(r.id()), RecordView::of(r, now), r.started, r.seq));
         if let Some((trigger, v, started, seq)) = late {
             let elapsed = Duration::from_nanos(now.saturating_sub(started));
@@ -303,7 +304,7 @@ fn start(m: &Monitor) -> Option<Exchange> {
 
 /// The oldest operation running past the deadline that no exchange has reported yet.
 fn late_op<'a>(m: &Monitor, st: &'a MonitorState, now: recorder::Tick) -> Option<&'a recorder::Record> {
-    let limit = m.timeout()?.as_nanos() as u64;
+    let limit = u64::try_from(m.timeout()?.as_nanos()).unwrap_or(u64::MAX);
     st.recorder
         .oldest_running()
         .filter(|r| now.saturating_sub(r.started) > limit && st.handled != Some(Trigger::Op(r.id())))

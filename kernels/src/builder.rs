@@ -697,16 +697,20 @@ pub fn elf_kernels(elf: &[u8]) -> Result<BTreeSet<String>, String> {
     if read(18, 2)? != EM_AMDGPU {
         return Err("not an AMD GPU code object (e_machine is not EM_AMDGPU)".to_owned());
     }
-    let (shoff, shentsize, shnum) = (read(0x28, 8)? as usize, read(0x3a, 2)? as usize, read(0x3c, 2)? as usize);
+    // An offset or size that does not fit `usize` lies past the end of the file.
+    let read_usize = |at: usize, len: usize| -> Result<usize, String> {
+        usize::try_from(read(at, len)?).map_err(|_| "truncated ELF file".to_owned())
+    };
+    let (shoff, shentsize, shnum) = (read_usize(0x28, 8)?, read_usize(0x3a, 2)?, read_usize(0x3c, 2)?);
     let section = |i: usize| -> Result<(u64, usize, usize, usize, usize), String> {
         let at = i.checked_mul(shentsize).and_then(|o| o.checked_add(shoff)).ok_or("bad section table")?;
         // (type, link, offset, size, entsize)
         Ok((
             read(at + 4, 4)?,
-            read(at + 40, 4)? as usize,
-            read(at + 24, 8)? as usize,
-            read(at + 32, 8)? as usize,
-            read(at + 56, 8)? as usize,
+            read_usize(at + 40, 4)?,
+            read_usize(at + 24, 8)?,
+            read_usize(at + 32, 8)?,
+            read_usize(at + 56, 8)?,
         ))
     };
     let mut kernels = BTreeSet::new();
@@ -724,7 +728,7 @@ pub fn elf_kernels(elf: &[u8]) -> Result<BTreeSet<String>, String> {
             .ok_or("truncated string table")?;
         for s in 0..size / entsize {
             let at = s.checked_mul(entsize).and_then(|o| o.checked_add(offset)).ok_or("bad symbol table")?;
-            let name_at = read(at, 4)? as usize;
+            let name_at = read_usize(at, 4)?;
             let name = strings.get(name_at..).unwrap_or_default();
             let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
             if let Some(kernel) = std::str::from_utf8(name).ok().and_then(|n| n.strip_suffix(".kd")) {

@@ -35,7 +35,8 @@ use crate::grid::Grid;
 /// Whether a flag holding `current` has reached `value`, modulo 2³².
 #[inline(always)]
 pub const fn reached(current: u32, value: u32) -> bool {
-    current.wrapping_sub(value) as i32 >= 0
+    // The difference, read as a signed number, is not negative.
+    current.wrapping_sub(value) < 1 << 31
 }
 
 /// Exponential backoff between polls: short first (the flag is often about to be set), capped so

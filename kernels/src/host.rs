@@ -20,7 +20,8 @@ fn segments_fit(segments: &[Segment], scattered: usize) -> usize {
             s.offset,
             s.len
         );
-        total = total.checked_add(s.len as usize).expect("segment lengths overflow usize");
+        total =
+            usize::try_from(s.len).ok().and_then(|len| total.checked_add(len)).expect("segment lengths overflow usize");
     }
     total
 }

@@ -35,6 +35,7 @@
 //! On NVPTX and AMDGPU this crate provides the `#[panic_handler]` (a trap); kernel bodies have no
 //! panicking paths, and the tests check that the PTX calls nothing external.
 #![no_std]
+#![deny(missing_docs)]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, allow_internal_unstable),

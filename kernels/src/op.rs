@@ -139,7 +139,7 @@ mod tests {
         for &x in &xs[1..] {
             acc = O::combine(acc, x);
         }
-        O::finish(acc, xs.len() as u32)
+        O::finish(acc, u32::try_from(xs.len()).unwrap())
     }
 
     #[test]

@@ -185,6 +185,7 @@ unsafe fn segments<G: Grid>(
     for s in 0..count {
         // SAFETY: the caller guarantees `count` readable segments.
         let segment = unsafe { segments.add(s).read() };
+        #[allow(clippy::cast_possible_truncation, reason = "the segment lies inside `scattered`, so both fit a usize")]
         let (offset, len) = (segment.offset as usize, segment.len as usize);
         // SAFETY: the caller guarantees both ranges are inside their buffers.
         let (outside, inside) = unsafe { (scattered.add(offset), packed.add(packed_at)) };

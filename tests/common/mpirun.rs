@@ -70,7 +70,7 @@ pub fn launch_with(
         .process_group(0)
         .spawn()
         .map_err(|e| format!("could not start {mpirun} (is openmpi-bin installed?): {e}"))?;
-    let group = child.id() as i32;
+    let group = i32::try_from(child.id()).map_err(|e| e.to_string())?;
     let mut out = child.stdout.take().ok_or("no stdout")?;
     let mut err = child.stderr.take().ok_or("no stderr")?;
     let out_reader = std::thread::spawn(move || {

@@ -148,7 +148,7 @@ fn check(case: Case, l: &mpirun::Launch) -> Result<(), String> {
         .find_map(|line| line.strip_prefix(&format!("FAULT_AT {} ", case.rank))?.trim().parse::<u128>().ok())
         .ok_or("the faulty rank never reached the fault")?;
     let ended = l.ended.duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_millis();
-    let after = Duration::from_millis(ended.saturating_sub(fault_at) as u64);
+    let after = Duration::from_millis(u64::try_from(ended.saturating_sub(fault_at)).unwrap_or(u64::MAX));
     let bound = Duration::from_secs_f64(TIMEOUT_S + 5.0);
     if after > bound {
         return Err(format!("the ranks ended {after:?} after the fault, more than the deadline plus 5 s"));

@@ -4,6 +4,9 @@
 //! starting `mpirun --oversubscribe -np N` on this same binary with `DURALUMIN_RANK_PROGRAM`
 //! set, bounded by a timeout, and failing with the ranks' output if any rank fails. Under
 //! mpirun, the binary is the rank program: one MPI initialization, then every test group.
+// Test values are cut from counters, ranks and random numbers on purpose (all small, or
+// wanted modulo the type): the cast lints are noise here.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 
 mod backend;
 mod bad_input;

@@ -13,6 +13,9 @@
 //!
 //! Run under `mpirun` at 2 and 3 ranks, one launch each with a hard limit; each rank prints
 //! what it measured (`SOAK rank ...` lines), shown in the test's output.
+// Test values are cut from counters, ranks and random numbers on purpose (all small, or
+// wanted modulo the type): the cast lints are noise here.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 
 #[path = "../common/mpirun.rs"]
 mod mpirun;

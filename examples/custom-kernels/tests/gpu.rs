@@ -29,7 +29,7 @@ fn reduce_on_gpu<T: Element, O: ReduceOp<T>>(
     let off = (offset * size_of::<T>()) as u64;
     let (pa, pb, n) = (da.device_ptr(&stream).0 + off, db.device_ptr(&stream).0 + off, a.len());
     let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(1024).clamp(1, 1024) as u32, 1, 1),
+        grid_dim: (u32::try_from(n.div_ceil(1024).clamp(1, 1024)).unwrap(), 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };

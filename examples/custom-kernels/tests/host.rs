@@ -16,6 +16,7 @@ fn argmin_reference(a: MinLoc, b: MinLoc) -> MinLoc {
     if key(b).partial_cmp(&key(a)) == Some(std::cmp::Ordering::Less) { b } else { a }
 }
 
+#[allow(clippy::cast_possible_truncation, reason = "the reference is the exact sum rounded to f32")]
 fn complex_reference(a: Complex32, b: Complex32) -> Complex32 {
     let (re, im) = (f64::from(a.re) + f64::from(b.re), f64::from(a.im) + f64::from(b.im));
     Complex32 { re: re as f32, im: im as f32 }

@@ -39,6 +39,12 @@ pub(super) struct Geometry {
 }
 
 impl Geometry {
+    /// The flag value that says chunk `k` is through a step: `k + 1`. Chunks are numbered
+    /// below `chunks`, which fits a `u32` (`last_flag`), so this never saturates.
+    pub(super) fn flag(&self, k: usize) -> u32 {
+        u32::try_from(k + 1).unwrap_or(self.last_flag)
+    }
+
     /// Elements of each row chunk `k` covers.
     pub(super) fn len_of(&self, k: usize) -> usize {
         self.chunk_elems.min(self.count - (k * self.chunk_elems).min(self.count))
@@ -95,7 +101,7 @@ impl<D: Device> Copies<D> {
         let sz = g.sz;
         if let (Some(freed), true) = (self.freed, k >= g.slots) {
             // SAFETY: guaranteed by the caller; the output stream raises it independently.
-            unsafe { device.wait_flag(ins, freed, (k - g.slots + 1) as u32, None)? };
+            unsafe { device.wait_flag(ins, freed, g.flag(k - g.slots), None)? };
         }
         if let (Some((src, area)), None) = (&self.input, g.direct) {
             let len = g.len_of(k);
@@ -127,7 +133,7 @@ impl<D: Device> Copies<D> {
             }
         }
         // SAFETY: guaranteed by the caller.
-        unsafe { device.write_flag(ins, self.input_flag, (k + 1) as u32) }
+        unsafe { device.write_flag(ins, self.input_flag, g.flag(k)) }
     }
 
     /// Where row (or output piece) `part` of chunk `k` starts in the receive area, in elements.
@@ -149,7 +155,7 @@ impl<D: Device> Copies<D> {
         let (device, outs, g) = (&*self.device, &self.outs, &self.geo);
         let sz = g.sz;
         // SAFETY: guaranteed by the caller; the proxy thread raises the output flag.
-        unsafe { device.wait_flag(outs, self.output_flag, (k + 1) as u32, None)? };
+        unsafe { device.wait_flag(outs, self.output_flag, g.flag(k), None)? };
         if let (Some(dst), None) = (&self.output, g.direct) {
             let len = g.len_of(k);
             let (_, recv) = g.areas(k);
@@ -180,7 +186,7 @@ impl<D: Device> Copies<D> {
         // Only a chunk whose slot is refilled (by chunk `k + slots`) says it is free.
         if let (Some(freed), true) = (self.freed, k + g.slots < g.chunks) {
             // SAFETY: guaranteed by the caller.
-            unsafe { device.write_flag(outs, freed, (k + 1) as u32)? };
+            unsafe { device.write_flag(outs, freed, g.flag(k))? };
         }
         Ok(())
     }

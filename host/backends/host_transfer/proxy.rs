@@ -315,7 +315,8 @@ impl<D: Device, T: Element> HostPart<D, T> {
     /// Waits for the stream to stage chunk `k` (or the calling thread to give up).
     async fn until_staged(&mut self, k: usize) -> std::result::Result<(), GivenUp> {
         let (input, gave_up, m) = (&self.op.input, &*self.caller_gave_up, &*self.monitor);
-        until(|| reached(input.load(), (k + 1) as u32) || gave_up.load(Ordering::Acquire) || poisoned(m)).await;
+        let flag = self.geo.flag(k);
+        until(|| reached(input.load(), flag) || gave_up.load(Ordering::Acquire) || poisoned(m)).await;
         if poisoned(m) {
             return Err(GivenUp);
         }
@@ -358,7 +359,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
         let op = &mut self.op;
         if let (true, Some(freed)) = (self.early, &op.freed) {
             // No copy back: the slot is free for chunk `k + depth` now.
-            freed.raise((k + 1) as u32);
+            freed.raise(self.geo.flag(k));
         }
         if k + 1 == self.geo.chunks {
             // Only the stream's last copies back use the staging now: it is free once `done`
@@ -367,7 +368,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
             op.retired = op.staging.take().map(|b| b.retire_on(Arc::clone(&op.done)));
         }
         // Raised, not stored: a calling thread giving up may have released every wait meanwhile.
-        op.output.raise((k + 1) as u32);
+        op.output.raise(self.geo.flag(k));
     }
 
     /// Deferred copies whose queueing failed part-way: lets what was queued run through, then

@@ -23,8 +23,8 @@ use crate::buffer::RawBuf;
 use crate::check;
 use crate::datatype::{datatype, mpi_op};
 use crate::error::{Error, Result};
-use crate::ffi::in_place;
 use crate::ffi::native::Native;
+use crate::ffi::{c_rank, in_place, u32_rank};
 use crate::reducer::{HostReducer, Reducer};
 use crate::reliability::crosscheck::Pairs;
 use crate::reliability::recorder::{OpKind, Signature};
@@ -124,7 +124,7 @@ fn finish_slice<T: Element, O: ReduceOp<T>>(s: &mut [T], ranks: u32) {
 
 /// The finishing step of `O` on `buf`, if it has one.
 fn finish<T: Element, O: ReduceOp<T>>(buf: RawBuf<T>, ranks: usize) -> Option<Post<T>> {
-    O::HAS_FINISH.then_some(Post::Finish { buf, f: finish_slice::<T, O>, ranks: ranks as u32 })
+    O::HAS_FINISH.then_some(Post::Finish { buf, f: finish_slice::<T, O>, ranks: u32_rank(ranks) })
 }
 
 /// `(offset, len)` pieces of at most `max` elements; at least one piece.
@@ -496,7 +496,7 @@ impl MpiCommunicator {
                     AllreduceAlgorithm::RecursiveDoubling => allreduce::recursive_doubling(&x, &r, out, tmp).await?,
                     _ => allreduce::rabenseifner(&x, &r, out, tmp).await?,
                 }
-                r.finish(out.as_mut_slice(), x.size as u32);
+                r.finish(out.as_mut_slice(), u32_rank(x.size));
             }
             Ok(())
         })))
@@ -536,7 +536,7 @@ impl MpiCommunicator {
                     (None, true) => (in_place(), at(out, off)),
                     (None, false) => (at(out, off), std::ptr::null_mut()),
                 };
-                Ok(Native::Reduce { send: s.cast_const(), recv: r, count: cnt(len)?, op, root: root as c_int })
+                Ok(Native::Reduce { send: s.cast_const(), recv: r, count: cnt(len)?, op, root: c_rank(root) })
             })
             .collect::<Result<_>>()?;
         let post = if is_root { finish::<T, O>(out, self.size()) } else { None };
@@ -560,7 +560,7 @@ impl MpiCommunicator {
         let out = RawBuf::from_mut(buf);
         if !chain {
             let calls = pieces(out.len(), self.tuning.max_message_elements)
-                .map(|(off, len)| Ok(Native::Bcast { buf: at(out, off), count: cnt(len)?, root: root as c_int }))
+                .map(|(off, len)| Ok(Native::Bcast { buf: at(out, off), count: cnt(len)?, root: c_rank(root) }))
                 .collect::<Result<_>>()?;
             return Ok(Job::Native { dt: datatype::<T>()?, calls, post: Vec::new() });
         }
@@ -784,7 +784,7 @@ impl MpiCommunicator {
                 (false, true) => (in_place(), out.ptr().cast()),
                 (_, false) => (mine.ptr().cast(), std::ptr::null_mut()),
             };
-            let call = Native::Gather { send: s.cast_const(), recv: r, count: cnt(count)?, root: root as c_int };
+            let call = Native::Gather { send: s.cast_const(), recv: r, count: cnt(count)?, root: c_rank(root) };
             return Ok(Job::native(datatype::<T>()?, call));
         }
         let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
@@ -873,7 +873,7 @@ impl MpiCommunicator {
                 (false, true) => (out.ptr().cast_const().cast(), in_place()),
                 (_, false) => (std::ptr::null(), out.ptr().cast()),
             };
-            let call = Native::Scatter { send: s, recv: r, count: cnt(count)?, root: root as c_int };
+            let call = Native::Scatter { send: s, recv: r, count: cnt(count)?, root: c_rank(root) };
             return Ok(Job::native(datatype::<T>()?, call));
         }
         let blocks: Vec<_> =
@@ -977,7 +977,7 @@ impl MpiCommunicator {
                     (true, false) => (in_place().cast_const(), src),
                     (false, _) => (src.cast_const(), std::ptr::null_mut()),
                 };
-                calls.push(Native::Reduce { send: s, recv: d, count: cnt(len)?, op, root: r as c_int });
+                calls.push(Native::Reduce { send: s, recv: d, count: cnt(len)?, op, root: c_rank(r) });
             }
         }
         let mut post = Vec::new();
@@ -1033,7 +1033,7 @@ impl MpiCommunicator {
                 if send.is_none() {
                     Post::MoveToFront { buf: out, from: blocks[me].0, len: blocks[me].1 }.apply();
                 }
-                r.finish(out.block(0, blocks[me].1).as_mut_slice(), n as u32);
+                r.finish(out.block(0, blocks[me].1).as_mut_slice(), u32_rank(n));
             }
             Ok(())
         })))
@@ -1080,7 +1080,7 @@ impl MpiCommunicator {
                 reduce_scatter::ring(&x, &r, layout, incoming, seg).await?;
                 exchange::linear_gather(&xg, root, result, &dest).await?;
                 if is_root {
-                    r.finish(out.as_mut_slice(), n as u32);
+                    r.finish(out.as_mut_slice(), u32_rank(n));
                 }
             }
             Ok(())

@@ -191,7 +191,7 @@ impl MpiCommunicator {
         let (coll, algo, p2p) = (made[0], made[1], made[2]);
         let (rank, size) = ffi::comm::rank_size(coll)?;
         let tag_ub = ffi::comm::tag_ub(coll)?;
-        let node = ffi::comm::split_shared(coll, rank as c_int)?;
+        let node = ffi::comm::split_shared(coll, ffi::c_rank(rank))?;
         let local = ffi::comm::rank_size(node);
         // SAFETY: `node` was created just above and is used by nobody else.
         unsafe { ffi::comm::free(node) };
@@ -415,7 +415,9 @@ impl MpiCommunicator {
     fn next_tag(&self) -> c_int {
         let s = self.seq.get();
         self.seq.set(s.wrapping_add(1));
-        (s % (self.core.tag_ub.max(1) as u32)) as c_int
+        let ub = self.core.tag_ub.max(1).unsigned_abs();
+        // Below `tag_ub`, a positive `c_int`.
+        c_int::try_from(s % ub).unwrap_or(0)
     }
 
     fn engine(&self) -> Result<&Arc<Engine>> {

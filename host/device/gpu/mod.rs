@@ -398,7 +398,7 @@ impl<R: Driver> Gpu<R> {
     /// Blocks of a grid-stride launch over `items` work items.
     fn blocks(&self, items: usize) -> u32 {
         let max = self.inner.units as usize * 8;
-        items.div_ceil(BLOCK as usize * 4).clamp(1, max.max(1)) as u32
+        u32::try_from(items.div_ceil(BLOCK as usize * 4).clamp(1, max.max(1))).unwrap_or(u32::MAX)
     }
 
     pub(crate) fn new_stream(&self) -> Result<R::Stream> {

@@ -132,10 +132,11 @@ impl HipDevice {
             FlagPath::Auto => FlagPath::Kernels,
             other => other,
         };
-        let compute_units = result::attribute(ordinal, sys::ATTR_MULTIPROCESSOR_COUNT)?.max(1) as u32;
+        let compute_units =
+            u32::try_from(result::attribute(ordinal, sys::ATTR_MULTIPROCESSOR_COUNT)?).unwrap_or(0).max(1);
         // A device that reports no limit gets the largest pitch a C `int` holds.
-        let max_pitch = match result::attribute(ordinal, sys::ATTR_MAX_PITCH).unwrap_or(0) {
-            p if p > 0 => p as usize,
+        let max_pitch = match usize::try_from(result::attribute(ordinal, sys::ATTR_MAX_PITCH).unwrap_or(0)) {
+            Ok(p) if p > 0 => p,
             _ => c_int::MAX as usize,
         };
         Ok(HipDevice { gpu: Gpu::new(Hip { ordinal, arch: arch.into() }, flags, compute_units, max_pitch)? })

@@ -83,7 +83,7 @@ pub(super) fn arch_name(ordinal: usize) -> Result<String> {
     let mut props: Box<Props> = Box::new(unsafe { std::mem::zeroed() });
     // SAFETY: writes at most the properties structure, which fits in `Props`.
     check("hipGetDeviceProperties", unsafe { sys::hipGetDeviceProperties(&mut props.props, device(ordinal)) })?;
-    let bytes: Vec<u8> = props.props.gcnArchName.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = props.props.gcnArchName.iter().take_while(|&&c| c != 0).map(|&c| c.to_ne_bytes()[0]).collect();
     let arch = String::from_utf8_lossy(&bytes).into_owned();
     if arch.is_empty() {
         return Err(Error::device("hipGetDeviceProperties", format!("device {ordinal} reports no gcnArchName")));

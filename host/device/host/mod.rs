@@ -73,6 +73,12 @@ use crate::error::{Error, Result};
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The host address a pointer of this device stands for.
+#[allow(clippy::cast_possible_truncation, reason = "the device makes its pointers from host addresses")]
+fn addr(ptr: DevicePtr) -> usize {
+    ptr.0 as usize
+}
+
 /// A device whose memory is host memory and whose streams are executor threads.
 ///
 /// Cloning gives another handle to the same device.
@@ -322,7 +328,7 @@ impl Device for HostDevice {
     ) -> Result<()> {
         let dst = dst as usize;
         // SAFETY: forwarded from the caller, piece by piece.
-        unsafe { self.pieces(stream, pieces, keep, move |at, (ptr, bytes)| (dst + at, ptr.0 as usize, bytes)) }
+        unsafe { self.pieces(stream, pieces, keep, move |at, (ptr, bytes)| (dst + at, addr(ptr), bytes)) }
     }
 
     unsafe fn unpack_h2d(
@@ -334,7 +340,7 @@ impl Device for HostDevice {
     ) -> Result<()> {
         let src = src as usize;
         // SAFETY: forwarded from the caller, piece by piece.
-        unsafe { self.pieces(stream, pieces, keep, move |at, (ptr, bytes)| (ptr.0 as usize, src + at, bytes)) }
+        unsafe { self.pieces(stream, pieces, keep, move |at, (ptr, bytes)| (addr(ptr), src + at, bytes)) }
     }
 
     unsafe fn write_flag(&self, stream: &HostStream, flag: Flag, value: u32) -> Result<()> {
@@ -379,7 +385,7 @@ impl Device for HostDevice {
         if rows == 0 || len == 0 {
             return Ok(());
         }
-        let (dst, src, row) = (dst.0 as usize, src as usize, op.row_bytes(rows, len)?);
+        let (dst, src, row) = (addr(dst), src as usize, op.row_bytes(rows, len)?);
         stream.submit(Box::new(move || {
             let (d, s) = (dst as *mut u8, src as *const u8);
             // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len`,

@@ -210,7 +210,7 @@ impl<T> Plan<T> {
             return None;
         }
         let rows = |r: &Region| match r {
-            Region::Rows(rows) => Some(rows.ptr.addr() as usize),
+            Region::Rows(rows) => usize::try_from(rows.ptr.addr()).ok(),
             Region::Pieces { .. } => None,
         };
         let input = match &self.input {

@@ -29,7 +29,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             None => (rows(recv, 0, 1, n), InputArea::Recv { part: 0 }),
         };
         let size = self.size();
-        let fns = ReduceFns::of::<T, O>(size as u32);
+        let fns = ReduceFns::of::<T, O>(crate::ffi::u32_rank(size));
         // Pairs without device kernels (a user's pair whose kernels were not registered)
         // reduce in MPI whatever their size; so do those with an algorithm chosen.
         let small = n * size_of::<T>() <= self.config.device_reduce_max_bytes;
