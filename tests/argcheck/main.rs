@@ -75,8 +75,8 @@ fn launch(np: usize) -> Result<(), Failed> {
             println!("argcheck np {np}: {:.1?}", run.elapsed);
             Ok(())
         }
-        Some(s) => Err(format!("mpirun -np {np} failed ({s})\n{}", run.output()).into()),
-        None => Err(format!("mpirun -np {np} still running after {LIMIT:?}: killed\n{}", run.output()).into()),
+        Some(s) => Err(run.failure(&format!("mpirun -np {np} failed ({s})")).into()),
+        None => Err(run.failure(&format!("mpirun -np {np} still running after {LIMIT:?}: killed")).into()),
     }
 }
 
@@ -135,6 +135,16 @@ fn settled(in_flight: impl Fn() -> usize) -> usize {
 /// One case on this rank, then the verdicts of all ranks.
 fn one(comms: &RefCell<Comms>, tally: &RefCell<Tally>, me: usize, case: Case) -> TestCaseResult {
     let c = &mut *comms.borrow_mut();
+    let _case = mpirun::rank_case::enter(format!(
+        "case {}: {:?} {:?}{}{}, this rank's arguments {:?}{}",
+        tally.borrow().cases + 1,
+        case.backend,
+        case.op,
+        if case.nonblocking { " non-blocking" } else { "" },
+        if case.check { ", signature check on" } else { "" },
+        case.args[me],
+        case.mutation.as_ref().map(|m| format!(", spoiled: {m:?}")).unwrap_or_default(),
+    ));
     if std::env::var("DURALUMIN_ARGCHECK_TRACE").is_ok() {
         eprintln!("rank {me}: case {}: {case:?}", tally.borrow().cases + 1);
     }
@@ -216,6 +226,7 @@ fn rank_main() -> i32 {
     let ht = HostTransferCommunicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
         .expect("HostTransfer communicator");
     let (me, n) = (mpi.rank(), mpi.size());
+    mpirun::rank_case::start(me);
     let comms = RefCell::new(Comms { mpi, ht, dev, verdict });
     let tally = RefCell::new(Tally::default());
 

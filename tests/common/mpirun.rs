@@ -1,9 +1,12 @@
 //! Starting a test binary's rank program under `mpirun` with a hard limit, shared by the test
 //! binaries through `#[path]`. A launch that outruns its limit is killed with its whole process
 //! group (mpirun and every rank: killing mpirun alone can leave ranks running) and reported as
-//! such.
+//! such. Either way, a failed launch's message leads with where each rank was ([`rank_case`]).
 
 #![allow(dead_code)]
+
+#[path = "rank_case.rs"]
+pub mod rank_case;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -20,12 +23,27 @@ pub struct Launch {
     /// When mpirun exited (or was killed).
     pub ended: SystemTime,
     pub elapsed: Duration,
+    /// Where each rank was when the launch ended, from the ranks' records: a line (or, for a
+    /// panic's message, lines) per rank that panicked, then one per rank that did not and
+    /// per thread of it in a frame (see [`rank_case::Records::read`]). Empty for rank programs
+    /// that do not call [`rank_case::start`].
+    pub ranks: Vec<String>,
 }
 
 impl Launch {
     /// The whole output, for failure messages.
     pub fn output(&self) -> String {
         format!("--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr)
+    }
+
+    /// A failure message: where each rank was, then `headline`, then the whole output.
+    pub fn failure(&self, headline: &str) -> String {
+        let mut s = String::new();
+        for r in &self.ranks {
+            s.push_str(r);
+            s.push('\n');
+        }
+        format!("{s}{headline}\n{}", self.output())
     }
 }
 
@@ -54,6 +72,8 @@ pub fn launch_with(
     extra: &[&str],
     limit: Duration,
 ) -> Result<Launch, String> {
+    let records = rank_case::Records::new()?;
+    let (var, dir) = records.env();
     let mut child = Command::new(mpirun)
         .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
         .args(extra)
@@ -64,6 +84,7 @@ pub fn launch_with(
         .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
         .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        .env(var, dir)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -104,7 +125,9 @@ pub fn launch_with(
     }
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
-    Ok(Launch { status, stdout, stderr, ended, elapsed })
+    // Every rank is gone (the group was killed): their records are complete.
+    let ranks = records.read(np);
+    Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
 }
 
 /// A directory holding the CUDA driver simulator as `libcuda.so` (`target/<profile>/cudasim/`, a

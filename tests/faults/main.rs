@@ -134,7 +134,7 @@ fn run(case: Case, sim: Option<&std::path::Path>) -> Result<(), Failed> {
         env.push(("LD_LIBRARY_PATH", mpirun::library_path_with(dir)));
     }
     let launch = mpirun::launch(case.np, &exe, &env, &[], LIMIT)?;
-    check(case, &launch).map_err(|why| format!("{case:?}: {why}\n{}", launch.output()).into())
+    check(case, &launch).map_err(|why| launch.failure(&format!("{case:?}: {why}")).into())
 }
 
 /// The three assertions of a trial (see the module docs).

@@ -222,10 +222,12 @@ fn report(me: usize, i: usize, e: &Error) {
 
 fn run(sc: &Scenario, ops: &impl Ops) {
     let (me, n) = (ops.rank(), ops.size());
+    crate::mpirun::rank_case::start(me);
     let mine = vec![(me + 1) as f32; COUNT];
     let sum = (n * (n + 1) / 2) as f32;
     let mut i = 1;
     while i <= sc.op + 1 {
+        let _case = crate::mpirun::rank_case::enter(format!("collective #{i}"));
         let faulty = me == sc.rank && i == sc.op;
         if faulty {
             println!("FAULT_AT {me} {}", now_ms());

@@ -14,6 +14,7 @@ fn still_works(c: &MpiCommunicator, after: &str) {
 macro_rules! expect_err {
     ($c:expr, $call:expr, $pat:pat) => {{
         let what = stringify!($call);
+        let _case = crate::mpirun::rank_case::enter(what);
         match $call {
             Err(e @ $pat) => {
                 let _ = e.to_string();

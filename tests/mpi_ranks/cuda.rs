@@ -20,6 +20,7 @@ use duralumin::*;
 
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
 use crate::host_transfer::assert_idle;
+use crate::mpirun::rank_case::{enter, within};
 
 pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     let ctx = CudaContext::new(0).expect("CUDA context");
@@ -33,7 +34,7 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
             let stream = ctx.new_stream().expect("stream");
             let ht = HostTransfer::on(world, dev.clone(), stream, config);
             let t = std::time::Instant::now();
-            crate::sweep::run(&ht);
+            crate::sweep::run(&ht, &format!("HostTransfer<cuda> {path:?} chunk {} B", config.chunk_bytes));
             ht.comm.synchronize().expect("synchronize after the sweep");
             assert_idle(&ht.comm, "after the CUDA sweep");
             if ht.comm.rank() == 0 {
@@ -42,8 +43,9 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
             // Operations of several chunks (8 MiB, or 4 KiB in small chunks); operations of
             // thousands of chunks are `host_transfer::long_pipelines`'.
             let len = (config.chunk_bytes / 8 * 16).min(1 << 20);
-            foreign_home(&ht, &ctx, len);
-            third_stream(&ht, &ctx, len);
+            let _backend = enter(format!("HostTransfer<cuda> {path:?} chunk {} B", config.chunk_bytes));
+            within("foreign_home", || foreign_home(&ht, &ctx, len));
+            within("third_stream", || third_stream(&ht, &ctx, len));
         }
         // A stream of another handle to the same (primary) context is the device's own.
         let again = CudaContext::new(0).expect("CUDA context");
@@ -67,7 +69,9 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         // proxy thread queueing copies needs streams that do not share a hardware queue.
         let shared = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() == Ok("1");
         let t = std::time::Instant::now();
-        crate::host_transfer::stream_ordered(world, &dev, || ctx.new_stream().expect("stream"), shared);
+        within(format!("HostTransfer<cuda> {path:?}"), || {
+            crate::host_transfer::stream_ordered(world, &dev, || ctx.new_stream().expect("stream"), shared)
+        });
         if world.rank() == 0 {
             println!("cuda stream-ordered checks {path:?}: ok in {:.2?}", t.elapsed());
         }

@@ -5,11 +5,12 @@ use std::time::Duration;
 use duralumin::*;
 
 use crate::elements::*;
+use crate::mpirun::rank_case::{enter, within};
 
 pub fn run(c: &MpiCommunicator) {
-    many_outstanding(c);
-    progresses_without_polling(c);
-    test_polls_to_completion(c);
+    within("many_outstanding", || many_outstanding(c));
+    within("progresses_without_polling", || progresses_without_polling(c));
+    within("test_polls_to_completion", || test_polls_to_completion(c));
     assert!(progress_thread_running(), "the progress thread runs while a communicator used it");
 }
 
@@ -117,6 +118,7 @@ pub fn threads(c: &MpiCommunicator) {
     let a = c.dup().expect("dup a");
     let b = c.dup().expect("dup b");
     let ta = std::thread::spawn(move || {
+        let _case = enter("allreduce in place on a dup, 200 times");
         for i in 0..200u64 {
             let mut x = vec![i; 64];
             a.allreduce_in_place(&mut x, Sum).expect("thread a");
@@ -125,6 +127,7 @@ pub fn threads(c: &MpiCommunicator) {
         a
     });
     let tb = std::thread::spawn(move || {
+        let _case = enter("ibcast and iallreduce on another dup, 200 times");
         for i in 0..200u32 {
             let mut x = vec![if b.rank() == 0 { i } else { 0 }; 300];
             let z = vec![b.rank() as u32; 300];

@@ -7,6 +7,7 @@ use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::*;
 
 use crate::backend::{Backend, TestDevice, small_chunks};
+use crate::mpirun::rank_case::within;
 
 /// How a test moves host vectors in and out of a backend's buffers.
 pub trait Stage<C: Collectives> {
@@ -83,7 +84,7 @@ pub struct Generic<'c, C, S> {
 /// The sweep's reductions, data movement and non-commutative checks through the trait, on the
 /// Mpi communicator `c` and on HostTransfer on the host device.
 pub fn run(c: &MpiCommunicator, world: &SimpleCommunicator) {
-    subset(&Generic { comm: c, stage: Host });
+    within("Collectives on Mpi", || subset(&Generic { comm: c, stage: Host }));
     let dev = duralumin::device::host::HostDevice::new(0);
     let stream = dev.stream().expect("stream");
     on_device(world, dev, stream);
@@ -94,7 +95,9 @@ pub fn on_device<D: TestDevice>(world: &SimpleCommunicator, dev: D, stream: D::S
     let mut ht = HostTransferCommunicator::with_config(world, dev.clone(), stream.clone(), small_chunks())
         .expect("communicator");
     ht.set_tuning(crate::small_thresholds());
-    subset(&Generic { comm: &ht, stage: OnDevice { dev, stream } });
+    within(format!("Collectives on HostTransfer<{}>", dev.name()), || {
+        subset(&Generic { comm: &ht, stage: OnDevice { dev, stream } })
+    });
     Collectives::synchronize(&ht).expect("synchronize");
 }
 
@@ -103,7 +106,7 @@ fn subset<C: Collectives, S: Stage<C>>(g: &Generic<'_, C, S>) {
     crate::sweep::reductions::<f64, Max>(g);
     crate::sweep::movement::<i16>(g);
     crate::sweep::non_commutative(g);
-    point_to_point(g);
+    within("point-to-point around the ring", || point_to_point(g));
 }
 
 /// Around the ring: send/recv (even ranks send first), sendrecv, sendrecv in place,

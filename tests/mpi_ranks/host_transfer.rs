@@ -16,25 +16,26 @@ use duralumin::*;
 use duralumin::{HostTransferCommunicator, HostTransferConfig};
 
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
+use crate::mpirun::rank_case::within;
 
 pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     // The sweep twice: staged through pinned memory in small chunks (what a GPU does), and
     // direct on the host device's memory (the default there).
     let direct = HostTransfer::new(world, HostTransferConfig::default());
-    crate::sweep::run(&direct);
+    crate::sweep::run(&direct, "HostTransfer<host> direct");
     direct.comm.synchronize().expect("synchronize after the direct sweep");
     assert_idle(&direct.comm, "after the direct sweep");
     drop(direct);
     let staged = HostTransfer::new(world, small_chunks());
-    crate::sweep::run(&staged);
+    crate::sweep::run(&staged, "HostTransfer<host> staged");
     staged.comm.synchronize().expect("synchronize after the sweep");
     assert_idle(&staged.comm, "after the sweep");
     drop(staged);
     let dev = HostDevice::new(0);
-    stream_ordered(world, &dev, || dev.stream().unwrap(), false);
+    within("HostTransfer<host>", || stream_ordered(world, &dev, || dev.stream().unwrap(), false));
     one_hardware_queue(world);
     let ht = HostTransfer::new(world, small_chunks());
-    wrong_device(&ht, world);
+    within("wrong_device", || wrong_device(&ht, world));
     // Dropping the communicators frees their pools: no pinned memory or flag page stays
     // allocated.
     drop(ht);
@@ -55,33 +56,35 @@ pub fn stream_ordered<D: TestDevice>(
     shared_queues: bool,
 ) {
     let ht = HostTransfer::on(world, dev.clone(), new_stream(), small_chunks());
-    ordering(&ht);
-    p2p(&ht);
+    within("ordering", || ordering(&ht));
+    within("p2p", || p2p(&ht));
     assert_idle(&ht.comm, "after ordering and point-to-point");
     if !shared_queues {
         // The proxy thread queueing every pipelined operation's copies.
         let proxy = small_chunks().with_proxy_queues_copies(true);
         let pq = HostTransfer::on(world, dev.clone(), new_stream(), proxy);
-        ordering(&pq);
-        p2p(&pq);
+        within("ordering, the proxy thread queueing copies", || ordering(&pq));
+        within("p2p, the proxy thread queueing copies", || p2p(&pq));
         assert_idle(&pq.comm, "with the proxy thread queueing copies");
     }
-    many_outstanding(world, dev, &new_stream);
-    algorithms(world, dev, &new_stream);
-    queued_on_fresh_communicators(world, dev, &new_stream);
-    beyond_pool(world, dev, &new_stream, false);
+    within("many_outstanding", || many_outstanding(world, dev, &new_stream));
+    within("algorithms", || algorithms(world, dev, &new_stream));
+    within("queued_on_fresh_communicators", || queued_on_fresh_communicators(world, dev, &new_stream));
+    within("beyond_pool", || beyond_pool(world, dev, &new_stream, false));
     if dev.host_accessible() {
-        beyond_pool(world, dev, &new_stream, true);
+        within("beyond_pool, direct", || beyond_pool(world, dev, &new_stream, true));
     }
-    grown_chunks(world, dev, &new_stream);
-    long_pipelines(world, dev, &new_stream);
-    waits_for_the_pool(world, dev, &new_stream, false);
+    within("grown_chunks", || grown_chunks(world, dev, &new_stream));
+    within("long_pipelines", || long_pipelines(world, dev, &new_stream));
+    within("waits_for_the_pool", || waits_for_the_pool(world, dev, &new_stream, false));
     if !shared_queues {
-        waits_for_the_pool(world, dev, &new_stream, true);
+        within("waits_for_the_pool, the proxy thread queueing copies", || {
+            waits_for_the_pool(world, dev, &new_stream, true)
+        });
     }
-    early_release(world, dev, &new_stream);
-    bad_input(&ht);
-    proxy_error(&ht);
+    within("early_release", || early_release(world, dev, &new_stream));
+    within("bad_input", || bad_input(&ht));
+    within("proxy_error", || proxy_error(&ht));
     assert_idle(&ht.comm, "at the end");
 }
 
@@ -252,12 +255,14 @@ fn one_hardware_queue(world: &SimpleCommunicator) {
     let dev = HostDevice::with_queues(0, 1);
     let stream = dev.stream().unwrap();
     let ht = HostTransfer::on(world, dev, stream, small_chunks());
-    crate::sweep::run(&ht);
-    ordering(&ht);
+    crate::sweep::run(&ht, "HostTransfer<host> on one hardware queue");
+    within("ordering on one hardware queue", || ordering(&ht));
     ht.comm.synchronize().expect("synchronize after the sweep on one hardware queue");
     assert_idle(&ht.comm, "after the sweep on one hardware queue");
     // Operations waiting for staging memory: the calling thread waits for it, then queues.
-    waits_for_the_pool(world, &ht.dev, || ht.dev.stream().unwrap(), false);
+    within("waits_for_the_pool on one hardware queue", || {
+        waits_for_the_pool(world, &ht.dev, || ht.dev.stream().unwrap(), false)
+    });
 }
 
 /// An operation of more than `max_chunks` chunks gets larger ones, up to `max_chunk_bytes`:

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
+use crate::case::BREAK;
+
 /// Upper bound for one mpirun launch (the whole sweep at one rank count), in seconds;
 /// `DURALUMIN_LAUNCH_TIMEOUT` sets another (the GPU script keeps it under the device's limit on
 /// one command, so a hang still ends with the ranks' output).
@@ -20,6 +22,9 @@ pub fn main() {
     args.test_threads = Some(1);
     let mut trials: Vec<Trial> =
         (1..=5).map(|np| Trial::test(format!("mpi_np{np}"), move || launch(np, "all"))).collect();
+    // A failure names its case (checked with one failure injected into each).
+    trials.push(Trial::test("names_a_wrong_result", names_a_wrong_result));
+    trials.push(Trial::test("names_a_hang", names_a_hang));
     // HostTransfer on a CUDA GPU: several ranks share the one GPU. Reported as ignored (never
     // passed) without one.
     #[cfg(feature = "cuda")]
@@ -49,7 +54,7 @@ pub fn main() {
                 if let Some(c) = connections {
                     env.push(("CUDA_DEVICE_MAX_CONNECTIONS", c.to_string()));
                 }
-                launch_with(np, "cuda", &env)
+                launch_with(np, "cuda", &env, timeout())
             });
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }
@@ -59,24 +64,75 @@ pub fn main() {
 
 /// Runs `program` of this binary on `np` ranks.
 pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
-    launch_with(np, program, &[])
+    launch_with(np, program, &[], timeout())
 }
 
-/// Runs `program` of this binary on `np` ranks with `env` set for mpirun and the ranks.
-pub fn launch_with(np: usize, program: &str, env: &[(&str, String)]) -> Result<(), Failed> {
+/// Runs `program` of this binary on `np` ranks with `env` set for mpirun and the ranks, for at
+/// most `limit`. A failure's message leads with a line per rank: what failed on the ranks that
+/// did (`rank 2: group sweep / Mpi / allreduce in place, f32, Sum, count 7, algorithm Auto: got
+/// [...], expected [...]`), where the others were (`rank 1 was in: ...`).
+pub fn launch_with(np: usize, program: &str, env: &[(&str, String)], limit: Duration) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut env = env.to_vec();
     env.push(("DURALUMIN_RANK_PROGRAM", program.to_string()));
     // Well under the launch's limit: a hang ends with the ranks' report naming the operation
     // (see duralumin::reliability) rather than with the limit's kill.
-    if std::env::var("DURALUMIN_TIMEOUT").is_err() {
+    if std::env::var("DURALUMIN_TIMEOUT").is_err() && !env.iter().any(|(k, _)| *k == "DURALUMIN_TIMEOUT") {
         env.push(("DURALUMIN_TIMEOUT", "120".into()));
     }
-    let limit = timeout();
     let run = crate::mpirun::launch(np, &exe, &env, &[], limit)?;
     match run.status {
         Some(s) if s.success() => Ok(()),
-        Some(s) => Err(format!("mpirun -np {np} {program} failed ({s})\n{}", run.output()).into()),
-        None => Err(format!("mpirun -np {np} {program} timed out after {limit:?}\n{}", run.output()).into()),
+        Some(s) => Err(run.failure(&format!("mpirun -np {np} {program} failed ({s})")).into()),
+        None => Err(run.failure(&format!("mpirun -np {np} {program} timed out after {limit:?}")).into()),
     }
+}
+
+/// The sweep at 2 ranks with one failure injected: the launch's failure message (it must fail).
+fn injected(spec: &str, env: &[(&str, String)], limit: Duration) -> Result<String, Failed> {
+    let mut env = env.to_vec();
+    env.push((BREAK, spec.to_string()));
+    match launch_with(2, "sweep", &env, limit) {
+        Ok(()) => Err(format!("{BREAK}={spec}: the launch passed").into()),
+        Err(f) => Ok(f.message().unwrap_or_default().to_string()),
+    }
+}
+
+/// Fails with the whole message unless `ok`.
+fn expect(ok: bool, what: &str, message: &str) -> Result<(), Failed> {
+    if ok { Ok(()) } else { Err(format!("the failure message does not {what}; it was:\n{message}").into()) }
+}
+
+/// A wrong result on rank 1 names the case, with what it got and expected, on the message's
+/// first line; rank 0, ended with the job, says where it was.
+fn names_a_wrong_result() -> Result<(), Failed> {
+    let spec = "wrong:rank=1,op=allreduce,type=i8,operator=Sum,count=7,in_place=true";
+    let message = injected(spec, &[], timeout())?;
+    let first = message.lines().next().unwrap_or_default();
+    let case = "rank 1: group sweep / Mpi / allreduce in place, i8, Sum, count 7, algorithm Auto: got [";
+    expect(first.starts_with(case) && first.contains("], expected ["), &format!("start with {case:?}"), &message)?;
+    expect(
+        message.lines().nth(1).is_some_and(|l| l.starts_with("rank 0 was in: group sweep")),
+        "say where rank 0 was",
+        &message,
+    )
+}
+
+/// A hang (rank 1 stops at a case; no operation deadline) killed at the launch's limit names
+/// the case both ranks were in.
+fn names_a_hang() -> Result<(), Failed> {
+    let spec = "hang:rank=1,op=reduce,type=i8,operator=Sum,count=7,nb=true,in_place=false,root=0";
+    let case = "group sweep / Mpi / reduce non-blocking, i8, Sum, count 7, root 0";
+    let want = [format!("rank 0 was in: {case}"), format!("rank 1 was in: {case}")];
+    // The case comes well within the sweep's first second, and the limit is the whole trial's
+    // time; once more with a longer one in case a loaded machine started the ranks late.
+    let mut message = String::new();
+    for limit in [3, 30].map(Duration::from_secs) {
+        message = injected(spec, &[("DURALUMIN_TIMEOUT", "0".into())], limit)?;
+        let lines: Vec<&str> = message.lines().take(3).collect();
+        if lines.len() == 3 && lines[..2] == want && lines[2].contains("timed out after") {
+            return Ok(());
+        }
+    }
+    expect(false, &format!("start with {want:?} and then say the launch timed out"), &message)
 }

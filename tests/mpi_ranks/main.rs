@@ -4,12 +4,16 @@
 //! starting `mpirun --oversubscribe -np N` on this same binary with `DURALUMIN_RANK_PROGRAM`
 //! set, bounded by a timeout, and failing with the ranks' output if any rank fails. Under
 //! mpirun, the binary is the rank program: one MPI initialization, then every test group.
+//! Each rank keeps where it is (group, backend, case) in memory the launcher can read however
+//! the rank ends, so a failure's message leads with the case that failed on each rank, or that
+//! each rank was in when the job hung (`case.rs`, `common/rank_case.rs`).
 // Test values are cut from counters, ranks and random numbers on purpose (all small, or
 // wanted modulo the type): the cast lints are noise here.
 #![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 
 mod backend;
 mod bad_input;
+mod case;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod elements;
@@ -59,9 +63,10 @@ fn rank_main(program: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     let mut comm = MpiCommunicator::new(&world).expect("communicator");
+    mpirun::rank_case::start(comm.rank());
     comm.set_tuning(small_thresholds());
     let groups: [Group; 8] = [
-        ("sweep", |c, _| sweep::run(c)),
+        ("sweep", |c, _| sweep::run(c, "Mpi")),
         ("p2p", |c, _| p2p::run(c)),
         ("bad_input", |c, _| bad_input::run(c)),
         ("engine", |c, _| engine::run(c)),
@@ -84,6 +89,7 @@ fn rank_main(program: &str) {
             }
             continue;
         }
+        let _group = mpirun::rank_case::enter(format!("group {name}"));
         let t = Instant::now();
         group(&comm, &world);
         comm.barrier().expect("barrier after group");

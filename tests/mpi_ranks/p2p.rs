@@ -5,46 +5,56 @@ use duralumin::*;
 use crate::COUNTS;
 use crate::backend::mpi_call;
 use crate::elements::*;
+use crate::mpirun::rank_case::within;
 
 pub fn run(c: &MpiCommunicator) {
     let (me, n) = (c.rank(), c.size());
     let (right, left) = ((me + 1) % n, (me + n - 1) % n);
     for count in COUNTS {
         for nb in [false, true] {
-            let what = format!("sendrecv count={count} nonblocking={nb}");
-            let send: Vec<u32> = (0..count).map(|i| (me * 1000 + i) as u32).collect();
-            let mut recv = poison::<u32>(count);
-            mpi_call!(nb, c.sendrecv / isendrecv(&send, right, &mut recv, left, 7))
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            let expect: Vec<u32> = (0..count).map(|i| (left * 1000 + i) as u32).collect();
-            assert_eq!(recv, expect, "{what}");
-
-            let mut buf: Vec<f64> = (0..count).map(|i| (me + i) as f64).collect();
-            mpi_call!(nb, c.sendrecv_in_place / isendrecv_in_place(&mut buf, right, left, 3))
-                .unwrap_or_else(|e| panic!("sendrecv_in_place {what}: {e}"));
-            assert_eq!(buf, (0..count).map(|i| (left + i) as f64).collect::<Vec<_>>(), "in place {what}");
-
+            let what = format!("count={count} nonblocking={nb}");
+            let named =
+                |op: &str, t: &str| format!("{op}{}, {t}, count {count}", if nb { " non-blocking" } else { "" });
+            within(named("sendrecv", "u32"), || {
+                let send: Vec<u32> = (0..count).map(|i| (me * 1000 + i) as u32).collect();
+                let mut recv = poison::<u32>(count);
+                mpi_call!(nb, c.sendrecv / isendrecv(&send, right, &mut recv, left, 7))
+                    .unwrap_or_else(|e| panic!("sendrecv {what}: {e}"));
+                let expect: Vec<u32> = (0..count).map(|i| (left * 1000 + i) as u32).collect();
+                assert_eq!(recv, expect, "sendrecv {what}");
+            });
+            within(named("sendrecv in place", "f64"), || {
+                let mut buf: Vec<f64> = (0..count).map(|i| (me + i) as f64).collect();
+                mpi_call!(nb, c.sendrecv_in_place / isendrecv_in_place(&mut buf, right, left, 3))
+                    .unwrap_or_else(|e| panic!("sendrecv_in_place {what}: {e}"));
+                assert_eq!(buf, (0..count).map(|i| (left + i) as f64).collect::<Vec<_>>(), "in place {what}");
+            });
             // Pairs (0,1), (2,3), ...: blocking send/recv between distinct ranks.
             let partner = me ^ 1;
             if partner < n {
-                let mine: Vec<i16> = (0..count).map(|i| (me * 10 + i) as i16).collect();
-                let mut theirs = poison::<i16>(count);
-                if me % 2 == 0 {
-                    mpi_call!(nb, c.send / isend(&mine, partner, 11)).unwrap_or_else(|e| panic!("send {what}: {e}"));
-                    mpi_call!(nb, c.recv / irecv(&mut theirs, partner, 12))
-                        .unwrap_or_else(|e| panic!("recv {what}: {e}"));
-                } else {
-                    mpi_call!(nb, c.recv / irecv(&mut theirs, partner, 11))
-                        .unwrap_or_else(|e| panic!("recv {what}: {e}"));
-                    mpi_call!(nb, c.send / isend(&mine, partner, 12)).unwrap_or_else(|e| panic!("send {what}: {e}"));
-                }
-                assert_eq!(theirs, (0..count).map(|i| (partner * 10 + i) as i16).collect::<Vec<_>>(), "pair {what}");
+                within(named(&format!("send and recv with rank {partner}"), "i16"), || {
+                    let mine: Vec<i16> = (0..count).map(|i| (me * 10 + i) as i16).collect();
+                    let mut theirs = poison::<i16>(count);
+                    if me % 2 == 0 {
+                        mpi_call!(nb, c.send / isend(&mine, partner, 11))
+                            .unwrap_or_else(|e| panic!("send {what}: {e}"));
+                        mpi_call!(nb, c.recv / irecv(&mut theirs, partner, 12))
+                            .unwrap_or_else(|e| panic!("recv {what}: {e}"));
+                    } else {
+                        mpi_call!(nb, c.recv / irecv(&mut theirs, partner, 11))
+                            .unwrap_or_else(|e| panic!("recv {what}: {e}"));
+                        mpi_call!(nb, c.send / isend(&mine, partner, 12))
+                            .unwrap_or_else(|e| panic!("send {what}: {e}"));
+                    }
+                    let expect = (0..count).map(|i| (partner * 10 + i) as i16).collect::<Vec<_>>();
+                    assert_eq!(theirs, expect, "pair {what}");
+                });
             }
-            multi(c, count, nb);
+            within(named("multi_sendrecv", "Complex"), || multi(c, count, nb));
         }
     }
-    self_messages(c);
-    mismatches(c);
+    within("messages to self", || self_messages(c));
+    within("mismatches", || mismatches(c));
 }
 
 /// Every rank sends a distinct block to every rank (itself included) and receives from all.

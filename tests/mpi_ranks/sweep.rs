@@ -10,10 +10,14 @@ use crate::COUNTS;
 use crate::elements::*;
 
 use crate::backend::Backend;
+use crate::case::Case;
+use crate::mpirun::rank_case;
 
 const NB: [bool; 2] = [false, true];
 
-pub fn run(c: &impl Backend) {
+/// Runs the sweep on `c`, named `backend` in failure messages.
+pub fn run(c: &impl Backend, backend: &str) {
+    let _backend = rank_case::enter(backend);
     macro_rules! numeric {
         ($($t:ty),*) => {$(
             reductions::<$t, Sum>(c);
@@ -63,10 +67,6 @@ pub fn reductions<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {
     }
 }
 
-fn tag<T: Element, O: ReduceOp<T>>(what: &str, count: usize, nb: bool, in_place: bool) -> String {
-    format!("{what}<{}, {}> count={count} nonblocking={nb} in_place={in_place}", T::NAME, O::NAME)
-}
-
 fn allreduce<T: TestElem, O: ReduceOp<T>>(
     c: &impl Backend,
     count: usize,
@@ -75,54 +75,54 @@ fn allreduce<T: TestElem, O: ReduceOp<T>>(
     algorithm: AllreduceAlgorithm,
 ) {
     let (me, n) = (c.rank(), c.size());
-    let what = format!("{} {algorithm:?}", tag::<T, O>("allreduce", count, nb, in_place));
+    let case = Case::reduction::<T, O>("allreduce", count, nb, in_place).algorithm(algorithm).enter();
     let send = input::<T, O>(me, count);
     let expect: Vec<T> = (0..count).map(|i| reduced::<T, O>(0..n, n, i)).collect();
     if in_place {
         let mut buf = send.clone();
-        c.allreduce_in_place_with(nb, &mut buf, O::default(), algorithm).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&buf, &expect), "{what}: got {buf:?}, expected {expect:?}");
+        case.ok(c.allreduce_in_place_with(nb, &mut buf, O::default(), algorithm));
+        case.check(&buf, &expect);
     } else {
         let mut recv = poison::<T>(count);
-        c.allreduce_with(nb, &send, &mut recv, O::default(), algorithm).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
-        assert!(same(&send, &input::<T, O>(me, count)), "{what}: input changed");
+        case.ok(c.allreduce_with(nb, &send, &mut recv, O::default(), algorithm));
+        case.check(&recv, &expect);
+        case.unchanged(&send, &input::<T, O>(me, count));
     }
 }
 
 fn reduce<T: TestElem, O: ReduceOp<T>>(c: &impl Backend, count: usize, nb: bool, in_place: bool, root: usize) {
     let (me, n) = (c.rank(), c.size());
-    let what = format!("{} root={root}", tag::<T, O>("reduce", count, nb, in_place));
+    let case = Case::reduction::<T, O>("reduce", count, nb, in_place).root(root).enter();
     let send = input::<T, O>(me, count);
     let expect: Vec<T> = (0..count).map(|i| reduced::<T, O>(0..n, n, i)).collect();
     if in_place {
         let mut buf = send.clone();
-        c.reduce_in_place(nb, &mut buf, root, O::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.reduce_in_place(nb, &mut buf, root, O::default()));
         let want = if me == root { &expect } else { &send };
-        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+        case.check(&buf, want);
     } else {
         let mut recv = if me == root { poison::<T>(count) } else { Vec::new() };
-        c.reduce(nb, &send, &mut recv, root, O::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.reduce(nb, &send, &mut recv, root, O::default()));
         if me == root {
-            assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+            case.check(&recv, &expect);
         }
-        assert!(same(&send, &input::<T, O>(me, count)), "{what}: input changed");
+        case.unchanged(&send, &input::<T, O>(me, count));
     }
 }
 
 fn reduce_scatter<T: TestElem, O: ReduceOp<T>>(c: &impl Backend, count: usize, nb: bool, in_place: bool) {
     let (me, n) = (c.rank(), c.size());
-    let what = tag::<T, O>("reduce_scatter", count, nb, in_place);
+    let case = Case::reduction::<T, O>("reduce_scatter", count, nb, in_place).enter();
     let send = input::<T, O>(me, n * count);
     let expect: Vec<T> = (0..count).map(|j| reduced::<T, O>(0..n, n, me * count + j)).collect();
     if in_place {
         let mut buf = send.clone();
-        c.reduce_scatter_in_place(nb, &mut buf, O::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&buf[..count], &expect), "{what}: got {:?}, expected {expect:?}", &buf[..count]);
+        case.ok(c.reduce_scatter_in_place(nb, &mut buf, O::default()));
+        case.check(&buf[..count], &expect);
     } else {
         let mut recv = poison::<T>(count);
-        c.reduce_scatter(nb, &send, &mut recv, O::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        case.ok(c.reduce_scatter(nb, &send, &mut recv, O::default()));
+        case.check(&recv, &expect);
     }
 }
 
@@ -149,7 +149,7 @@ fn packed(counts: &[usize]) -> Vec<usize> {
 
 fn reduce_scatterv<T: TestElem, O: ReduceOp<T>>(c: &impl Backend, count: usize, nb: bool, in_place: bool) {
     let (me, n) = (c.rank(), c.size());
-    let what = tag::<T, O>("reduce_scatterv", count, nb, in_place);
+    let case = Case::reduction::<T, O>("reduce_scatterv", count, nb, in_place).enter();
     let counts = vcounts(count, n);
     let displs = packed(&counts);
     let total: usize = counts.iter().sum();
@@ -157,12 +157,12 @@ fn reduce_scatterv<T: TestElem, O: ReduceOp<T>>(c: &impl Backend, count: usize, 
     let expect: Vec<T> = (0..counts[me]).map(|j| reduced::<T, O>(0..n, n, displs[me] + j)).collect();
     if in_place {
         let mut buf = send.clone();
-        c.reduce_scatterv_in_place(nb, &mut buf, &counts, O::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&buf[..counts[me]], &expect), "{what}: got {:?}, expected {expect:?}", &buf[..counts[me]]);
+        case.ok(c.reduce_scatterv_in_place(nb, &mut buf, &counts, O::default()));
+        case.check(&buf[..counts[me]], &expect);
     } else {
         let mut recv = poison::<T>(counts[me]);
-        c.reduce_scatterv(nb, &send, &mut recv, &counts, O::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        case.ok(c.reduce_scatterv(nb, &send, &mut recv, &counts, O::default()));
+        case.check(&recv, &expect);
     }
 }
 
@@ -200,36 +200,32 @@ pub fn movement<T: TestElem>(c: &impl Backend) {
     }
 }
 
-fn mtag<T: Element>(what: &str, count: usize, nb: bool, in_place: bool) -> String {
-    format!("{what}<{}> count={count} nonblocking={nb} in_place={in_place}", T::NAME)
-}
-
 fn bcast<T: TestElem>(c: &impl Backend, count: usize, nb: bool, root: usize, algorithm: BcastAlgorithm) {
-    let what = format!("{} root={root} {algorithm:?}", mtag::<T>("bcast", count, nb, false));
+    let case = Case::movement::<T>("bcast", count, nb, false).root(root).algorithm(algorithm).enter();
     let expect = data::<T>(root, 0, count);
     let mut buf = if c.rank() == root { expect.clone() } else { poison::<T>(count) };
-    c.bcast_with(nb, &mut buf, root, algorithm).unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(same(&buf, &expect), "{what}: got {buf:?}, expected {expect:?}");
+    case.ok(c.bcast_with(nb, &mut buf, root, algorithm));
+    case.check(&buf, &expect);
 }
 
 fn allgather<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool) {
     let (me, n) = (c.rank(), c.size());
-    let what = mtag::<T>("allgather", count, nb, in_place);
+    let case = Case::movement::<T>("allgather", count, nb, in_place).enter();
     let expect: Vec<T> = (0..n).flat_map(|r| data::<T>(r, 0, count)).collect();
     let mine = data::<T>(me, 0, count);
     let mut recv = poison::<T>(n * count);
     if in_place {
         recv[me * count..(me + 1) * count].copy_from_slice(&mine);
-        c.allgather_in_place(nb, &mut recv).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.allgather_in_place(nb, &mut recv));
     } else {
-        c.allgather(nb, &mine, &mut recv).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.allgather(nb, &mine, &mut recv));
     }
-    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    case.check(&recv, &expect);
 }
 
 fn allgatherv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool) {
     let (me, n) = (c.rank(), c.size());
-    let what = mtag::<T>("allgatherv", count, nb, in_place);
+    let case = Case::movement::<T>("allgatherv", count, nb, in_place).enter();
     let counts = vcounts(count, n);
     let (displs, len) = gapped_displs(&counts);
     let mut expect = poison::<T>(len);
@@ -238,30 +234,28 @@ fn allgatherv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: b
     }
     let mine = data::<T>(me, 0, counts[me]);
     let mut recv = poison::<T>(len);
-    if in_place {
+    case.ok(if in_place {
         recv[displs[me]..displs[me] + counts[me]].copy_from_slice(&mine);
         c.allgatherv_in_place(nb, &mut recv, &counts, &displs)
     } else {
         c.allgatherv(nb, &mine, &mut recv, &counts, &displs)
-    }
-    .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    });
+    case.check(&recv, &expect);
 }
 
 fn alltoall<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool) {
     let (me, n) = (c.rank(), c.size());
-    let what = mtag::<T>("alltoall", count, nb, in_place);
+    let case = Case::movement::<T>("alltoall", count, nb, in_place).enter();
     let send = data::<T>(me, 0, n * count);
     let expect: Vec<T> = (0..n).flat_map(|r| data::<T>(r, me * count, count)).collect();
     let mut recv = if in_place { send.clone() } else { poison::<T>(n * count) };
-    if in_place { c.alltoall_in_place(nb, &mut recv) } else { c.alltoall(nb, &send, &mut recv) }
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    case.ok(if in_place { c.alltoall_in_place(nb, &mut recv) } else { c.alltoall(nb, &send, &mut recv) });
+    case.check(&recv, &expect);
 }
 
 fn alltoallv<T: TestElem>(c: &impl Backend, count: usize, nb: bool) {
     let (me, n) = (c.rank(), c.size());
-    let what = mtag::<T>("alltoallv", count, nb, false);
+    let case = Case::movement::<T>("alltoallv", count, nb, false).enter();
     let stride = 1000;
     let send_counts: Vec<usize> = (0..n).map(|j| count + (me + j) % 2).collect();
     let recv_counts: Vec<usize> = (0..n).map(|i| count + (i + me) % 2).collect();
@@ -277,14 +271,13 @@ fn alltoallv<T: TestElem>(c: &impl Backend, count: usize, nb: bool) {
         ));
     }
     let mut recv = poison::<T>(len);
-    c.alltoallv(nb, &send, &send_counts, &send_displs, &mut recv, &recv_counts, &recv_displs)
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+    case.ok(c.alltoallv(nb, &send, &send_counts, &send_displs, &mut recv, &recv_counts, &recv_displs));
+    case.check(&recv, &expect);
 }
 
 fn gather<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool, root: usize) {
     let (me, n) = (c.rank(), c.size());
-    let what = format!("{} root={root}", mtag::<T>("gather", count, nb, in_place));
+    let case = Case::movement::<T>("gather", count, nb, in_place).root(root).enter();
     let mine = data::<T>(me, 0, count);
     let expect: Vec<T> = (0..n).flat_map(|r| data::<T>(r, 0, count)).collect();
     let is_root = me == root;
@@ -293,21 +286,21 @@ fn gather<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool,
         if is_root {
             buf[me * count..(me + 1) * count].copy_from_slice(&mine);
         }
-        c.gather_in_place(nb, &mut buf, root).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.gather_in_place(nb, &mut buf, root));
         let want = if is_root { &expect } else { &mine };
-        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+        case.check(&buf, want);
     } else {
         let mut recv = if is_root { poison::<T>(n * count) } else { Vec::new() };
-        c.gather(nb, &mine, &mut recv, root).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.gather(nb, &mine, &mut recv, root));
         if is_root {
-            assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+            case.check(&recv, &expect);
         }
     }
 }
 
 fn gatherv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool, root: usize) {
     let (me, n) = (c.rank(), c.size());
-    let what = format!("{} root={root}", mtag::<T>("gatherv", count, nb, in_place));
+    let case = Case::movement::<T>("gatherv", count, nb, in_place).root(root).enter();
     let counts = vcounts(count, n);
     let (displs, len) = gapped_displs(&counts);
     let mine = data::<T>(me, 0, counts[me]);
@@ -323,40 +316,40 @@ fn gatherv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool
         if is_root {
             buf[displs[me]..displs[me] + counts[me]].copy_from_slice(&mine);
         }
-        c.gatherv_in_place(nb, &mut buf, rc, rd, root).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.gatherv_in_place(nb, &mut buf, rc, rd, root));
         let want = if is_root { &expect } else { &mine };
-        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+        case.check(&buf, want);
     } else {
         let mut recv = if is_root { poison::<T>(len) } else { Vec::new() };
-        c.gatherv(nb, &mine, &mut recv, rc, rd, root).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.gatherv(nb, &mine, &mut recv, rc, rd, root));
         if is_root {
-            assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+            case.check(&recv, &expect);
         }
     }
 }
 
 fn scatter<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool, root: usize) {
     let (me, n) = (c.rank(), c.size());
-    let what = format!("{} root={root}", mtag::<T>("scatter", count, nb, in_place));
+    let case = Case::movement::<T>("scatter", count, nb, in_place).root(root).enter();
     let all = data::<T>(root, 0, n * count);
     let expect = all[me * count..(me + 1) * count].to_vec();
     let is_root = me == root;
     if in_place {
         let mut buf = if is_root { all.clone() } else { poison::<T>(count) };
-        c.scatter_in_place(nb, &mut buf, root).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.scatter_in_place(nb, &mut buf, root));
         let want = if is_root { &all } else { &expect };
-        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+        case.check(&buf, want);
     } else {
         let send = if is_root { all.clone() } else { Vec::new() };
         let mut recv = poison::<T>(count);
-        c.scatter(nb, &send, &mut recv, root).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        case.ok(c.scatter(nb, &send, &mut recv, root));
+        case.check(&recv, &expect);
     }
 }
 
 fn scatterv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: bool, root: usize) {
     let (me, n) = (c.rank(), c.size());
-    let what = format!("{} root={root}", mtag::<T>("scatterv", count, nb, in_place));
+    let case = Case::movement::<T>("scatterv", count, nb, in_place).root(root).enter();
     let counts = vcounts(count, n);
     let (displs, len) = gapped_displs(&counts);
     let all = data::<T>(root, 0, len);
@@ -365,14 +358,14 @@ fn scatterv<T: TestElem>(c: &impl Backend, count: usize, nb: bool, in_place: boo
     let (rc, rd): (&[usize], &[usize]) = if is_root { (&counts, &displs) } else { (&[], &[]) };
     if in_place {
         let mut buf = if is_root { all.clone() } else { poison::<T>(counts[me]) };
-        c.scatterv_in_place(nb, &mut buf, rc, rd, root).unwrap_or_else(|e| panic!("{what}: {e}"));
+        case.ok(c.scatterv_in_place(nb, &mut buf, rc, rd, root));
         let want = if is_root { &all } else { &expect };
-        assert!(same(&buf, want), "{what}: got {buf:?}, expected {want:?}");
+        case.check(&buf, want);
     } else {
         let send = if is_root { all.clone() } else { Vec::new() };
         let mut recv = poison::<T>(counts[me]);
-        c.scatterv(nb, &send, rc, rd, &mut recv, root).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(same(&recv, &expect), "{what}: got {recv:?}, expected {expect:?}");
+        case.ok(c.scatterv(nb, &send, rc, rd, &mut recv, root));
+        case.check(&recv, &expect);
     }
 }
 
@@ -382,6 +375,8 @@ pub fn non_commutative(c: &impl Backend) {
     reductions::<Affine, Compose>(c);
     let mut buf = input::<Affine, Compose>(c.rank(), 7);
     for &algorithm in c.allreduce_algorithms().iter().skip(2) {
+        let _case =
+            Case::reduction::<Affine, Compose>("allreduce refusal", 7, false, true).algorithm(algorithm).enter();
         let e = c.allreduce_in_place_with(false, &mut buf, Compose, algorithm).unwrap_err();
         assert!(matches!(e, Error::AlgorithmUnsupported { .. }), "{algorithm:?}: {e}");
     }

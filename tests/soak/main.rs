@@ -67,8 +67,8 @@ fn launch(np: usize) -> Result<(), Failed> {
             println!("soak np {np}: {:.1?}", run.elapsed);
             Ok(())
         }
-        Some(s) => Err(format!("mpirun -np {np} failed ({s})\n{}", run.output()).into()),
-        None => Err(format!("mpirun -np {np} still running after {LIMIT:?}: killed\n{}", run.output()).into()),
+        Some(s) => Err(run.failure(&format!("mpirun -np {np} failed ({s})")).into()),
+        None => Err(run.failure(&format!("mpirun -np {np} still running after {LIMIT:?}: killed")).into()),
     }
 }
 
@@ -172,16 +172,17 @@ fn rank_main() {
     let ht = HostTransferCommunicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
         .expect("HostTransfer communicator");
     let me = native.rank();
+    mpirun::rank_case::start(me);
     let comms = Comms { algorithms, native, ht, dev };
 
     let t = Instant::now();
-    let (comms, warm) = round(comms, 0, [WARM_UP; 3]);
+    let (comms, warm) = mpirun::rank_case::within("warm-up", || round(comms, 0, [WARM_UP; 3]));
     let first = WARM_UP.div_ceil(run::BATCH);
     let ((pool0, flight0), rss0) = (settled(&comms), rss());
     let t_warm = t.elapsed();
 
     let t = Instant::now();
-    let (comms, ops) = round(comms, first, SHARES);
+    let (comms, ops) = mpirun::rank_case::within("measured run", || round(comms, first, SHARES));
     let elapsed = t.elapsed();
     let ((pool1, flight1), rss1) = (settled(&comms), rss());
     let pinned = comms.dev.pinned_bytes();
@@ -212,7 +213,7 @@ fn rank_main() {
     assert!(pool1.high_water_bytes <= pool1.cap_bytes, "rank {me}: the pool went past its cap: {pool1:?}");
     assert!(growth < RSS_LIMIT as i64, "rank {me}: the resident set grew by {growth} bytes during the soak");
 
-    in_step(&comms);
+    mpirun::rank_case::within("in step after the soak", || in_step(&comms));
     drop(comms);
     assert!(!duralumin::progress_thread_running(), "rank {me}: the progress thread outlived every communicator");
     println!("SOAK rank {me}: ok");

@@ -24,6 +24,18 @@ impl Slot {
     }
 }
 
+/// Names batch `batch` of communicator `comm` (its operations' kinds, counts and roots) as
+/// where this thread is, for the launcher's failure message.
+fn batch_case(backend: &str, comm: usize, batch: usize, n: usize) -> crate::mpirun::rank_case::Frame {
+    let ops: Vec<String> = (0..BATCH)
+        .map(|k| {
+            let spec = Spec::new(comm, batch, k, n);
+            format!("{:?} count {} root {}", spec.kind, spec.count, spec.root)
+        })
+        .collect();
+    crate::mpirun::rank_case::enter(format!("{backend} communicator {comm}, batch {batch}: {}", ops.join("; ")))
+}
+
 /// Starts `slot`'s operation on the Mpi communicator `c`.
 fn start<'s>(c: &'s MpiCommunicator, s: &'s Scope<'s, '_>, slot: &'s mut Slot) -> Result<Request<'s>> {
     let (me, n) = (c.rank(), c.size());
@@ -67,6 +79,7 @@ pub fn mpi(c: &MpiCommunicator, comm: usize, first: usize, ops: usize) -> usize 
     let (me, n) = (c.rank(), c.size());
     let batches = ops.div_ceil(BATCH);
     for b in first..first + batches {
+        let _batch = batch_case("Mpi", comm, b, n);
         let mut slots: Vec<Slot> = (0..BATCH).map(|k| Slot::new(Spec::new(comm, b, k, n), me)).collect();
         let all = &mut slots;
         scope(|s| {
@@ -172,6 +185,7 @@ pub fn ht(c: &Ht, dev: &HostDevice, comm: usize, first: usize, ops: usize) -> us
     let batches = ops.div_ceil(BATCH);
     let up = |v: &[u64]| dev.upload(v).expect("upload");
     for b in first..first + batches {
+        let _batch = batch_case("HostTransfer", comm, b, n);
         let mut slots: Vec<DevSlot> = (0..BATCH)
             .map(|k| {
                 let spec = Spec::new(comm, b, k, n);
