@@ -101,6 +101,7 @@ impl Rank {
             n -= 1;
         }
         let slot = (self.map + i * SLOT_BYTES) as *mut u8;
+        let stored = u32::try_from(n).unwrap_or(0);
         // SAFETY: the mapping is `SLOTS * SLOT_BYTES` bytes, page-aligned and never unmapped,
         // so `slot` and the `n <= SLOT_BYTES - 4` bytes after its length are inside it; the
         // caller holds the stacks' lock, the only way to this slot in this process (the
@@ -110,7 +111,7 @@ impl Rank {
             // A rank killed halfway through leaves length 0, never a torn text.
             len.store(0, Ordering::Release);
             std::ptr::copy_nonoverlapping(text.as_ptr(), slot.add(4), n);
-            len.store(n as u32, Ordering::Release);
+            len.store(stored, Ordering::Release);
         }
     }
 
