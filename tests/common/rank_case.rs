@@ -16,7 +16,8 @@
 #![allow(dead_code)]
 
 use std::cell::Cell;
-use std::io::Write;
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -28,33 +29,39 @@ const SLOTS: usize = 16;
 /// Bytes of a slot: a `u32` length, then the text.
 const SLOT_BYTES: usize = 1024;
 
-/// A thread's frames.
+/// A thread's frames, rendered as they are entered (no allocation once the buffers have grown:
+/// a case is entered and left thousands of times a second).
 #[derive(Default)]
 struct Stack {
-    /// The thread's name, for threads other than the one that called [`start`].
-    thread: Option<String>,
-    frames: Vec<String>,
-    /// The frames left since the last push (`Mpi / allreduce, f32, Sum, count 7` once the
-    /// backend's frame is left too).
-    after: Option<String>,
-    /// Whether the top frame has had nothing pushed above it (it is a case, not a group).
+    /// `thread <name>: ` for threads other than the one that called [`start`].
+    thread: String,
+    /// The frames, `group sweep / Mpi / allreduce, f32, Sum, count 7`.
+    text: String,
+    /// Where each frame starts in `text` (at its ` / `).
+    starts: Vec<usize>,
+    /// The frames left since the last one entered (`Mpi / allreduce, f32, Sum, count 7` once
+    /// the backend's frame is left too), shown after the frames.
+    after: String,
+    /// Whether the top frame has had nothing entered above it (it is a case, not a group).
     leaf: bool,
     in_use: bool,
 }
 
 impl Stack {
     /// `group sweep / Mpi / allreduce, f32, Sum, count 7`, or between cases `group sweep / Mpi
-    /// (after allreduce, f32, Sum, count 7)`.
+    /// (after allreduce, f32, Sum, count 7)`, in up to five pieces.
+    fn pieces(&self) -> [&str; 5] {
+        let open = match (self.after.is_empty(), self.text.is_empty()) {
+            (true, _) => "",
+            (false, true) => "(after ",
+            (false, false) => " (after ",
+        };
+        let close = if self.after.is_empty() { "" } else { ")" };
+        [&self.thread, &self.text, open, &self.after, close]
+    }
+
     fn render(&self) -> String {
-        let mut s = String::new();
-        if let Some(t) = &self.thread {
-            s.push_str(&format!("thread {t}: "));
-        }
-        s.push_str(&self.frames.join(" / "));
-        if let Some(a) = &self.after {
-            s.push_str(&format!("{}(after {a})", if self.frames.is_empty() { "" } else { " " }));
-        }
-        s
+        self.pieces().concat()
     }
 }
 
@@ -81,7 +88,7 @@ impl Drop for SlotHandle {
         if let (Some(i), Some(r)) = (self.0.get(), RANK.get()) {
             let mut stacks = r.lock();
             stacks[i] = Stack::default();
-            r.write(i, "");
+            r.write(i, &[]);
         }
     }
 }
@@ -91,27 +98,28 @@ impl Rank {
         self.stacks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Mirrors `text` into slot `i` of the file.
-    fn write(&self, i: usize, text: &str) {
+    /// Mirrors `pieces`, one after the other, into slot `i` of the file (cut at the slot's end;
+    /// the launcher reads bytes, so a cut inside a character shows as one replacement mark).
+    fn write(&self, i: usize, pieces: &[&str]) {
         if self.map == 0 || i >= SLOTS {
             return;
         }
-        let mut n = text.len().min(SLOT_BYTES - 4);
-        while !text.is_char_boundary(n) {
-            n -= 1;
-        }
         let slot = (self.map + i * SLOT_BYTES) as *mut u8;
-        let stored = u32::try_from(n).unwrap_or(0);
-        // SAFETY: the mapping is `SLOTS * SLOT_BYTES` bytes, page-aligned and never unmapped,
-        // so `slot` and the `n <= SLOT_BYTES - 4` bytes after its length are inside it; the
-        // caller holds the stacks' lock, the only way to this slot in this process (the
-        // launcher reads the file only after the rank is gone).
+        // SAFETY: the mapping is `SLOTS * SLOT_BYTES` bytes, page-aligned and never unmapped, so
+        // `slot`'s length and the `SLOT_BYTES - 4` bytes after it are inside it, and no copy
+        // below goes past them; the caller holds the stacks' lock, the only way to this slot in
+        // this process (the launcher reads the file only after the rank is gone).
         unsafe {
             let len = &*(slot as *const AtomicU32);
             // A rank killed halfway through leaves length 0, never a torn text.
             len.store(0, Ordering::Release);
-            std::ptr::copy_nonoverlapping(text.as_ptr(), slot.add(4), n);
-            len.store(stored, Ordering::Release);
+            let mut n = 0;
+            for p in pieces {
+                let k = p.len().min(SLOT_BYTES - 4 - n);
+                std::ptr::copy_nonoverlapping(p.as_ptr(), slot.add(4 + n), k);
+                n += k;
+            }
+            len.store(u32::try_from(n).unwrap_or(0), Ordering::Release);
         }
     }
 
@@ -130,7 +138,7 @@ impl Rank {
                 let name = std::thread::current()
                     .name()
                     .map_or_else(|| format!("{:?}", std::thread::current().id()), str::to_string);
-                stacks[i] = Stack { thread: Some(name), in_use: true, ..Stack::default() };
+                stacks[i] = Stack { thread: format!("thread {name}: "), in_use: true, ..Stack::default() };
                 s.0.set(Some(i));
                 i
             }
@@ -201,15 +209,19 @@ pub struct Frame(Option<usize>);
 
 /// Enters `frame` on this thread: it is where this rank is until the returned guard drops.
 /// Does nothing before [`start`].
-pub fn enter(frame: impl Into<String>) -> Frame {
+pub fn enter(frame: impl fmt::Display) -> Frame {
     let Some(r) = RANK.get() else { return Frame(None) };
     let mut stacks = r.lock();
     let i = r.slot(&mut stacks);
     let s = &mut stacks[i];
-    s.frames.push(frame.into());
-    s.after = None;
+    s.starts.push(s.text.len());
+    if !s.text.is_empty() {
+        s.text.push_str(" / ");
+    }
+    let _ = write!(s.text, "{frame}");
+    s.after.clear();
     s.leaf = true;
-    r.write(i, &s.render());
+    r.write(i, &s.pieces());
     Frame(Some(i))
 }
 
@@ -217,19 +229,25 @@ impl Drop for Frame {
     fn drop(&mut self) {
         let (Some(i), Some(r)) = (self.0, RANK.get()) else { return };
         let mut stacks = r.lock();
-        let s = &mut stacks[i];
-        let Some(left) = s.frames.pop() else { return };
-        s.after = match s.after.take() {
-            Some(a) if !s.leaf => Some(format!("{left} / {a}")),
-            _ => Some(left),
-        };
-        s.leaf = false;
-        r.write(i, &s.render());
+        let Stack { text, starts, after, leaf, .. } = &mut stacks[i];
+        let Some(start) = starts.pop() else { return };
+        let left = if start == 0 { &text[..] } else { &text[start + 3..] };
+        if *leaf || after.is_empty() {
+            after.clear();
+            after.push_str(left);
+        } else {
+            // Left a group: it goes in front of what was left inside it.
+            after.insert_str(0, " / ");
+            after.insert_str(0, left);
+        }
+        text.truncate(start);
+        *leaf = false;
+        r.write(i, &stacks[i].pieces());
     }
 }
 
 /// Runs `f` inside `frame`.
-pub fn within<R>(frame: impl Into<String>, f: impl FnOnce() -> R) -> R {
+pub fn within<R>(frame: impl fmt::Display, f: impl FnOnce() -> R) -> R {
     let _frame = enter(frame);
     f()
 }
@@ -253,7 +271,7 @@ pub fn current() -> String {
     };
     let mine = SLOT.try_with(|s| s.0.get()).ok().flatten().and_then(|i| stacks.get(i));
     match mine {
-        Some(s) if !s.frames.is_empty() => s.render(),
+        Some(s) if !s.text.is_empty() => s.render(),
         _ => {
             let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
             format!("thread {thread}, while the main thread was in: {}", stacks[0].render())

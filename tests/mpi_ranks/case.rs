@@ -18,7 +18,7 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use duralumin::{Element, ReduceOp, Result};
+use duralumin::{AllreduceAlgorithm, BcastAlgorithm, Element, ReduceOp, Result};
 
 use crate::elements::same;
 use crate::mpirun::rank_case;
@@ -27,7 +27,7 @@ use crate::mpirun::rank_case;
 pub const BREAK: &str = "DURALUMIN_TEST_BREAK";
 
 /// One case of the sweep.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Case {
     pub op: &'static str,
     pub nb: bool,
@@ -36,7 +36,35 @@ pub struct Case {
     pub operator: Option<&'static str>,
     pub count: usize,
     pub root: Option<usize>,
-    pub algorithm: Option<String>,
+    pub algorithm: Option<Algorithm>,
+}
+
+/// The algorithm a case asks for.
+#[derive(Clone, Copy, Debug)]
+pub enum Algorithm {
+    Allreduce(AllreduceAlgorithm),
+    Bcast(BcastAlgorithm),
+}
+
+impl From<AllreduceAlgorithm> for Algorithm {
+    fn from(a: AllreduceAlgorithm) -> Algorithm {
+        Algorithm::Allreduce(a)
+    }
+}
+
+impl From<BcastAlgorithm> for Algorithm {
+    fn from(a: BcastAlgorithm) -> Algorithm {
+        Algorithm::Bcast(a)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::Allreduce(a) => write!(f, "{a:?}"),
+            Algorithm::Bcast(a) => write!(f, "{a:?}"),
+        }
+    }
 }
 
 /// A type's name without its path (`f16`, not `half::binary16::f16`).
@@ -60,15 +88,15 @@ impl Case {
         Case { root: Some(root), ..self }
     }
 
-    pub fn algorithm(self, algorithm: impl fmt::Debug) -> Case {
-        Case { algorithm: Some(format!("{algorithm:?}")), ..self }
+    pub fn algorithm(self, algorithm: impl Into<Algorithm>) -> Case {
+        Case { algorithm: Some(algorithm.into()), ..self }
     }
 
     /// Makes this case where the rank is, until the returned guard drops; applies an injected
     /// failure meant for it.
     pub fn enter(self) -> Entered {
         let fault = injected(&self);
-        let frame = rank_case::enter(self.to_string());
+        let frame = rank_case::enter(self);
         if fault == Some(Fault::Hang) {
             // The others wait in the operation this rank never starts.
             loop {
@@ -185,7 +213,7 @@ impl Break {
                 "operator" => c.operator.map(str::to_string),
                 "count" => Some(c.count.to_string()),
                 "root" => c.root.map(|r| r.to_string()),
-                "algorithm" => c.algorithm.clone(),
+                "algorithm" => c.algorithm.map(|a| a.to_string()),
                 "nb" => Some(c.nb.to_string()),
                 "in_place" => Some(c.in_place.to_string()),
                 _ => None,
