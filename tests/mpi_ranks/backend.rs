@@ -91,7 +91,8 @@ pub trait Backend {
     -> Result<()>;
 }
 
-const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
+/// Every allreduce algorithm.
+pub const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
     AllreduceAlgorithm::Auto,
     AllreduceAlgorithm::Native,
     AllreduceAlgorithm::Ring,
@@ -99,7 +100,8 @@ const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
     AllreduceAlgorithm::Rabenseifner,
 ];
 
-const ALL_BCAST: [BcastAlgorithm; 3] = [BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain];
+/// Every bcast algorithm.
+pub const ALL_BCAST: [BcastAlgorithm; 3] = [BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain];
 
 impl Backend for MpiCommunicator {
     fn rank(&self) -> usize {

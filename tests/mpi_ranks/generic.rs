@@ -6,7 +6,7 @@ use duralumin::device::DeviceSliceMut;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::*;
 
-use crate::backend::{Backend, TestDevice, small_chunks};
+use crate::backend::{ALL_ALLREDUCE, ALL_BCAST, Backend, TestDevice, small_chunks};
 use crate::mpirun::rank_case::within;
 
 /// How a test moves host vectors in and out of a backend's buffers.
@@ -172,14 +172,6 @@ impl<C: Collectives, S: Stage<C>> Generic<'_, C, S> {
     }
 }
 
-const ALLREDUCE: [AllreduceAlgorithm; 5] = [
-    AllreduceAlgorithm::Auto,
-    AllreduceAlgorithm::Native,
-    AllreduceAlgorithm::Ring,
-    AllreduceAlgorithm::RecursiveDoubling,
-    AllreduceAlgorithm::Rabenseifner,
-];
-
 impl<C: Collectives, S: Stage<C>> Backend for Generic<'_, C, S> {
     fn rank(&self) -> usize {
         self.comm.rank()
@@ -188,10 +180,10 @@ impl<C: Collectives, S: Stage<C>> Backend for Generic<'_, C, S> {
         self.comm.size()
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        &ALLREDUCE
+        &ALL_ALLREDUCE
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        &[BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain]
+        &ALL_BCAST
     }
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,
