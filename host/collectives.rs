@@ -272,3 +272,51 @@ mod host_transfer {
         for_each_collective!(forward);
     }
 }
+
+/// The NCCL backend: any device buffer, as a trait object, as on HostTransfer.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod nccl {
+    use super::*;
+    use crate::backends::nccl::{NcclCommunicator, NcclDevice};
+    use crate::device::{DeviceSlice, DeviceSliceMut};
+
+    macro_rules! input {
+        ($x:expr) => {
+            &$x
+        };
+    }
+    macro_rules! output {
+        ($x:expr) => {
+            &mut $x
+        };
+    }
+
+    impl<D: NcclDevice> Collectives for NcclCommunicator<D> {
+        type Buf<'a, T: Element> = &'a dyn DeviceSlice<D, Elem = T>;
+        type BufMut<'a, T: Element> = &'a mut dyn DeviceSliceMut<D, Elem = T>;
+
+        fn rank(&self) -> usize {
+            Self::rank(self)
+        }
+        fn size(&self) -> usize {
+            Self::size(self)
+        }
+        fn synchronize(&self) -> Result<()> {
+            Self::synchronize(self)
+        }
+        fn barrier(&self) -> Result<()> {
+            Self::barrier(self)
+        }
+        fn multi_sendrecv<'b, T: Element>(
+            &self,
+            sends: &[(Self::Buf<'b, T>, usize)],
+            recvs: &mut [(Self::BufMut<'b, T>, usize)],
+            tag: i32,
+        ) -> Result<()> {
+            let sends: Vec<_> = sends.iter().map(|(b, peer)| (b, *peer)).collect();
+            let mut recvs: Vec<_> = recvs.iter_mut().map(|(b, peer)| (b, *peer)).collect();
+            Self::multi_sendrecv(self, &sends, &mut recvs, tag)
+        }
+        for_each_collective!(forward);
+    }
+}

@@ -276,6 +276,23 @@ pub enum Error {
     /// The feature needs something this build or MPI library lacks; the message says what.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+
+    /// A collective library call (NCCL or RCCL) failed. `code` is its status, known to this
+    /// version of Duralumin or not (`-1`: the entry point is missing from the loaded library).
+    #[error("{call} failed: {message} (status {code})")]
+    Nccl {
+        /// The call (`"ncclAllReduce"`).
+        call: &'static str,
+        /// The library's status code.
+        code: i32,
+        /// The status's meaning and the library's last message.
+        message: String,
+    },
+
+    /// A library loaded at run time (NCCL, RCCL) is missing or too old; the message says what
+    /// was tried and how to point Duralumin at it.
+    #[error("{0}")]
+    LibraryUnavailable(String),
 }
 
 /// `Result` with [`Error`].
@@ -285,6 +302,11 @@ impl Error {
     /// [`Error::Device`] with no driver error behind it.
     pub(crate) fn device(call: &'static str, message: impl Into<String>) -> Error {
         Error::Device { call, message: message.into(), source: None }
+    }
+
+    /// [`Error::Nccl`].
+    pub(crate) fn nccl(call: &'static str, code: i32, message: String) -> Error {
+        Error::Nccl { call, code, message }
     }
 
     /// [`Error::Device`] caused by the driver's error `cause`.

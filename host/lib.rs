@@ -48,6 +48,8 @@ mod transport;
 
 pub use backends::host_transfer::{DeviceRequest, HostTransferCommunicator, HostTransferConfig};
 pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Tuning, progress_thread_running};
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub use backends::nccl::{NcclCommunicator, NcclDevice, NcclRequest};
 
 /// The Mpi backend's communicator under its old name.
 #[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator`")]

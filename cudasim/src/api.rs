@@ -166,7 +166,7 @@ fn ctx() -> &'static Arc<Context> {
 }
 
 /// The stream of a handle (0, and the legacy and per-thread handles 1 and 2: the null stream).
-fn stream(h: CUstream) -> Result<Arc<Stream>, Fault> {
+pub(crate) fn stream(h: CUstream) -> Result<Arc<Stream>, Fault> {
     match h as usize {
         0..=2 => Ok(ctx().null_stream()),
         h => STREAMS.get(h, "stream"),
@@ -177,7 +177,7 @@ fn device(dev: CUdevice) -> Result<(), Fault> {
     if dev == 0 { Ok(()) } else { Err(Fault::new(CUresult::CUDA_ERROR_INVALID_DEVICE, format!("no device {dev}"))) }
 }
 
-fn submit(s: &Arc<Stream>, what: &'static str, work: Work) -> Result<(), Fault> {
+pub(crate) fn submit(s: &Arc<Stream>, what: &'static str, work: Work) -> Result<(), Fault> {
     ctx().submit(s, what, work).map_err(|code| Fault::new(code, "the context faulted".into()))
 }
 

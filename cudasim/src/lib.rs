@@ -34,6 +34,44 @@
 //! `CUDASIM_TRACE=1` prints every call on stderr. `CUDASIM_FAIL_CALLS=cuLaunchHostFunc,...`
 //! makes the named calls fail (`CUDA_ERROR_UNKNOWN`, doing nothing), for tests of what their
 //! callers do then.
+//!
+//! # ncclsim
+//!
+//! The same library is also a simulated NCCL (the C API of `libnccl.so.2`, version 2.27.3, or
+//! `NCCLSIM_VERSION`): linked under that name next to `libcuda.so`, it is loaded once and its
+//! communicators queue their work on the simulator's streams and check the simulator's memory.
+//! Ranks are processes (under `mpirun`) or threads: each communicator connects to its peers over
+//! Unix domain sockets in `${NCCLSIM_DIR:-/tmp}/ncclsim-<id>/` (waiting `NCCLSIM_INIT_TIMEOUT`
+//! seconds, default 60, for them), and every collective sends its header and contribution to
+//! every other rank, each computing its own result in rank order with the element bodies of
+//! `duralumin-kernels` (bit for bit the library's own reductions). Work runs in stream order:
+//! a group's operations are one unit at the outermost `ncclGroupEnd` (sends first). Non-blocking
+//! communicators answer `ncclInProgress` from init, split, finalize, `ncclGroupEnd` and lone
+//! operations, and do the work only when `ncclCommGetAsyncError` is polled; any other call on
+//! them meanwhile is `ncclInvalidUsage`. It adds checks NCCL does not make, each reported on
+//! stderr as `ncclsim: <what>: <details>` and made the communicator's asynchronous error
+//! (`ncclInvalidUsage`) without hanging:
+//!
+//! * all ranks call the same collectives in the same order with the same kind, count, type,
+//!   operator and root; sends and receives match per peer pair in order, count, type and group;
+//! * at most 2048 operations per group; one thread at a time in calls on a communicator;
+//! * buffers lie in live allocations (at the call: `ncclInvalidArgument`; when the work runs: a
+//!   fault, as the simulator reports faults), as do ranks, roots, types and operators;
+//! * work that waits 20 s for a peer is reported as a likely hang (and waits on, as NCCL does,
+//!   until the frame comes or the communicator is aborted); `ncclCommAbort` ends blocked work at
+//!   once and its peers' waits end with `ncclRemoteError`; messages from peers never received
+//!   are reported at `ncclCommDestroy`.
+//!
+//! `NCCLSIM_FAULT=async:rank=R,call=N;hang:rank=R,call=N` makes rank `R`'s `N`-th collective or
+//! send/recv (counted in this process from 1, by the rank in the communicator the call's
+//! descends from) fail with an asynchronous `ncclSystemError` without communicating, or block
+//! until aborted. `NCCLSIM_TRACE=1` prints every call. What it cannot show: performance,
+//! NVLink, InfiniBand or network protocol behaviour, NCCL's algorithms and their rounding order
+//! (its sums are in rank order), and where exactly real NCCL returns `ncclInProgress`. Ranks as
+//! threads of one process share the one simulated device, unlike real ranks: their streams
+//! need hardware queues of their own (at most `CUDA_DEVICE_MAX_CONNECTIONS` ranks), and an
+//! allocation (a device-wide barrier) while collectives are in flight can order a rank's work
+//! behind work that waits for it.
 
 #![deny(missing_docs)]
 #![allow(non_snake_case)]
@@ -42,6 +80,7 @@ mod api;
 mod exec;
 mod kernels;
 mod memory;
+mod nccl;
 
 use cudarc::driver::sys::CUresult;
 

@@ -200,6 +200,38 @@ impl Driver for Cuda {
         unsafe { cudarc::driver::result::free_host(ptr.cast()) }.map_err(driver("cuMemFreeHost"))
     }
 
+    fn raw_stream(stream: &Arc<CudaStream>) -> *mut c_void {
+        stream.cu_stream().cast()
+    }
+
+    fn alloc_async(&self, stream: &Arc<CudaStream>, bytes: usize) -> Result<DevicePtr> {
+        self.make_current()?;
+        // SAFETY: a live stream of this context; the memory is not read before it is written
+        // (the caller's contract for scratch).
+        let ptr =
+            unsafe { cudarc::driver::result::malloc_async(stream.cu_stream(), bytes.max(1)) }.map_err(|e| {
+                match e.0 {
+                    sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                        Error::OutOfMemory { what: "device scratch (cuMemAllocAsync)", bytes }
+                    }
+                    _ => driver("cuMemAllocAsync")(e),
+                }
+            })?;
+        Ok(DevicePtr(ptr))
+    }
+
+    unsafe fn free_async(&self, stream: &Arc<CudaStream>, ptr: DevicePtr) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: `ptr` came from `alloc_async` and nothing queued later uses it (caller).
+        unsafe { cudarc::driver::result::free_async(ptr.0, stream.cu_stream()) }.map_err(driver("cuMemFreeAsync"))
+    }
+
+    unsafe fn memcpy_d2d(&self, stream: &Arc<CudaStream>, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: both ranges are device memory valid until the copy has run (caller).
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst.0, src.0, bytes, stream.cu_stream()) }
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
     fn host_device_ptr(&self, host: *mut u8) -> Result<DevicePtr> {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` lies in memory from `cuMemHostAlloc(DEVICEMAP)`; writes one address.

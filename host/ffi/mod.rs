@@ -8,6 +8,8 @@
 //! machinery.
 
 pub(crate) mod native;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub(crate) mod nccl;
 pub(crate) mod os;
 pub(crate) mod ulfm;
 

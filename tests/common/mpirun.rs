@@ -130,7 +130,7 @@ pub fn launch_with(
     Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
 }
 
-/// A directory holding the CUDA driver simulator as `libcuda.so` (`target/<profile>/cudasim/`, a
+/// A directory holding the CUDA driver simulator as `libcuda.so` and `libnccl.so.2` (`target/<profile>/cudasim/`, a
 /// link to the `libduralumin_cudasim.so` built with this test binary's profile), if it was built.
 /// Only the simulator's trials get it on their library path.
 pub fn cudasim_dir() -> Option<std::path::PathBuf> {
@@ -142,13 +142,17 @@ pub fn cudasim_dir() -> Option<std::path::PathBuf> {
         return None;
     }
     let dir = profile.join("cudasim");
-    let link = dir.join("libcuda.so");
-    if !link.exists() {
-        std::fs::create_dir_all(&dir).ok()?;
-        // Another launcher may have made it meanwhile.
-        let _ = std::os::unix::fs::symlink(&lib, &link);
+    // The simulator is the CUDA driver and, under NCCL's name, NCCL (ncclsim): one file, so
+    // NCCL's work runs on the driver's streams and memory.
+    for name in ["libcuda.so", "libnccl.so.2"] {
+        let link = dir.join(name);
+        if !link.exists() {
+            std::fs::create_dir_all(&dir).ok()?;
+            // Another launcher may have made it meanwhile.
+            let _ = std::os::unix::fs::symlink(&lib, &link);
+        }
     }
-    link.exists().then_some(dir)
+    ["libcuda.so", "libnccl.so.2"].iter().all(|n| dir.join(n).exists()).then_some(dir)
 }
 
 /// `LD_LIBRARY_PATH` with `dir` first.

@@ -27,6 +27,11 @@ pub trait Backend {
     /// The allreduce and bcast algorithms the backend takes.
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm];
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm];
+    /// Whether user (element, operator) pairs reduce here; where they do not (the NCCL
+    /// backend, whose test pairs have no device kernels), they must be refused by name.
+    fn runs_user_pairs(&self) -> bool {
+        true
+    }
 
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,
@@ -354,6 +359,11 @@ impl HostTransfer {
 }
 
 impl<D: TestDevice> HostTransfer<D> {
+    /// HostTransfer reduces pairs without device kernels in MPI.
+    fn user_pairs(&self) -> bool {
+        true
+    }
+
     pub fn on(
         world: &duralumin::mpi::topology::SimpleCommunicator,
         dev: D,
@@ -364,38 +374,6 @@ impl<D: TestDevice> HostTransfer<D> {
             .expect("communicator");
         HostTransfer { dev, comm, algorithms: false }
     }
-
-    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
-        self.dev.up(self.comm.stream(), v)
-    }
-
-    fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
-        self.dev.down(self.comm.stream(), b)
-    }
-
-    /// Runs `f` on device copies of `s` and `r`, then copies the device result back into `r`.
-    fn two<T: Element>(
-        &self,
-        s: &[T],
-        r: &mut [T],
-        f: impl FnOnce(&D::Buf<T>, &mut D::Buf<T>) -> Result<()>,
-    ) -> Result<()> {
-        let (ds, mut dr) = (self.up(s), self.up(r));
-        f(&ds, &mut dr)?;
-        self.comm.synchronize()?;
-        r.copy_from_slice(&self.down(&dr));
-        assert!(crate::elements::same(&self.down(&ds), s), "the device input changed");
-        Ok(())
-    }
-
-    /// Runs `f` on a device copy of `b`, then copies it back.
-    fn one<T: Element>(&self, b: &mut [T], f: impl FnOnce(&mut D::Buf<T>) -> Result<()>) -> Result<()> {
-        let mut db = self.up(b);
-        f(&mut db)?;
-        self.comm.synchronize()?;
-        b.copy_from_slice(&self.down(&db));
-        Ok(())
-    }
 }
 
 /// Runs a HostTransfer method stream-ordered or non-blocking (waiting on its request).
@@ -405,139 +383,210 @@ macro_rules! ht_call {
     };
 }
 
-impl<D: TestDevice> Backend for HostTransfer<D> {
-    fn rank(&self) -> usize {
-        self.comm.rank()
+/// The sweep's interface for a stream-ordered backend's adapter (`$adapter<D>` with fields
+/// `dev`, `comm` and `algorithms`): host vectors are uploaded to device buffers (the receive
+/// buffer too, so elements an operation must not touch keep their values), the operation is
+/// queued stream-ordered or non-blocking, and the results are downloaded after synchronizing.
+macro_rules! device_backend {
+    ($adapter:ident where D: $($bound:tt)+) => {
+        impl<D: $($bound)+> $adapter<D> {
+    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
+                self.dev.up(self.comm.stream(), v)
+            }
+
+            fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
+                self.dev.down(self.comm.stream(), b)
+            }
+
+            /// Runs `f` on device copies of `s` and `r`, then copies the device result back into `r`.
+            fn two<T: Element>(
+                &self,
+                s: &[T],
+                r: &mut [T],
+                f: impl FnOnce(&D::Buf<T>, &mut D::Buf<T>) -> Result<()>,
+            ) -> Result<()> {
+                let (ds, mut dr) = (self.up(s), self.up(r));
+                f(&ds, &mut dr)?;
+                self.comm.synchronize()?;
+                r.copy_from_slice(&self.down(&dr));
+                assert!(crate::elements::same(&self.down(&ds), s), "the device input changed");
+                Ok(())
+            }
+
+            /// Runs `f` on a device copy of `b`, then copies it back.
+            fn one<T: Element>(&self, b: &mut [T], f: impl FnOnce(&mut D::Buf<T>) -> Result<()>) -> Result<()> {
+                let mut db = self.up(b);
+                f(&mut db)?;
+                self.comm.synchronize()?;
+                b.copy_from_slice(&self.down(&db));
+                Ok(())
+            }
+        }
+
+impl<D: $($bound)+> Backend for $adapter<D> {
+            fn rank(&self) -> usize {
+                self.comm.rank()
+            }
+            fn size(&self) -> usize {
+                self.comm.size()
+            }
+            fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
+                if self.algorithms { &ALL_ALLREDUCE } else { &[AllreduceAlgorithm::Auto] }
+            }
+            fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
+                if self.algorithms { &ALL_BCAST } else { &[BcastAlgorithm::Auto] }
+            }
+            fn runs_user_pairs(&self) -> bool {
+                self.user_pairs()
+            }
+            fn allreduce_with<T: Element, O: ReduceOp<T>>(
+                &self,
+                nb: bool,
+                s: &[T],
+                r: &mut [T],
+                op: O,
+                a: AllreduceAlgorithm,
+            ) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, allreduce_with / iallreduce_with(s, r, op, a)))
+            }
+            fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
+                &self,
+                nb: bool,
+                b: &mut [T],
+                op: O,
+                a: AllreduceAlgorithm,
+            ) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, allreduce_in_place_with / iallreduce_in_place_with(b, op, a)))
+            }
+            fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce / ireduce(s, r, root, op)))
+            }
+            fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, reduce_in_place / ireduce_in_place(b, root, op)))
+            }
+            fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatter / ireduce_scatter(s, r, op)))
+            }
+            fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, reduce_scatter_in_place / ireduce_scatter_in_place(b, op)))
+            }
+            fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
+                &self,
+                nb: bool,
+                s: &[T],
+                r: &mut [T],
+                counts: &[usize],
+                op: O,
+            ) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatterv / ireduce_scatterv(s, r, counts, op)))
+            }
+            fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
+                &self,
+                nb: bool,
+                b: &mut [T],
+                counts: &[usize],
+                op: O,
+            ) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op)))
+            }
+            fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, bcast_with / ibcast_with(b, root, a)))
+            }
+            fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, allgather / iallgather(s, r)))
+            }
+            fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, allgather_in_place / iallgather_in_place(b)))
+            }
+            fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, allgatherv / iallgatherv(s, r, counts, displs)))
+            }
+            fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, allgatherv_in_place / iallgatherv_in_place(b, counts, displs)))
+            }
+            fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoall / ialltoall(s, r)))
+            }
+            fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, alltoall_in_place / ialltoall_in_place(b)))
+            }
+            fn alltoallv<T: Element>(
+                &self,
+                nb: bool,
+                s: &[T],
+                sc: &[usize],
+                sd: &[usize],
+                r: &mut [T],
+                rc: &[usize],
+                rd: &[usize],
+            ) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoallv / ialltoallv(s, sc, sd, r, rc, rd)))
+            }
+            fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, gather / igather(s, r, root)))
+            }
+            fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, gather_in_place / igather_in_place(b, root)))
+            }
+            fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, gatherv / igatherv(s, r, c, d, root)))
+            }
+            fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, gatherv_in_place / igatherv_in_place(b, c, d, root)))
+            }
+            fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, scatter / iscatter(s, r, root)))
+            }
+            fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, scatter_in_place / iscatter_in_place(b, root)))
+            }
+            fn scatterv<T: Element>(
+                &self,
+                nb: bool,
+                s: &[T],
+                c: &[usize],
+                d: &[usize],
+                r: &mut [T],
+                root: usize,
+            ) -> Result<()> {
+                self.two(s, r, |s, r| ht_call!(nb, self.comm, scatterv / iscatterv(s, c, d, r, root)))
+            }
+            fn scatterv_in_place<T: Element>(
+                &self,
+                nb: bool,
+                b: &mut [T],
+                c: &[usize],
+                d: &[usize],
+                root: usize,
+            ) -> Result<()> {
+                self.one(b, |b| ht_call!(nb, self.comm, scatterv_in_place / iscatterv_in_place(b, c, d, root)))
+            }
+        }
+    };
+}
+
+device_backend!(HostTransfer where D: TestDevice);
+#[cfg(feature = "cuda")]
+device_backend!(Nccl where D: TestDevice + duralumin::NcclDevice);
+
+/// The NCCL backend on a device, for the sweep (the same body as HostTransfer's).
+#[cfg(feature = "cuda")]
+pub struct Nccl<D: TestDevice + duralumin::NcclDevice> {
+    pub dev: D,
+    pub comm: duralumin::NcclCommunicator<D>,
+    /// Unused: NCCL runs its own algorithms (`Auto` only).
+    pub algorithms: bool,
+}
+
+#[cfg(feature = "cuda")]
+impl<D: TestDevice + duralumin::NcclDevice> Nccl<D> {
+    pub fn on(world: &duralumin::mpi::topology::SimpleCommunicator, dev: D, stream: D::Stream) -> Self {
+        let comm = duralumin::NcclCommunicator::new(world, dev.clone(), stream).expect("NCCL communicator");
+        Nccl { dev, comm, algorithms: false }
     }
-    fn size(&self) -> usize {
-        self.comm.size()
-    }
-    fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        if self.algorithms { &ALL_ALLREDUCE } else { &[AllreduceAlgorithm::Auto] }
-    }
-    fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        if self.algorithms { &ALL_BCAST } else { &[BcastAlgorithm::Auto] }
-    }
-    fn allreduce_with<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        s: &[T],
-        r: &mut [T],
-        op: O,
-        a: AllreduceAlgorithm,
-    ) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, allreduce_with / iallreduce_with(s, r, op, a)))
-    }
-    fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        op: O,
-        a: AllreduceAlgorithm,
-    ) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, allreduce_in_place_with / iallreduce_in_place_with(b, op, a)))
-    }
-    fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce / ireduce(s, r, root, op)))
-    }
-    fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, reduce_in_place / ireduce_in_place(b, root, op)))
-    }
-    fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatter / ireduce_scatter(s, r, op)))
-    }
-    fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, reduce_scatter_in_place / ireduce_scatter_in_place(b, op)))
-    }
-    fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        s: &[T],
-        r: &mut [T],
-        counts: &[usize],
-        op: O,
-    ) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatterv / ireduce_scatterv(s, r, counts, op)))
-    }
-    fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        counts: &[usize],
-        op: O,
-    ) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op)))
-    }
-    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, bcast_with / ibcast_with(b, root, a)))
-    }
-    fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, allgather / iallgather(s, r)))
-    }
-    fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, allgather_in_place / iallgather_in_place(b)))
-    }
-    fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, allgatherv / iallgatherv(s, r, counts, displs)))
-    }
-    fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, allgatherv_in_place / iallgatherv_in_place(b, counts, displs)))
-    }
-    fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoall / ialltoall(s, r)))
-    }
-    fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, alltoall_in_place / ialltoall_in_place(b)))
-    }
-    fn alltoallv<T: Element>(
-        &self,
-        nb: bool,
-        s: &[T],
-        sc: &[usize],
-        sd: &[usize],
-        r: &mut [T],
-        rc: &[usize],
-        rd: &[usize],
-    ) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoallv / ialltoallv(s, sc, sd, r, rc, rd)))
-    }
-    fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, gather / igather(s, r, root)))
-    }
-    fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, gather_in_place / igather_in_place(b, root)))
-    }
-    fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, gatherv / igatherv(s, r, c, d, root)))
-    }
-    fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, gatherv_in_place / igatherv_in_place(b, c, d, root)))
-    }
-    fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, scatter / iscatter(s, r, root)))
-    }
-    fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, scatter_in_place / iscatter_in_place(b, root)))
-    }
-    fn scatterv<T: Element>(
-        &self,
-        nb: bool,
-        s: &[T],
-        c: &[usize],
-        d: &[usize],
-        r: &mut [T],
-        root: usize,
-    ) -> Result<()> {
-        self.two(s, r, |s, r| ht_call!(nb, self.comm, scatterv / iscatterv(s, c, d, r, root)))
-    }
-    fn scatterv_in_place<T: Element>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        c: &[usize],
-        d: &[usize],
-        root: usize,
-    ) -> Result<()> {
-        self.one(b, |b| ht_call!(nb, self.comm, scatterv_in_place / iscatterv_in_place(b, c, d, root)))
+
+    /// The sweep's user pairs have no device kernels: NCCL refuses them.
+    fn user_pairs(&self) -> bool {
+        false
     }
 }

@@ -76,15 +76,40 @@ impl<D: TestDevice> Stage<HostTransferCommunicator<D>> for OnDevice<D> {
 }
 
 /// A backend seen only through [`Collectives`], with its stage.
+#[cfg(feature = "cuda")]
+impl<D: TestDevice + duralumin::NcclDevice> Stage<NcclCommunicator<D>> for OnDevice<D> {
+    type Owned<T: Element> = D::Buf<T>;
+    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
+        self.dev.up(&self.stream, v)
+    }
+    fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
+        self.dev.down(&self.stream, b)
+    }
+    fn buf<'a, T: Element>(b: &'a D::Buf<T>) -> &'a dyn device::DeviceSlice<D, Elem = T>
+    where
+        NcclCommunicator<D>: 'a,
+    {
+        b
+    }
+    fn buf_mut<'a, T: Element>(b: &'a mut D::Buf<T>) -> &'a mut dyn DeviceSliceMut<D, Elem = T>
+    where
+        NcclCommunicator<D>: 'a,
+    {
+        b
+    }
+}
+
 pub struct Generic<'c, C, S> {
     comm: &'c C,
     stage: S,
+    /// The backend runs only its own algorithms (`Auto`): NCCL.
+    native_only: bool,
 }
 
 /// The sweep's reductions, data movement and non-commutative checks through the trait, on the
 /// Mpi communicator `c` and on HostTransfer on the host device.
 pub fn run(c: &MpiCommunicator, world: &SimpleCommunicator) {
-    within("Collectives on Mpi", || subset(&Generic { comm: c, stage: Host }));
+    within("Collectives on Mpi", || subset(&Generic { comm: c, stage: Host, native_only: false }));
     let dev = duralumin::device::host::HostDevice::new(0);
     let stream = dev.stream().expect("stream");
     on_device(world, dev, stream);
@@ -96,15 +121,32 @@ pub fn on_device<D: TestDevice>(world: &SimpleCommunicator, dev: D, stream: D::S
         .expect("communicator");
     ht.set_tuning(crate::small_thresholds());
     within(format!("Collectives on HostTransfer<{}>", dev.name()), || {
-        subset(&Generic { comm: &ht, stage: OnDevice { dev, stream } })
+        subset(&Generic { comm: &ht, stage: OnDevice { dev, stream }, native_only: false })
     });
     Collectives::synchronize(&ht).expect("synchronize");
 }
 
-fn subset<C: Collectives, S: Stage<C>>(g: &Generic<'_, C, S>) {
+/// The same part of the sweep through the public trait on the NCCL backend (without the
+/// non-commutative user pair, which has no device kernels there).
+#[cfg(feature = "cuda")]
+pub fn on_nccl<D: TestDevice + duralumin::NcclDevice>(world: &SimpleCommunicator, dev: D, stream: D::Stream) {
+    let comm = NcclCommunicator::new(world, dev.clone(), stream.clone()).expect("NCCL communicator");
+    within(format!("Collectives on Nccl<{}>", dev.name()), || {
+        let g = Generic { comm: &comm, stage: OnDevice { dev, stream }, native_only: true };
+        common_subset(&g);
+        within("point-to-point around the ring", || point_to_point(&g));
+    });
+    Collectives::synchronize(&comm).expect("synchronize");
+}
+
+fn common_subset<C: Collectives, S: Stage<C>>(g: &Generic<'_, C, S>) {
     crate::sweep::reductions::<u32, Sum>(g);
     crate::sweep::reductions::<f64, Max>(g);
     crate::sweep::movement::<i16>(g);
+}
+
+fn subset<C: Collectives, S: Stage<C>>(g: &Generic<'_, C, S>) {
+    common_subset(g);
     crate::sweep::non_commutative(g);
     within("point-to-point around the ring", || point_to_point(g));
 }
@@ -180,10 +222,10 @@ impl<C: Collectives, S: Stage<C>> Backend for Generic<'_, C, S> {
         self.comm.size()
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        &ALL_ALLREDUCE
+        if self.native_only { &ALL_ALLREDUCE[..1] } else { &ALL_ALLREDUCE }
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        &ALL_BCAST
+        if self.native_only { &ALL_BCAST[..1] } else { &ALL_BCAST }
     }
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,

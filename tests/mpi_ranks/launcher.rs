@@ -58,6 +58,23 @@ pub fn main() {
             });
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }
+        // The NCCL backend on a GPU with a real NCCL (ignored without them), and on cudasim
+        // with its NCCL, ncclsim, at 1..5 ranks; at 2 ranks also as an NCCL that returns
+        // `ncclInProgress` late (NCCLSIM_VERSION keeps the grouped paths).
+        let nccl_gpu = gpu && duralumin::backends::nccl::library_present();
+        trials
+            .extend((1..=3).map(|np| {
+                Trial::test(format!("nccl_np{np}"), move || launch(np, "nccl")).with_ignored_flag(!nccl_gpu)
+            }));
+        for np in 1..=5 {
+            let dir = sim.clone();
+            let trial = Trial::test(format!("ncclsim_np{np}"), move || {
+                let dir =
+                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+                launch_with(np, "nccl", &[("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir))], timeout())
+            });
+            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }

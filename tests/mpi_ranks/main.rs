@@ -23,6 +23,8 @@ mod host_transfer;
 mod launcher;
 #[path = "../common/mpirun.rs"]
 mod mpirun;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod p2p;
 mod sweep;
 
@@ -76,16 +78,19 @@ fn rank_main(program: &str) {
         ("generic", generic::run),
     ];
     #[cfg(feature = "cuda")]
-    let groups = groups.into_iter().chain([("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator))]);
+    let groups = groups.into_iter().chain([
+        ("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator)),
+        ("nccl", nccl::run as fn(&MpiCommunicator, &SimpleCommunicator)),
+    ]);
     for (name, group) in groups {
-        // The GPU group runs only when asked for by name (the `cuda_np*` trials).
-        if program != name && (program != "all" || name == "cuda") {
+        // The GPU groups run only when asked for by name (the `cuda_np*`, `nccl_np*` trials).
+        if program != name && (program != "all" || name == "cuda" || name == "nccl") {
             continue;
         }
         #[cfg(feature = "cuda")]
-        if name == "cuda" && duralumin::device::cuda::device_count() == 0 {
+        if (name == "cuda" || name == "nccl") && duralumin::device::cuda::device_count() == 0 {
             if comm.rank() == 0 {
-                println!("rank group cuda: SKIPPED: no CUDA device");
+                println!("rank group {name}: SKIPPED: no CUDA device");
             }
             continue;
         }

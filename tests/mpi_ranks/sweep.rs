@@ -40,11 +40,25 @@ pub fn run(c: &impl Backend, backend: &str) {
     }
     numeric!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, f16, bf16);
     integer!(i8, i16, i32, i64, u8, u16, u32, u64);
-    reductions::<MinLoc, ArgMin>(c);
-    reductions::<Complex, ComplexSum>(c);
     movement::<MinLoc>(c);
     movement::<Complex>(c);
-    non_commutative(c);
+    if c.runs_user_pairs() {
+        reductions::<MinLoc, ArgMin>(c);
+        reductions::<Complex, ComplexSum>(c);
+        non_commutative(c);
+    } else {
+        user_pairs_refused::<MinLoc, ArgMin>(c);
+        user_pairs_refused::<Affine, Compose>(c);
+    }
+}
+
+/// A user pair without device kernels is refused by name, with nothing changed.
+fn user_pairs_refused<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {
+    let _case = Case::reduction::<T, O>("allreduce refusal (no device kernels)", 7, false, true).enter();
+    let mut buf = input::<T, O>(c.rank(), 7);
+    let e = c.allreduce_in_place_with(false, &mut buf, O::default(), AllreduceAlgorithm::Auto).unwrap_err();
+    assert!(matches!(&e, Error::KernelsUnavailable(m) if m.contains(T::NAME) && m.contains(O::NAME)), "{e}");
+    assert!(same(&buf, &input::<T, O>(c.rank(), 7)), "refused call changed the buffer");
 }
 
 pub fn reductions<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {

@@ -11,6 +11,8 @@
 //! * flags, by stream memory operations or by the `signal`/`stream_wait` kernels ([`flags`],
 //!   [`FlagPath`]);
 //! * reductions of staged rows into device memory ([`reduce`]);
+//! * scratch, device-to-device copies and reductions for backends whose data stays on the
+//!   device (NCCL) ([`device_memory`]);
 //! * keeping buffers alive until the stream has used them, and what happens when a host
 //!   function cannot be queued ([`hold`]);
 //! * ordering with the buffers' own streams ([`hold`]: `acquire`/`release`);
@@ -27,6 +29,7 @@
 
 mod arg_lists;
 mod copies;
+mod device_memory;
 mod flags;
 mod hold;
 pub(crate) mod reaper;
@@ -122,6 +125,22 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     /// # Safety
     /// `ptr` came from `host_alloc` and no queued work uses it.
     unsafe fn host_free(&self, ptr: *mut u8) -> Result<()>;
+    /// The stream's raw handle (`CUstream`, `hipStream_t`), for libraries that take one.
+    fn raw_stream(stream: &Self::Stream) -> *mut c_void;
+    /// `bytes` (at least 1) of device memory, allocated in stream order on `stream`: work
+    /// queued on `stream` afterwards may use it.
+    fn alloc_async(&self, stream: &Self::Stream, bytes: usize) -> Result<DevicePtr>;
+    /// Frees memory from [`Driver::alloc_async`] in stream order on `stream`.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc_async`; no work queued after this call (on any stream not ordered
+    /// before it) uses it.
+    unsafe fn free_async(&self, stream: &Self::Stream, ptr: DevicePtr) -> Result<()>;
+    /// Queues a copy of `bytes` from device memory at `src` to device memory at `dst`.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of this device, valid until the copy has run.
+    unsafe fn memcpy_d2d(&self, stream: &Self::Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     /// The device's address of mapped host memory.
     fn host_device_ptr(&self, host: *mut u8) -> Result<DevicePtr>;
 
@@ -401,6 +420,16 @@ impl<R: Driver> Gpu<R> {
         u32::try_from(items.div_ceil(BLOCK as usize * 4).clamp(1, max.max(1))).unwrap_or(u32::MAX)
     }
 
+    /// The stream's raw handle.
+    pub(crate) fn raw_stream(&self, stream: &R::Stream) -> *mut c_void {
+        R::raw_stream(stream)
+    }
+
+    /// The driver API's name (`"cuda"`, `"hip"`).
+    pub(crate) fn api(&self) -> &'static str {
+        R::API
+    }
+
     pub(crate) fn new_stream(&self) -> Result<R::Stream> {
         self.bind()?;
         self.inner.driver.new_stream()
@@ -462,6 +491,57 @@ impl<R: Driver> Gpu<R> {
 macro_rules! gpu_device {
     ($device:ty, $stream:ty) => {
         impl $crate::device::sealed::Sealed for $device {}
+
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        impl $crate::backends::nccl::NcclDevice for $device {
+            fn raw_stream(&self, stream: &Self::Stream) -> *mut std::ffi::c_void {
+                self.gpu.raw_stream(stream)
+            }
+            fn api(&self) -> &'static str {
+                self.gpu.api()
+            }
+            fn bind(&self) -> $crate::error::Result<()> {
+                self.gpu.bind()
+            }
+            fn scratch(&self, stream: &Self::Stream, bytes: usize) -> $crate::error::Result<$crate::device::DevicePtr> {
+                self.gpu.scratch(stream, bytes)
+            }
+            unsafe fn free_scratch(&self, stream: &Self::Stream, ptr: $crate::device::DevicePtr) {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.gpu.free_scratch(stream, ptr) }
+            }
+            unsafe fn copy_d2d(
+                &self,
+                stream: &Self::Stream,
+                dst: $crate::device::DevicePtr,
+                src: $crate::device::DevicePtr,
+                bytes: usize,
+            ) -> $crate::error::Result<()> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.gpu.copy_d2d(stream, dst, src, bytes) }
+            }
+            unsafe fn reduce_d2d(
+                &self,
+                stream: &Self::Stream,
+                dst: $crate::device::DevicePtr,
+                src: $crate::device::DevicePtr,
+                len: usize,
+                op: &$crate::device::ReduceFns,
+            ) -> $crate::error::Result<()> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.gpu.reduce_d2d(stream, dst, src, len, op) }
+            }
+            unsafe fn finish_d2d(
+                &self,
+                stream: &Self::Stream,
+                dst: $crate::device::DevicePtr,
+                len: usize,
+                op: &$crate::device::ReduceFns,
+            ) -> $crate::error::Result<()> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.gpu.finish_d2d(stream, dst, len, op) }
+            }
+        }
 
         impl $crate::device::Device for $device {
             type Stream = $stream;

@@ -267,6 +267,34 @@ impl Driver for Hip {
         unsafe { result::host_free(ptr.cast()) }
     }
 
+    fn raw_stream(stream: &HipStream) -> *mut c_void {
+        stream.raw().cast()
+    }
+
+    fn alloc_async(&self, stream: &HipStream, bytes: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        // SAFETY: a live stream of this device, now current.
+        unsafe { result::malloc_async(bytes, stream.raw()) }.map(DevicePtr)
+    }
+
+    unsafe fn free_async(&self, stream: &HipStream, ptr: DevicePtr) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { result::free_async(ptr.0, stream.raw()) }
+    }
+
+    unsafe fn memcpy_d2d(&self, stream: &HipStream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            result::memcpy_async(
+                dst.0 as *mut c_void,
+                src.0 as *const c_void,
+                bytes,
+                sys::DEVICE_TO_DEVICE,
+                stream.raw(),
+            )
+        }
+    }
+
     fn host_device_ptr(&self, host: *mut u8) -> Result<DevicePtr> {
         result::host_get_device_pointer(host).map(DevicePtr)
     }

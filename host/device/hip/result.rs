@@ -268,6 +268,27 @@ pub(super) unsafe fn memcpy_async(
     check("hipMemcpyAsync", unsafe { sys::hipMemcpyAsync(dst, src, bytes, kind, stream) })
 }
 
+/// `hipMallocAsync` of `bytes` (at least 1) in stream order.
+///
+/// # Safety
+/// `stream` is a live stream of the current device.
+pub(super) unsafe fn malloc_async(bytes: usize, stream: sys::hipStream_t) -> Result<u64> {
+    let mut ptr: *mut c_void = std::ptr::null_mut();
+    // SAFETY: an out-pointer to a local; the stream is live (caller).
+    let status = unsafe { sys::hipMallocAsync(&mut ptr, bytes.max(1), stream) };
+    check("hipMallocAsync", status)?;
+    Ok(ptr as u64)
+}
+
+/// `hipFreeAsync`.
+///
+/// # Safety
+/// `ptr` came from [`malloc_async`] and no work queued later uses it.
+pub(super) unsafe fn free_async(ptr: u64, stream: sys::hipStream_t) -> Result<()> {
+    // SAFETY: guaranteed by the caller.
+    check("hipFreeAsync", unsafe { sys::hipFreeAsync(ptr as *mut c_void, stream) })
+}
+
 /// `hipMemcpy2DAsync`.
 ///
 /// # Safety

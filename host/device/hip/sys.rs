@@ -25,6 +25,7 @@ pub const WAIT_VALUE_GTE: c_uint = hip_runtime_sys::hipStreamWaitValueGte;
 
 pub const HOST_TO_DEVICE: c_int = hipMemcpyKind::hipMemcpyHostToDevice as c_int;
 pub const DEVICE_TO_HOST: c_int = hipMemcpyKind::hipMemcpyDeviceToHost as c_int;
+pub const DEVICE_TO_DEVICE: c_int = hipMemcpyKind::hipMemcpyDeviceToDevice as c_int;
 
 pub const ATTR_MULTIPROCESSOR_COUNT: c_int = hipDeviceAttribute_t::hipDeviceAttributeMultiprocessorCount as c_int;
 pub const ATTR_MAX_PITCH: c_int = hipDeviceAttribute_t::hipDeviceAttributeMaxPitch as c_int;
@@ -65,6 +66,8 @@ unsafe extern "C" {
 
     pub fn hipMalloc(ptr: *mut *mut c_void, size: usize) -> Status;
     pub fn hipFree(ptr: *mut c_void) -> Status;
+    pub fn hipMallocAsync(ptr: *mut *mut c_void, size: usize, stream: hipStream_t) -> Status;
+    pub fn hipFreeAsync(ptr: *mut c_void, stream: hipStream_t) -> Status;
     pub fn hipMemset(dst: *mut c_void, value: c_int, size: usize) -> Status;
     pub fn hipHostMalloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> Status;
     pub fn hipHostFree(ptr: *mut c_void) -> Status;

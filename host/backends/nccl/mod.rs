@@ -1,0 +1,426 @@
+//! The NCCL backend (RCCL on HIP): every operation runs on the device, ordered on the
+//! communicator's stream, through NCCL's kernels and Duralumin's own.
+//!
+//! * Builtin (element, operator) pairs that NCCL has go to NCCL as they are (`ncclAvg` for
+//!   floats; an integer `Avg` is NCCL's sum and the Rust finish kernel).
+//! * Every other element moves as bytes, and every other operator (a user's, the logical and
+//!   bitwise ones) reduces with the Rust kernels between grouped sends and receives,
+//!   combining contributions in rank order, so non-commutative operators are exact.
+//! * Every operation without a root funnel: allgatherv is one group of broadcasts, one per
+//!   root; reduce-scatterv one group of reduces.
+//!
+//! Which operation is which NCCL call, and why the FFI is Duralumin's own rather than cudarc's,
+//! is in `docs/nccl.md`. The communicator is non-blocking (`config.blocking = 0`), so a wait
+//! past the deadline or an asynchronous error can abort it (`ncclCommAbort`) instead of hanging.
+
+mod collectives;
+mod datatype;
+mod launch;
+mod ops;
+mod request;
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use request::NcclRequest;
+
+use crate::MpiCommunicator;
+use crate::device::{Device, DevicePtr, ReduceFns};
+use crate::error::{Error, Result};
+use crate::ffi::nccl::{self, Comm, Flavor, Nccl, UniqueId};
+
+/// A GPU device NCCL (CUDA) or RCCL (HIP) can run on. Implemented by
+/// [`CudaDevice`](crate::device::cuda::CudaDevice) and `HipDevice`; the methods are the
+/// device-memory primitives the backend is written over, not for use outside Duralumin.
+pub trait NcclDevice: Device + Clone {
+    #[doc(hidden)]
+    fn raw_stream(&self, stream: &Self::Stream) -> *mut c_void;
+    #[doc(hidden)]
+    fn api(&self) -> &'static str;
+    #[doc(hidden)]
+    fn bind(&self) -> Result<()>;
+    #[doc(hidden)]
+    fn scratch(&self, stream: &Self::Stream, bytes: usize) -> Result<DevicePtr>;
+    /// # Safety
+    /// `ptr` came from `scratch`; nothing queued later uses it.
+    #[doc(hidden)]
+    unsafe fn free_scratch(&self, stream: &Self::Stream, ptr: DevicePtr);
+    /// # Safety
+    /// Both ranges are device memory of this device, valid until the copy has run.
+    #[doc(hidden)]
+    unsafe fn copy_d2d(&self, stream: &Self::Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    /// # Safety
+    /// `dst` and `src` hold `len` elements of `op`'s type, do not overlap, and stay valid until
+    /// the kernel has run.
+    #[doc(hidden)]
+    unsafe fn reduce_d2d(
+        &self,
+        stream: &Self::Stream,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        op: &ReduceFns,
+    ) -> Result<()>;
+    /// # Safety
+    /// `dst` holds `len` elements of `op`'s type, valid until the kernel has run.
+    #[doc(hidden)]
+    unsafe fn finish_d2d(&self, stream: &Self::Stream, dst: DevicePtr, len: usize, op: &ReduceFns) -> Result<()>;
+}
+
+/// How long a communicator's creation, or a wait with no deadline set, may take before it is
+/// given up: NCCL's bootstrap waits for every rank.
+const DEFAULT_INIT_DEADLINE: Duration = Duration::from_secs(120);
+
+/// A communicator of the NCCL backend: device memory, every operation stream-ordered on
+/// [`stream`](Self::stream).
+///
+/// `Send` but not `Sync`, as the other backends: one thread at a time uses it (NCCL's rule for
+/// a communicator). Dropping it waits for its work and finalizes the NCCL communicator.
+pub struct NcclCommunicator<D: NcclDevice> {
+    nccl: &'static Nccl,
+    comm: Cell<Comm>,
+    device: D,
+    stream: D::Stream,
+    side: OnceLock<D::Stream>,
+    mpi: MpiCommunicator,
+    rank: usize,
+    size: usize,
+    timeout: Option<Duration>,
+    /// Why the communicator was aborted, once it was.
+    aborted: std::cell::RefCell<Option<String>>,
+    /// The last operation queued, and its number, for timeout reports.
+    last: Cell<(&'static str, u64)>,
+}
+
+// SAFETY: the NCCL communicator may be used from any thread, one at a time; the type is not
+// `Sync` (its `Cell`s), so one thread at a time holds it. The device and streams are `Send`.
+unsafe impl<D: NcclDevice> Send for NcclCommunicator<D> {}
+
+impl<D: NcclDevice> std::fmt::Debug for NcclCommunicator<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclCommunicator")
+            .field("library", &self.nccl)
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether NCCL (`libnccl.so.2`, or the path in `DURALUMIN_NCCL`) can be loaded here, at a
+/// version the backend supports.
+pub fn library_present() -> bool {
+    nccl::library(Flavor::Nccl).is_ok()
+}
+
+fn flavor_of<D: NcclDevice>(device: &D) -> Flavor {
+    if device.api() == "hip" { Flavor::Rccl } else { Flavor::Nccl }
+}
+
+impl<D: NcclDevice> NcclCommunicator<D> {
+    /// A communicator over the ranks of `comm`, on `device`, ordered on `stream`. Collective
+    /// over `comm`: rank 0 makes the `ncclUniqueId` and broadcasts it over MPI.
+    ///
+    /// Fails on every rank, with nothing left running, when any rank cannot load the library
+    /// ([`Error::LibraryUnavailable`] there); `stream` of another device is
+    /// [`Error::WrongDevice`].
+    pub fn new<C: mpi::topology::Communicator>(comm: &C, device: D, stream: D::Stream) -> Result<Self> {
+        let mpi = MpiCommunicator::new(comm)?;
+        if !device.owns(&stream) {
+            return Err(Error::WrongDevice { what: "stream", found: "another device".into(), expected: device.name() });
+        }
+        let nccl = Self::load_everywhere(&mpi, flavor_of(&device))?;
+        let mut id = [0u8; 128];
+        let made = if mpi.rank() == 0 { nccl.unique_id().map(|u| id = bytes_of(&u)) } else { Ok(()) };
+        // Rank 0's failure travels with the id (a zero first byte after the flag), so no rank
+        // waits for an id that will not come.
+        let mut message = [0u8; 129];
+        message[0] = u8::from(made.is_ok());
+        message[1..].copy_from_slice(&id);
+        mpi.bcast(&mut message[..], 0)?;
+        made?;
+        if message[0] == 0 {
+            return Err(Error::LibraryUnavailable("rank 0 could not make an NCCL unique id".into()));
+        }
+        let id = id_of(&message[1..]);
+        let timeout = mpi.timeout();
+        device.bind()?;
+        // SAFETY: the device is current on this thread.
+        let raw = unsafe { nccl.init_rank(mpi.size(), id, mpi.rank()) }?;
+        Self::ready(nccl, raw, mpi, device, stream, timeout, "ncclCommInitRankConfig")
+    }
+
+    /// Loads the library on every rank and agrees on the outcome.
+    fn load_everywhere(mpi: &MpiCommunicator, flavor: Flavor) -> Result<&'static Nccl> {
+        let loaded = nccl::library(flavor);
+        let mine = [u8::from(loaded.is_ok())];
+        let mut all = [0u8];
+        mpi.allreduce(&mine, &mut all, crate::Min)?;
+        match loaded {
+            Ok(lib) if all[0] == 1 => Ok(lib),
+            Ok(lib) => Err(Error::LibraryUnavailable(format!("{} could not be loaded on another rank", lib.name()))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits for a new NCCL communicator to be ready and wraps it (aborting it on failure).
+    fn ready(
+        nccl: &'static Nccl,
+        raw: Comm,
+        mpi: MpiCommunicator,
+        device: D,
+        stream: D::Stream,
+        timeout: Option<Duration>,
+        call: &'static str,
+    ) -> Result<Self> {
+        let deadline = Instant::now() + timeout.unwrap_or(DEFAULT_INIT_DEADLINE);
+        // SAFETY: a communicator NCCL just returned.
+        let ready = unsafe { nccl.wait_ready(raw, call, Some(deadline)) }
+            // SAFETY: as above.
+            .and_then(|()| unsafe { nccl.rank_and_size(raw) });
+        let (rank, size) = match ready {
+            Ok(rs) => rs,
+            Err(e) => {
+                // SAFETY: the communicator is not used again.
+                let _ = unsafe { nccl.abort(raw) };
+                return Err(e);
+            }
+        };
+        Ok(NcclCommunicator {
+            nccl,
+            comm: Cell::new(raw),
+            device,
+            stream,
+            side: OnceLock::new(),
+            mpi,
+            rank,
+            size,
+            timeout,
+            aborted: std::cell::RefCell::new(None),
+            last: Cell::new(("no operation", 0)),
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// This process's rank among the communicator's ranks on its node.
+    pub fn local_rank(&self) -> usize {
+        self.mpi.local_rank()
+    }
+
+    /// The number of the communicator's ranks on this process's node.
+    pub fn local_size(&self) -> usize {
+        self.mpi.local_size()
+    }
+
+    /// The stream operations are ordered on.
+    pub fn stream(&self) -> &D::Stream {
+        &self.stream
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The loaded library's version, e.g. `"NCCL 2.27.3"`.
+    pub fn library_version(&self) -> String {
+        format!("{} {}", self.nccl.name(), nccl::version_text(self.nccl.version()))
+    }
+
+    /// How long [`synchronize`](Self::synchronize) and a request's wait may take before the
+    /// communicator is aborted ([`Error::Timeout`]); `None` waits without end. The Mpi
+    /// communicator's (`DURALUMIN_TIMEOUT`) by default.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Sets the deadline of waits.
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
+    /// Whether the communicator was aborted (after a timeout, an asynchronous NCCL error, or
+    /// [`abort`](Self::abort)); every later call fails with [`Error::Aborted`].
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.borrow().is_some()
+    }
+
+    /// A new communicator of the same ranks (`ncclCommSplit` with one color), on the same
+    /// stream. Collective.
+    pub fn dup(&self) -> Result<Self> {
+        self.split_with(Some(0), i32::try_from(self.rank).unwrap_or(i32::MAX))
+            .and_then(|c| c.ok_or(Error::nccl("ncclCommSplit", -1, "dup gave no communicator".into())))
+    }
+
+    /// Splits the communicator (`ncclCommSplit`): ranks with the same `color` form a new one,
+    /// ordered by `key` then rank; `None` takes no part and gets `None`. Collective.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Self>> {
+        self.split_with(color, key)
+    }
+
+    fn split_with(&self, color: Option<u32>, key: i32) -> Result<Option<Self>> {
+        let comm = self.live()?;
+        self.device.bind()?;
+        // SAFETY: a live, ready communicator used by this thread only.
+        let raw = unsafe { self.nccl.split(comm, color, key) }?;
+        let mpi = self.mpi.split(color, key)?;
+        match (raw, mpi) {
+            (Some(raw), Some(mpi)) => Self::ready(
+                self.nccl,
+                raw,
+                mpi,
+                self.device.clone(),
+                self.stream.clone(),
+                self.timeout,
+                "ncclCommSplit",
+            )
+            .map(Some),
+            (None, None) => Ok(None),
+            (raw, _) => {
+                if let Some(raw) = raw {
+                    // SAFETY: not used again.
+                    let _ = unsafe { self.nccl.abort(raw) };
+                }
+                Err(Error::nccl("ncclCommSplit", -1, "NCCL and MPI disagree on the split".into()))
+            }
+        }
+    }
+
+    /// Blocks until every operation queued so far (on the stream and the internal stream of
+    /// non-blocking operations) has completed, and reports an asynchronous NCCL error. Past
+    /// the [`timeout`](Self::timeout), or on an asynchronous error, the communicator is
+    /// aborted (`ncclCommAbort`, which ends the stuck kernels) and the error returned names
+    /// the last operation queued.
+    pub fn synchronize(&self) -> Result<()> {
+        self.wait_stream(&self.stream)?;
+        match self.side.get() {
+            Some(side) => self.wait_stream(side),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for `stream`, polling the communicator's asynchronous error.
+    pub(crate) fn wait_stream(&self, stream: &D::Stream) -> Result<()> {
+        let comm = self.live()?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(5);
+        loop {
+            let done = self.device.query(stream)?;
+            // SAFETY: a live communicator.
+            if let Err(e) = unsafe { self.nccl.async_error(comm) } {
+                self.abort_with(format!("asynchronous NCCL error: {e}"));
+                return Err(e);
+            }
+            if done {
+                return Ok(());
+            }
+            if let Some(t) = self.timeout
+                && start.elapsed() > t
+            {
+                let (op, seq) = self.last.get();
+                let report = format!(
+                    "rank {}: the device had not finished {op} #{seq} (or work queued before it); \
+                     the NCCL communicator was aborted",
+                    self.rank
+                );
+                self.abort_with(format!("{op} #{seq} timed out on rank {}", self.rank));
+                return Err(Error::Timeout { op, seq, elapsed: start.elapsed(), report });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Aborts the NCCL communicator (`ncclCommAbort`): its pending kernels end, its results
+    /// are undefined, and every later call fails with [`Error::Aborted`]. Other ranks' pending
+    /// operations fail (or time out) too.
+    pub fn abort(&self) {
+        self.abort_with(format!("aborted by rank {}", self.rank));
+    }
+
+    fn abort_with(&self, reason: String) {
+        let mut aborted = self.aborted.borrow_mut();
+        if aborted.is_some() {
+            return;
+        }
+        tracing::warn!(rank = self.rank, "aborting the NCCL communicator: {reason}");
+        let comm = self.comm.replace(std::ptr::null_mut());
+        if !comm.is_null() {
+            // SAFETY: the live communicator, not used again (its handle is cleared).
+            if let Err(e) = unsafe { self.nccl.abort(comm) } {
+                tracing::warn!("ncclCommAbort: {e}");
+            }
+        }
+        *aborted = Some(reason);
+    }
+
+    /// The NCCL communicator, or [`Error::Aborted`].
+    pub(crate) fn live(&self) -> Result<Comm> {
+        if let Some(reason) = self.aborted.borrow().as_ref() {
+            return Err(Error::Aborted { reason: reason.clone() });
+        }
+        Ok(self.comm.get())
+    }
+
+    /// The internal stream of non-blocking operations (made on first use).
+    pub(crate) fn side_stream(&self) -> Result<&D::Stream> {
+        if let Some(s) = self.side.get() {
+            return Ok(s);
+        }
+        let s = self.device.new_stream()?;
+        Ok(self.side.get_or_init(|| s))
+    }
+
+    pub(crate) fn nccl(&self) -> &'static Nccl {
+        self.nccl
+    }
+
+    /// Counts an operation for reports.
+    pub(crate) fn note(&self, op: &'static str) {
+        let (_, seq) = self.last.get();
+        self.last.set((op, seq + 1));
+    }
+
+    /// A deadline for polling a pending NCCL call.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout.unwrap_or(DEFAULT_INIT_DEADLINE)
+    }
+}
+
+impl<D: NcclDevice> Drop for NcclCommunicator<D> {
+    fn drop(&mut self) {
+        let Ok(comm) = self.live() else { return };
+        if let Err(e) = self.synchronize() {
+            tracing::warn!("NCCL communicator dropped with failed work: {e}");
+            return;
+        }
+        // SAFETY: the live communicator, idle, not used again.
+        if let Err(e) = unsafe { self.nccl.finalize(comm, Some(self.deadline())) } {
+            tracing::warn!("finalizing the NCCL communicator: {e}; aborting it");
+            self.abort_with(format!("finalize failed: {e}"));
+        }
+    }
+}
+
+fn bytes_of(id: &UniqueId) -> [u8; 128] {
+    bytemuck::cast(id.internal.map(|c| c.to_ne_bytes()[0]))
+}
+
+fn id_of(bytes: &[u8]) -> UniqueId {
+    let mut id = UniqueId { internal: [0; 128] };
+    for (d, s) in id.internal.iter_mut().zip(bytes) {
+        *d = std::ffi::c_char::from_ne_bytes([*s]);
+    }
+    id
+}

@@ -1,0 +1,81 @@
+//! The NCCL backend on a CUDA device: the whole sweep (the same body as on the other
+//! backends), code generic over the public trait, point-to-point lists, and sub-communicators.
+//! Run by the `nccl_np*` trials (a GPU and a real NCCL; ignored without them) and the
+//! `ncclsim_np*` trials (cudasim and its NCCL, ncclsim, on the CPU).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use duralumin::device::cuda::CudaDevice;
+use duralumin::mpi::topology::SimpleCommunicator;
+use duralumin::mpi::traits::Communicator as _;
+use duralumin::*;
+
+use crate::backend::{Nccl, TestDevice};
+use crate::mpirun::rank_case::within;
+
+pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
+    let nccl = Nccl::on(world, dev.clone(), ctx.new_stream().expect("stream"));
+    if world.rank() == 0 {
+        println!("nccl group on {} with {}", ctx.name().unwrap_or_default(), nccl.comm.library_version());
+    }
+    let t = std::time::Instant::now();
+    crate::sweep::run(&nccl, "Nccl<cuda>");
+    nccl.comm.synchronize().expect("synchronize after the sweep");
+    if world.rank() == 0 {
+        println!("nccl sweep: ok in {:.2?}", t.elapsed());
+    }
+    within("nccl p2p", || p2p(&nccl));
+    within("nccl split", || split(&nccl));
+    within("nccl generic", || crate::generic::on_nccl(world, dev.clone(), ctx.new_stream().expect("stream")));
+}
+
+/// A ring of sends and receives with uneven counts (0 included), sendrecv in place, and
+/// multi_sendrecv with several messages per peer.
+fn p2p(c: &Nccl<CudaDevice>) {
+    let (me, n) = (c.comm.rank(), c.comm.size());
+    let s = c.comm.stream();
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let count = |r: usize| (r * 3) % 5; // 0, 3, 1, 4, 2: uneven, one empty
+    let send = c.dev.up(s, &vec![me as u32; count(me)]);
+    let mut recv = c.dev.up(s, &vec![u32::MAX; count(left)]);
+    c.comm.sendrecv(&send, right, &mut recv, left, 0).expect("sendrecv");
+    assert_eq!(c.dev.down(s, &recv), vec![left as u32; count(left)], "sendrecv ring");
+    let mut buf = c.dev.up(s, &[me as u64; 4]);
+    c.comm.sendrecv_in_place(&mut buf, right, left, 0).expect("sendrecv in place");
+    assert_eq!(c.dev.down(s, &buf), [left as u64; 4], "sendrecv in place");
+    // Two messages to each neighbour, in order, with uneven lengths.
+    let a = c.dev.up(s, &vec![me as u16 * 10; count(me)]);
+    let b = c.dev.up(s, &[me as u16 * 10 + 1; 2]);
+    let mut ra = c.dev.up(s, &vec![0u16; count(left)]);
+    let mut rb = c.dev.up(s, &[0u16; 2]);
+    c.comm
+        .multi_sendrecv(&[(&a, right), (&b, right)], &mut [(&mut ra, left), (&mut rb, left)], 0)
+        .expect("multi_sendrecv");
+    assert_eq!(c.dev.down(s, &ra), vec![left as u16 * 10; count(left)]);
+    assert_eq!(c.dev.down(s, &rb), [left as u16 * 10 + 1; 2]);
+    if n == 1 {
+        let e = c.comm.send(&a, 0, 0).unwrap_err();
+        assert!(matches!(e, Error::SelfMessage { .. }), "{e}");
+    }
+    c.comm.synchronize().expect("synchronize");
+}
+
+/// `dup` and `split`: even and odd ranks, ordered by descending key.
+fn split(c: &Nccl<CudaDevice>) {
+    let (me, n) = (c.comm.rank(), c.comm.size());
+    let d = c.comm.dup().expect("dup");
+    assert_eq!((d.rank(), d.size()), (me, n));
+    let half = c.comm.split(Some((me % 2) as u32), -(me as i32)).expect("split").expect("a communicator");
+    let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).collect();
+    assert_eq!(half.size(), members.len());
+    assert_eq!(half.rank(), members.len() - 1 - members.iter().position(|&r| r == me).unwrap());
+    let mut x = c.dev.up(half.stream(), &[me as i64; 5]);
+    half.allreduce_in_place(&mut x, Sum).expect("allreduce on the split");
+    assert_eq!(c.dev.down(half.stream(), &x), [members.iter().sum::<usize>() as i64; 5]);
+    let none = c.comm.split(None, 0).expect("split without a color");
+    assert!(none.is_none());
+    drop((d, half));
+}
