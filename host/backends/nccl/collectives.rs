@@ -84,6 +84,10 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         self.note(op);
         let queued = body(&mut launch);
         drop(launch);
+        if let Err(e @ Error::Nccl { .. }) = &queued {
+            // NCCL failed under a queued operation: its peers may wait for it forever.
+            self.abort_with(format!("{op} failed on rank {}: {e}", self.rank));
+        }
         self.device.release(stream, keep)?;
         queued
     }

@@ -349,7 +349,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         self.abort_with(format!("aborted by rank {}", self.rank));
     }
 
-    fn abort_with(&self, reason: String) {
+    pub(crate) fn abort_with(&self, reason: String) {
         let mut aborted = self.aborted.borrow_mut();
         if aborted.is_some() {
             return;
