@@ -19,6 +19,8 @@
 //! * [`backends::mpi`] ([`MpiCommunicator`]): host memory over MPI.
 //! * [`backends::host_transfer`] ([`HostTransferCommunicator`]): device memory staged through pinned host memory, ordered on
 //!   a device stream.
+//! * `backends::nccl` (`NcclCommunicator`, features `cuda`/`hip`): device memory through NCCL
+//!   (RCCL) and the Rust kernels, ordered on a device stream (`docs/nccl.md`).
 //!
 //! Nothing hangs silently: a panic ends the job, every operation has a deadline past which the
 //! ranks report who is out of step, and collectives can check their signatures across ranks

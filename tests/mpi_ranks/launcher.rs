@@ -90,6 +90,18 @@ pub fn main() {
             });
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }
+        // No NCCL to load: a typed error on every rank.
+        let dir = sim.clone();
+        let trial = Trial::test("ncclsim_missing_library_np2", move || {
+            let dir =
+                dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+            let env = [
+                ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
+                ("DURALUMIN_NCCL", "/nonexistent/libnccl.so.2".to_string()),
+            ];
+            launch_with(2, "nccl_missing", &env, Duration::from_secs(60))
+        });
+        trials.push(trial.with_ignored_flag(sim.is_none() && !required));
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -82,6 +82,7 @@ fn rank_main(program: &str) {
         ("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator)),
         ("nccl", nccl::run as fn(&MpiCommunicator, &SimpleCommunicator)),
         ("nccl_faults", nccl::faults as fn(&MpiCommunicator, &SimpleCommunicator)),
+        ("nccl_missing", nccl::missing_library as fn(&MpiCommunicator, &SimpleCommunicator)),
     ]);
     for (name, group) in groups {
         // The GPU groups run only when asked for by name (the `cuda_np*`, `nccl_np*` trials).

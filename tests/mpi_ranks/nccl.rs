@@ -115,3 +115,13 @@ pub fn faults(_: &MpiCommunicator, world: &SimpleCommunicator) {
     assert!(matches!(again, Error::Aborted { .. }), "{again}");
     drop(comm);
 }
+
+/// Without a loadable NCCL (`DURALUMIN_NCCL` names a missing file in the trial), creating a
+/// communicator is a typed error on every rank, after they agreed: no panic, no hang.
+pub fn missing_library(_: &MpiCommunicator, world: &SimpleCommunicator) {
+    assert!(!duralumin::backends::nccl::library_present());
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
+    let e = NcclCommunicator::new(world, dev, ctx.new_stream().expect("stream")).unwrap_err();
+    assert!(matches!(&e, Error::LibraryUnavailable(m) if m.contains("DURALUMIN_NCCL")), "{e}");
+}

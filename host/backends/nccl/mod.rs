@@ -124,14 +124,17 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     /// over `comm`: rank 0 makes the `ncclUniqueId` and broadcasts it over MPI.
     ///
     /// Fails on every rank, with nothing left running, when any rank cannot load the library
-    /// ([`Error::LibraryUnavailable`] there); `stream` of another device is
-    /// [`Error::WrongDevice`].
+    /// ([`Error::LibraryUnavailable`] there) or was given a `stream` of another device
+    /// ([`Error::WrongDevice`] there).
     pub fn new<C: mpi::topology::Communicator>(comm: &C, device: D, stream: D::Stream) -> Result<Self> {
         let mpi = MpiCommunicator::new(comm)?;
-        if !device.owns(&stream) {
-            return Err(Error::WrongDevice { what: "stream", found: "another device".into(), expected: device.name() });
-        }
-        let nccl = Self::load_everywhere(&mpi, flavor_of(&device))?;
+        // Every rank's own checks, agreed on before any rank waits for the others.
+        let local = if device.owns(&stream) {
+            nccl::library(flavor_of(&device))
+        } else {
+            Err(Error::WrongDevice { what: "stream", found: "another device".into(), expected: device.name() })
+        };
+        let nccl = Self::agree(&mpi, local)?;
         let mut id = [0u8; 128];
         let made = if mpi.rank() == 0 { nccl.unique_id().map(|u| id = bytes_of(&u)) } else { Ok(()) };
         // Rank 0's failure travels with the id (a zero first byte after the flag), so no rank
@@ -152,15 +155,18 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         Self::ready(nccl, raw, mpi, device, stream, timeout, "ncclCommInitRankConfig")
     }
 
-    /// Loads the library on every rank and agrees on the outcome.
-    fn load_everywhere(mpi: &MpiCommunicator, flavor: Flavor) -> Result<&'static Nccl> {
-        let loaded = nccl::library(flavor);
-        let mine = [u8::from(loaded.is_ok())];
+    /// Agrees on every rank's local outcome (the library loaded, the stream on the device):
+    /// all ranks go on, or all fail (with their own error, or one saying another rank failed).
+    fn agree(mpi: &MpiCommunicator, local: Result<&'static Nccl>) -> Result<&'static Nccl> {
+        let mine = [u8::from(local.is_ok())];
         let mut all = [0u8];
         mpi.allreduce(&mine, &mut all, crate::Min)?;
-        match loaded {
+        match local {
             Ok(lib) if all[0] == 1 => Ok(lib),
-            Ok(lib) => Err(Error::LibraryUnavailable(format!("{} could not be loaded on another rank", lib.name()))),
+            Ok(lib) => Err(Error::LibraryUnavailable(format!(
+                "another rank could not create its {} communicator (its own error says why)",
+                lib.name()
+            ))),
             Err(e) => Err(e),
         }
     }
