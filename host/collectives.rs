@@ -226,97 +226,67 @@ mod mpi {
     }
 }
 
-/// The stream-ordered backend: any device buffer, as a trait object.
+/// The stream-ordered backends: any device buffer, as a trait object. `$comm<D>` is the
+/// communicator type over devices bounded by `$bound`.
+macro_rules! stream_ordered {
+    ($comm:ident, $bound:path) => {
+        macro_rules! input {
+            ($x:expr) => {
+                &$x
+            };
+        }
+        macro_rules! output {
+            ($x:expr) => {
+                &mut $x
+            };
+        }
+
+        impl<D: $bound> Collectives for $comm<D> {
+            type Buf<'a, T: Element> = &'a dyn DeviceSlice<D, Elem = T>;
+            type BufMut<'a, T: Element> = &'a mut dyn DeviceSliceMut<D, Elem = T>;
+
+            fn rank(&self) -> usize {
+                Self::rank(self)
+            }
+            fn size(&self) -> usize {
+                Self::size(self)
+            }
+            fn synchronize(&self) -> Result<()> {
+                Self::synchronize(self)
+            }
+            fn barrier(&self) -> Result<()> {
+                Self::barrier(self)
+            }
+            fn multi_sendrecv<'b, T: Element>(
+                &self,
+                sends: &[(Self::Buf<'b, T>, usize)],
+                recvs: &mut [(Self::BufMut<'b, T>, usize)],
+                tag: i32,
+            ) -> Result<()> {
+                let sends: Vec<_> = sends.iter().map(|(b, peer)| (b, *peer)).collect();
+                let mut recvs: Vec<_> = recvs.iter_mut().map(|(b, peer)| (b, *peer)).collect();
+                Self::multi_sendrecv(self, &sends, &mut recvs, tag)
+            }
+            for_each_collective!(forward);
+        }
+    };
+}
+
+/// HostTransfer.
 mod host_transfer {
     use super::*;
     use crate::HostTransferCommunicator;
     use crate::device::{Device, DeviceSlice, DeviceSliceMut};
 
-    macro_rules! input {
-        ($x:expr) => {
-            &$x
-        };
-    }
-    macro_rules! output {
-        ($x:expr) => {
-            &mut $x
-        };
-    }
-
-    impl<D: Device> Collectives for HostTransferCommunicator<D> {
-        type Buf<'a, T: Element> = &'a dyn DeviceSlice<D, Elem = T>;
-        type BufMut<'a, T: Element> = &'a mut dyn DeviceSliceMut<D, Elem = T>;
-
-        fn rank(&self) -> usize {
-            Self::rank(self)
-        }
-        fn size(&self) -> usize {
-            Self::size(self)
-        }
-        fn synchronize(&self) -> Result<()> {
-            Self::synchronize(self)
-        }
-        fn barrier(&self) -> Result<()> {
-            Self::barrier(self)
-        }
-        fn multi_sendrecv<'b, T: Element>(
-            &self,
-            sends: &[(Self::Buf<'b, T>, usize)],
-            recvs: &mut [(Self::BufMut<'b, T>, usize)],
-            tag: i32,
-        ) -> Result<()> {
-            let sends: Vec<_> = sends.iter().map(|(b, peer)| (b, *peer)).collect();
-            let mut recvs: Vec<_> = recvs.iter_mut().map(|(b, peer)| (b, *peer)).collect();
-            Self::multi_sendrecv(self, &sends, &mut recvs, tag)
-        }
-        for_each_collective!(forward);
-    }
+    stream_ordered!(HostTransferCommunicator, Device);
 }
 
-/// The NCCL backend: any device buffer, as a trait object, as on HostTransfer.
+/// NCCL.
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod nccl {
     use super::*;
     use crate::backends::nccl::{NcclCommunicator, NcclDevice};
     use crate::device::{DeviceSlice, DeviceSliceMut};
 
-    macro_rules! input {
-        ($x:expr) => {
-            &$x
-        };
-    }
-    macro_rules! output {
-        ($x:expr) => {
-            &mut $x
-        };
-    }
-
-    impl<D: NcclDevice> Collectives for NcclCommunicator<D> {
-        type Buf<'a, T: Element> = &'a dyn DeviceSlice<D, Elem = T>;
-        type BufMut<'a, T: Element> = &'a mut dyn DeviceSliceMut<D, Elem = T>;
-
-        fn rank(&self) -> usize {
-            Self::rank(self)
-        }
-        fn size(&self) -> usize {
-            Self::size(self)
-        }
-        fn synchronize(&self) -> Result<()> {
-            Self::synchronize(self)
-        }
-        fn barrier(&self) -> Result<()> {
-            Self::barrier(self)
-        }
-        fn multi_sendrecv<'b, T: Element>(
-            &self,
-            sends: &[(Self::Buf<'b, T>, usize)],
-            recvs: &mut [(Self::BufMut<'b, T>, usize)],
-            tag: i32,
-        ) -> Result<()> {
-            let sends: Vec<_> = sends.iter().map(|(b, peer)| (b, *peer)).collect();
-            let mut recvs: Vec<_> = recvs.iter_mut().map(|(b, peer)| (b, *peer)).collect();
-            Self::multi_sendrecv(self, &sends, &mut recvs, tag)
-        }
-        for_each_collective!(forward);
-    }
+    stream_ordered!(NcclCommunicator, NcclDevice);
 }

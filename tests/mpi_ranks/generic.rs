@@ -53,51 +53,36 @@ pub struct OnDevice<D: TestDevice> {
     stream: D::Stream,
 }
 
-impl<D: TestDevice> Stage<HostTransferCommunicator<D>> for OnDevice<D> {
-    type Owned<T: Element> = D::Buf<T>;
-    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
-        self.dev.up(&self.stream, v)
-    }
-    fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
-        self.dev.down(&self.stream, b)
-    }
-    fn buf<'a, T: Element>(b: &'a D::Buf<T>) -> &'a dyn device::DeviceSlice<D, Elem = T>
-    where
-        HostTransferCommunicator<D>: 'a,
-    {
-        b
-    }
-    fn buf_mut<'a, T: Element>(b: &'a mut D::Buf<T>) -> &'a mut dyn DeviceSliceMut<D, Elem = T>
-    where
-        HostTransferCommunicator<D>: 'a,
-    {
-        b
-    }
+/// Device buffers of a stream-ordered backend `$comm<D>`, as trait objects.
+macro_rules! on_device_stage {
+    ($comm:ident, $($bound:tt)+) => {
+        impl<D: $($bound)+> Stage<$comm<D>> for OnDevice<D> {
+            type Owned<T: Element> = D::Buf<T>;
+            fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
+                self.dev.up(&self.stream, v)
+            }
+            fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
+                self.dev.down(&self.stream, b)
+            }
+            fn buf<'a, T: Element>(b: &'a D::Buf<T>) -> &'a dyn device::DeviceSlice<D, Elem = T>
+            where
+                $comm<D>: 'a,
+            {
+                b
+            }
+            fn buf_mut<'a, T: Element>(b: &'a mut D::Buf<T>) -> &'a mut dyn DeviceSliceMut<D, Elem = T>
+            where
+                $comm<D>: 'a,
+            {
+                b
+            }
+        }
+    };
 }
 
-/// A backend seen only through [`Collectives`], with its stage.
+on_device_stage!(HostTransferCommunicator, TestDevice);
 #[cfg(feature = "cuda")]
-impl<D: TestDevice + duralumin::NcclDevice> Stage<NcclCommunicator<D>> for OnDevice<D> {
-    type Owned<T: Element> = D::Buf<T>;
-    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
-        self.dev.up(&self.stream, v)
-    }
-    fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
-        self.dev.down(&self.stream, b)
-    }
-    fn buf<'a, T: Element>(b: &'a D::Buf<T>) -> &'a dyn device::DeviceSlice<D, Elem = T>
-    where
-        NcclCommunicator<D>: 'a,
-    {
-        b
-    }
-    fn buf_mut<'a, T: Element>(b: &'a mut D::Buf<T>) -> &'a mut dyn DeviceSliceMut<D, Elem = T>
-    where
-        NcclCommunicator<D>: 'a,
-    {
-        b
-    }
-}
+on_device_stage!(NcclCommunicator, TestDevice + duralumin::NcclDevice);
 
 pub struct Generic<'c, C, S> {
     comm: &'c C,
