@@ -85,43 +85,26 @@ impl<'c, D: NcclDevice> Launch<'c, D> {
 
     /// A point-to-point exchange by rounds: in round `k` (1..size) this rank sends
     /// `send(rank + k)` and receives `recv(rank - k)` (ranks modulo size; `None` or empty:
-    /// nothing). Both sides of a pair compute the same round, so groups of rounds match.
+    /// nothing). At most one message per peer and direction, so [`Launch::messages`] groups
+    /// them by windows of rounds alone, which both sides of a pair agree on.
     pub(crate) fn exchange(
         &mut self,
         send: impl Fn(usize) -> Option<Piece>,
         recv: impl Fn(usize) -> Option<Piece>,
     ) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
-        let rounds: Vec<usize> = (1..n).collect();
-        for window in rounds.chunks(ROUNDS_PER_GROUP) {
-            let mut calls = Vec::with_capacity(2 * window.len());
-            for &k in window {
-                let (to, from) = ((r + k) % n, (r + n - k) % n);
-                if let Some(p) = send(to).filter(|p| p.bytes > 0) {
-                    calls.push(Call::Send {
-                        buf: p.ptr.addr() as *const c_void,
-                        count: p.bytes,
-                        dtype: dtype::UINT8,
-                        peer: int(to, "peer")?,
-                    });
-                }
-                if let Some(p) = recv(from).filter(|p| p.bytes > 0) {
-                    calls.push(Call::Recv {
-                        buf: p.ptr.addr() as *mut c_void,
-                        count: p.bytes,
-                        dtype: dtype::UINT8,
-                        peer: int(from, "peer")?,
-                    });
-                }
-            }
-            self.group(&calls)?;
-        }
-        Ok(())
+        let nonempty = |p: &Piece| p.bytes > 0;
+        let sends: Vec<(Piece, usize)> =
+            (1..n).map(|k| (r + k) % n).filter_map(|to| send(to).filter(nonempty).map(|p| (p, to))).collect();
+        let recvs: Vec<(Piece, usize)> =
+            (1..n).map(|k| (r + n - k) % n).filter_map(|from| recv(from).filter(nonempty).map(|p| (p, from))).collect();
+        self.messages(&sends, &recvs)
     }
 
     /// Point-to-point lists (each rank its own): messages are grouped by (window of rounds,
     /// index among the messages to or from the same peer), which both sides of a pair agree
-    /// on, and queued in that order.
+    /// on, and queued in that order (round of a message to `peer`: `peer - rank`; from `peer`:
+    /// `rank - peer`).
     pub(crate) fn messages(&mut self, sends: &[(Piece, usize)], recvs: &[(Piece, usize)]) -> Result<()> {
         let (n, r) = (self.size(), self.rank());
         let mut keyed: Vec<((usize, usize), Call)> = Vec::with_capacity(sends.len() + recvs.len());
@@ -150,14 +133,11 @@ impl<'c, D: NcclDevice> Launch<'c, D> {
             };
             keyed.push(((round / ROUNDS_PER_GROUP, layer), call));
         }
+        // Stable: within a group, the calls keep list order.
         keyed.sort_by_key(|(k, _)| *k);
-        let mut start = 0;
-        while start < keyed.len() {
-            let key = keyed[start].0;
-            let end = keyed[start..].iter().position(|(k, _)| *k != key).map_or(keyed.len(), |e| start + e);
-            let calls: Vec<Call> = keyed[start..end].iter().map(|(_, c)| *c).collect();
+        for group in keyed.chunk_by(|a, b| a.0 == b.0) {
+            let calls: Vec<Call> = group.iter().map(|(_, c)| *c).collect();
             self.grouped(&calls)?;
-            start = end;
         }
         Ok(())
     }

@@ -97,12 +97,21 @@ impl<D: NcclDevice> Launch<'_, D> {
             |to| Some(Piece { ptr: at(send, blocks[to].start, sz), bytes: blocks[to].len * sz }),
             |from| row_at(from).map(|ptr| Piece { ptr, bytes: row }),
         )?;
-        let Some(rows) = rows else { return Ok(()) };
-        self.copy(out, rows, row)?;
-        for q in 1..blocks.len() {
-            self.reduce(out, rows.offset(q * row), mine.len, &red.fns)?;
+        match rows {
+            Some(rows) => self.combine_rows(out, rows, blocks.len(), mine.len, red),
+            None => Ok(()),
         }
-        self.finish(out, mine.len, &red.fns)
+    }
+
+    /// `out = finish(row_0 ∘ row_1 ∘ … ∘ row_{parts-1})`: `parts` rows of `len` elements packed
+    /// at `rows` (one per rank), combined in rank order.
+    fn combine_rows(&self, out: DevicePtr, rows: DevicePtr, parts: usize, len: usize, red: &Reduction) -> Result<()> {
+        let row = len * red.size;
+        self.copy(out, rows, row)?;
+        for q in 1..parts {
+            self.reduce(out, rows.offset(q * row), len, &red.fns)?;
+        }
+        self.finish(out, len, &red.fns)
     }
 
     /// Every rank's block of `buf` broadcast from its owner to every rank: one group of
@@ -163,12 +172,10 @@ impl<D: NcclDevice> Launch<'_, D> {
             |to| (to == root_rank).then_some(Piece { ptr: send, bytes: row }),
             |from| rows.map(|p| Piece { ptr: p.offset(from * row), bytes: row }),
         )?;
-        let Some(rows) = rows else { return Ok(()) };
-        self.copy(recv, rows, row)?;
-        for q in 1..size {
-            self.reduce(recv, rows.offset(q * row), n, &red.fns)?;
+        match rows {
+            Some(rows) => self.combine_rows(recv, rows, size, n, red),
+            None => Ok(()),
         }
-        self.finish(recv, n, &red.fns)
     }
 
     /// Reduce-scatter with equal blocks of `c` elements into `recv`; in place (`recv ==
@@ -270,13 +277,13 @@ impl<D: NcclDevice> Launch<'_, D> {
         size: usize,
     ) -> Result<()> {
         let r = self.rank();
-        let (src, send_blocks): (DevicePtr, Vec<Block>) = match send {
-            Some((s, b)) => (s, b.to_vec()),
+        let (src, send_blocks) = match send {
+            Some(s) => s,
             None => {
                 let end = recv_blocks.iter().map(|b| b.start + b.len).max().unwrap_or(0);
                 let tmp = self.scratch(end * size)?;
                 self.copy(tmp, recv, end * size)?;
-                (tmp, recv_blocks.to_vec())
+                (tmp, recv_blocks)
             }
         };
         let bytes = |b: &Block| b.len * size;
