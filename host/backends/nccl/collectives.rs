@@ -224,6 +224,17 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         l.reduce_scatterv(src, dst, &blocks, &red)
     }
 
+    fn plan_bcast<T: Element>(
+        &self,
+        l: &mut Launch<'_, D>,
+        buf: &dyn DeviceSlice<D, Elem = T>,
+        root: usize,
+    ) -> Result<()> {
+        check::rank("bcast root", root, self.size)?;
+        self.check_buffer("bcast buffer", buf)?;
+        l.bcast(buf.device_ptr(), Self::bytes::<T>("bcast", buf.len())?, root)
+    }
+
     fn plan_allgather<T: Element>(
         &self,
         l: &mut Launch<'_, D>,
@@ -461,7 +472,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     }
 }
 
-/// Only NCCL's own algorithm runs on this backend.
+/// Only NCCL's own algorithm runs on this backend: `Auto` or `Native`.
 fn nccl_picks(algorithm: &'static str, ok: bool) -> Result<()> {
     if ok {
         Ok(())
@@ -471,6 +482,14 @@ fn nccl_picks(algorithm: &'static str, ok: bool) -> Result<()> {
             reason: "the NCCL backend runs NCCL's own algorithms (Auto or Native)",
         })
     }
+}
+
+fn own_allreduce(a: AllreduceAlgorithm) -> Result<()> {
+    nccl_picks(a.name(), matches!(a, AllreduceAlgorithm::Auto | AllreduceAlgorithm::Native))
+}
+
+fn own_bcast(a: BcastAlgorithm) -> Result<()> {
+    nccl_picks(a.name(), matches!(a, BcastAlgorithm::Auto | BcastAlgorithm::Native))
 }
 
 /// A buffer as a trait object, so one planner serves every buffer type.
@@ -492,11 +511,11 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         /// `Native` run ([`Error::AlgorithmUnsupported`] otherwise, before anything is queued).
         fn allreduce_with / iallreduce_with <T: Element, O: ReduceOp<T>, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
             (send: &'a S, recv: &'a mut R, op: O, algorithm: AllreduceAlgorithm)
-            uses(read send, write recv) => |c, l| { let _ = op; nccl_picks(algorithm.name(), algorithm == AllreduceAlgorithm::Auto || algorithm == AllreduceAlgorithm::Native)?; c.plan_allreduce::<T, O>(l, Some(dynamic(send)), dynamic(&*recv)) };
+            uses(read send, write recv) => |c, l| { let _ = op; own_allreduce(algorithm)?; c.plan_allreduce::<T, O>(l, Some(dynamic(send)), dynamic(&*recv)) };
         /// In-place allreduce with an explicit algorithm, as [`allreduce_with`](Self::allreduce_with).
         fn allreduce_in_place_with / iallreduce_in_place_with <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
             (buf: &'a mut B, op: O, algorithm: AllreduceAlgorithm)
-            uses(write buf) => |c, l| { let _ = op; nccl_picks(algorithm.name(), algorithm == AllreduceAlgorithm::Auto || algorithm == AllreduceAlgorithm::Native)?; c.plan_allreduce::<T, O>(l, None, dynamic(&*buf)) };
+            uses(write buf) => |c, l| { let _ = op; own_allreduce(algorithm)?; c.plan_allreduce::<T, O>(l, None, dynamic(&*buf)) };
         /// In-place allreduce: `buf` is the input and receives the result.
         fn allreduce_in_place / iallreduce_in_place <T: Element, O: ReduceOp<T>, B: DeviceSliceMut<D, Elem = T>>
             (buf: &'a mut B, op: O)
@@ -531,19 +550,10 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         /// Broadcast of the root's `buf` into every rank's `buf` (`ncclBroadcast` of its bytes).
         #[doc(alias = "broadcast")]
         fn bcast / ibcast <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize)
-            uses(write buf) => |c, l| {
-                check::rank("bcast root", root, c.size)?;
-                c.check_buffer("bcast buffer", &*buf)?;
-                l.bcast(buf.device_ptr(), Self::bytes::<T>("bcast", buf.len())?, root)
-            };
+            uses(write buf) => |c, l| c.plan_bcast::<T>(l, dynamic(&*buf), root);
         /// Broadcast with an explicit algorithm: only `Auto` and `Native` (NCCL's own).
         fn bcast_with / ibcast_with <T: Element, B: DeviceSliceMut<D, Elem = T>> (buf: &'a mut B, root: usize, algorithm: BcastAlgorithm)
-            uses(write buf) => |c, l| {
-                nccl_picks(algorithm.name(), algorithm == BcastAlgorithm::Auto || algorithm == BcastAlgorithm::Native)?;
-                check::rank("bcast root", root, c.size)?;
-                c.check_buffer("bcast buffer", &*buf)?;
-                l.bcast(buf.device_ptr(), Self::bytes::<T>("bcast", buf.len())?, root)
-            };
+            uses(write buf) => |c, l| { own_bcast(algorithm)?; c.plan_bcast::<T>(l, dynamic(&*buf), root) };
         /// Allgather (`ncclAllGather` of bytes): rank `i`'s `send` lands at `recv[i*c..]`.
         #[doc(alias = "all_gather")]
         fn allgather / iallgather <T: Element, S: DeviceSlice<D, Elem = T>, R: DeviceSliceMut<D, Elem = T>>
