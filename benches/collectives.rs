@@ -7,6 +7,9 @@
 //! ratio, then checks the project's performance targets. Sizes are the largest buffer of the
 //! operation (nccl-tests' convention), in f32 elements.
 
+#[path = "common/relaunch.rs"]
+mod relaunch;
+
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Instant;
@@ -16,6 +19,7 @@ use duralumin::mpi::datatype::{Partition, PartitionMut};
 use duralumin::mpi::topology::{Communicator as _, SimpleCommunicator};
 use duralumin::mpi::traits::*;
 use duralumin::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, ReduceOp, Sum, bytemuck};
+use relaunch::relaunch;
 
 /// Timed rounds per measurement (the median is reported).
 const ROUNDS: usize = 5;
@@ -57,21 +61,14 @@ fn main() {
         get("--np").unwrap_or_else(|| "2,4".into()).split(',').filter_map(|s| s.parse().ok()).collect();
     let csv = get("--csv").unwrap_or_else(|| "target/bench-collectives.csv".into());
     let _ = std::fs::remove_file(&csv);
-    let exe = std::env::current_exe().expect("current_exe");
+    let env = [
+        ("DURALUMIN_BENCH_OP", get("--op").unwrap_or_default()),
+        ("DURALUMIN_BENCH_MAX", get("--max-bytes").unwrap_or_else(|| (64usize << 20).to_string())),
+        ("DURALUMIN_BENCH_CSV", csv.clone()),
+        ("DURALUMIN_TUNING", std::env::var("DURALUMIN_TUNING").unwrap_or_default()),
+    ];
     for np in nps {
-        let status = std::process::Command::new("mpirun")
-            .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-            .arg(&exe)
-            .env("DURALUMIN_BENCH_RANK", "1")
-            .env("DURALUMIN_BENCH_OP", get("--op").unwrap_or_default())
-            .env("DURALUMIN_BENCH_MAX", get("--max-bytes").unwrap_or_else(|| (64usize << 20).to_string()))
-            .env("DURALUMIN_BENCH_CSV", &csv)
-            .env("DURALUMIN_TUNING", std::env::var("DURALUMIN_TUNING").unwrap_or_default())
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .status()
-            .expect("mpirun");
-        assert!(status.success(), "benchmark at np={np} failed");
+        relaunch(np, &env, &[]);
     }
     println!("CSV written to {csv}");
 }

@@ -24,7 +24,16 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
+#[path = "common/relaunch.rs"]
+mod relaunch;
+#[cfg(feature = "cuda")]
+#[path = "common/timing.rs"]
+mod timing;
+
+#[cfg(feature = "cuda")]
 mod gpu {
+    use super::relaunch::relaunch;
+    use super::timing::{self, max_over};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -52,41 +61,16 @@ mod gpu {
         let args: Vec<String> = std::env::args().collect();
         let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
         let max = get("--max-bytes").unwrap_or_else(|| (256usize << 20).to_string());
-        let exe = std::env::current_exe().expect("current_exe");
         for np in get("--np").unwrap_or_else(|| "1,2".into()).split(',').filter_map(|s| s.parse::<usize>().ok()) {
-            let status = std::process::Command::new("mpirun")
-                .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-                .arg(&exe)
-                .env("DURALUMIN_BENCH_RANK", "1")
-                .env("DURALUMIN_BENCH_MAX", &max)
-                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-                .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
-                .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-                .status()
-                .expect("mpirun");
-            assert!(status.success(), "benchmark at np={np} failed");
+            relaunch(np, &[("DURALUMIN_BENCH_MAX", max.clone())], &[]);
         }
     }
 
-    /// The slowest rank's value.
-    fn max_over(world: &SimpleCommunicator, x: f64) -> f64 {
-        let mut out = 0.0;
-        world.all_reduce_into(&x, &mut out, SystemOperation::max());
-        out
-    }
-
-    /// Microseconds per call of `op` (`reps` back to back, then `finish`), the slowest rank's.
+    /// Microseconds per call of `op` after one warm-up call (see [`timing::time_us`]).
     fn time_us(world: &SimpleCommunicator, reps: usize, mut op: impl FnMut(), finish: impl Fn()) -> f64 {
         op();
         finish();
-        world.barrier();
-        let t = Instant::now();
-        for _ in 0..reps {
-            op();
-        }
-        finish();
-        max_over(world, t.elapsed().as_secs_f64() * 1e6 / reps as f64)
+        timing::time_us(world, reps, op, finish)
     }
 
     fn reps(bytes: usize) -> usize {

@@ -185,7 +185,16 @@ mod direct {
 }
 
 #[cfg(feature = "cuda")]
+#[path = "common/relaunch.rs"]
+mod relaunch;
+#[cfg(feature = "cuda")]
+#[path = "common/timing.rs"]
+mod timing;
+
+#[cfg(feature = "cuda")]
 mod gpu {
+    use super::relaunch::relaunch;
+    use super::timing::{max_over, time_us};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -250,44 +259,15 @@ mod gpu {
             return;
         }
         let opts = opts();
-        let exe = std::env::current_exe().expect("current_exe");
+        let args: Vec<String> = std::env::args().skip(1).collect();
         for np in opts.nps.split(',').filter_map(|s| s.parse::<usize>().ok()) {
-            let status = std::process::Command::new("mpirun")
-                .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-                .arg(&exe)
-                .args(std::env::args().skip(1))
-                .env("DURALUMIN_BENCH_RANK", "1")
-                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-                .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
-                .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-                .status()
-                .expect("mpirun");
-            assert!(status.success(), "benchmark at np={np} failed");
+            relaunch(np, &[], &args);
         }
-    }
-
-    fn max_over(world: &SimpleCommunicator, x: f64) -> f64 {
-        let mut out = 0.0;
-        world.all_reduce_into(&x, &mut out, SystemOperation::max());
-        out
     }
 
     fn median(mut v: Vec<f64>) -> f64 {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
-    }
-
-    /// Microseconds per call of `op`, `iters` calls back to back then `finish`, the slowest
-    /// rank's.
-    fn time_us(world: &SimpleCommunicator, iters: usize, mut op: impl FnMut(), finish: impl Fn()) -> f64 {
-        world.barrier();
-        let t = Instant::now();
-        for _ in 0..iters {
-            op();
-        }
-        finish();
-        max_over(world, t.elapsed().as_secs_f64() * 1e6 / iters as f64)
     }
 
     /// Calls per timed round at `bytes`.
