@@ -19,9 +19,8 @@ mod launch;
 mod ops;
 mod request;
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::ffi::c_void;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use request::NcclRequest;
@@ -83,7 +82,7 @@ pub struct NcclCommunicator<D: NcclDevice> {
     comm: Cell<Comm>,
     device: D,
     stream: D::Stream,
-    side: OnceLock<D::Stream>,
+    side: OnceCell<D::Stream>,
     mpi: MpiCommunicator,
     rank: usize,
     size: usize,
@@ -199,7 +198,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             comm: Cell::new(raw),
             device,
             stream,
-            side: OnceLock::new(),
+            side: OnceCell::new(),
             mpi,
             rank,
             size,

@@ -178,7 +178,7 @@ impl Nccl {
 
     /// Polls `ncclCommGetAsyncError` until the communicator's pending call has finished, and
     /// returns its outcome (or the communicator's asynchronous error). Past `deadline` it
-    /// returns [`Error::Timeout`]-like [`Error::Nccl`] with `call`.
+    /// returns [`Error::Nccl`] naming `call` with status `ncclInProgress`.
     ///
     /// # Safety
     /// `comm` is a live communicator.
