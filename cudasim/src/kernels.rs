@@ -1,11 +1,14 @@
 //! Modules and kernels: PTX is read for its entry points and their parameter counts, and a
 //! launch of one of Duralumin's builtin kernels runs its body from `duralumin-kernels` on the
-//! CPU, after checking every address it will touch. Entry points the simulator does not know
-//! (a user's kernel crate) load but fail to launch with `CUDA_ERROR_NOT_SUPPORTED`.
+//! CPU, after checking every address it will touch. A user's reduce and finish kernels (a
+//! kernel crate's) run the host body the process hands over with
+//! [`cudasimRegisterHostKernel`] (Duralumin does, before it loads such a kernel); any other
+//! entry point loads but fails to launch with `CUDA_ERROR_NOT_SUPPORTED`.
 
 use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use duralumin_kernels::grid::HostGrid;
 use duralumin_kernels::pack::Segment;
@@ -13,12 +16,13 @@ use duralumin_kernels::{Element, ReduceOp, flag, names::fixed, pack, reduce};
 
 use crate::{Fault, exec, memory, usize_of};
 
-/// What a builtin kernel is, with its element size where it has one.
+/// What a kernel is (a builtin one, or a user's with a host body), with its element size where
+/// it has one.
 #[derive(Clone, Copy)]
 pub(crate) enum Body {
-    Reduce { size: usize, run: Reduce2 },
+    Reduce { size: usize, run: ReduceRun },
     Reduce3 { size: usize, run: Reduce3 },
-    Finish { size: usize, run: Finish },
+    Finish { size: usize, run: FinishRun },
     Copy2d,
     Pack,
     Unpack,
@@ -29,6 +33,52 @@ pub(crate) enum Body {
 type Reduce2 = unsafe fn(HostGrid, *mut u8, *const u8, usize);
 type Reduce3 = unsafe fn(HostGrid, *mut u8, *const u8, *const u8, usize);
 type Finish = unsafe fn(HostGrid, *mut u8, usize, u32);
+/// A user's reduce kernel's host body: `dst[..n] = combine(dst[..n], src[..n])`.
+type HostReduce = unsafe extern "C" fn(*mut u8, *const u8, usize);
+/// A user's finish kernel's host body: `dst[..n] = finish(dst[..n], ranks)`.
+type HostFinish = unsafe extern "C" fn(*mut u8, usize, u32);
+
+/// A reduce kernel's body: a builtin's (over the launch's grid) or a user's host body.
+#[derive(Clone, Copy)]
+pub(crate) enum ReduceRun {
+    Builtin(Reduce2),
+    User(HostReduce),
+}
+
+impl ReduceRun {
+    /// # Safety
+    /// As the kernel: `dst` and `src` hold `n` elements, not overlapping.
+    unsafe fn call(self, g: HostGrid, dst: *mut u8, src: *const u8, n: usize) {
+        // SAFETY: forwarded.
+        unsafe {
+            match self {
+                ReduceRun::Builtin(run) => run(g, dst, src, n),
+                ReduceRun::User(run) => run(dst, src, n),
+            }
+        }
+    }
+}
+
+/// A finish kernel's body: a builtin's or a user's host body.
+#[derive(Clone, Copy)]
+pub(crate) enum FinishRun {
+    Builtin(Finish),
+    User(HostFinish),
+}
+
+impl FinishRun {
+    /// # Safety
+    /// As the kernel: `dst` holds `n` elements.
+    unsafe fn call(self, g: HostGrid, dst: *mut u8, n: usize, ranks: u32) {
+        // SAFETY: forwarded.
+        unsafe {
+            match self {
+                FinishRun::Builtin(run) => run(g, dst, n, ranks),
+                FinishRun::User(run) => run(dst, n, ranks),
+            }
+        }
+    }
+}
 
 impl Body {
     /// The kernel's parameters: their number (each is 8 bytes but the trailing `u32` of
@@ -80,7 +130,7 @@ macro_rules! reduce_table {
         $($(
             $table.insert(
                 concat!("duralumin_reduce_", $en, "_", $on),
-                Body::Reduce { size: size_of::<$elem>(), run: reduce2::<$elem, $op> },
+                Body::Reduce { size: size_of::<$elem>(), run: ReduceRun::Builtin(reduce2::<$elem, $op>) },
             );
             $table.insert(
                 concat!("duralumin_reduce3_", $en, "_", $on),
@@ -88,7 +138,7 @@ macro_rules! reduce_table {
             );
             $table.insert(
                 concat!("duralumin_finish_", $en, "_", $on),
-                Body::Finish { size: size_of::<$elem>(), run: finish::<$elem, $op> },
+                Body::Finish { size: size_of::<$elem>(), run: FinishRun::Builtin(finish::<$elem, $op>) },
             );
         )+)+
     };
@@ -107,6 +157,70 @@ fn builtins() -> &'static HashMap<&'static str, Body> {
         table.insert(fixed::SIGNAL, Body::Signal);
         table
     })
+}
+
+/// User kernels' host bodies by entry name, as the process registered them.
+static USER: Mutex<Option<HashMap<String, Body>>> = Mutex::new(None);
+
+/// `kind` of [`cudasimRegisterHostKernel`]: a reduce kernel, `body` an
+/// `unsafe extern "C" fn(dst: *mut u8, src: *const u8, n: usize)`.
+pub const HOST_REDUCE: c_int = 0;
+/// `kind` of [`cudasimRegisterHostKernel`]: a finish kernel, `body` an
+/// `unsafe extern "C" fn(dst: *mut u8, n: usize, ranks: u32)`.
+pub const HOST_FINISH: c_int = 1;
+
+/// Registers the host body of the user kernel `name` (a kernel crate's reduce or finish entry
+/// point over elements of `elem_size` bytes): a launch of `name` from a module whose PTX has
+/// it then checks its ranges as for a builtin and runs `body` on the CPU. The body is the
+/// process's own compiled `combine`, so the simulator checks everything around a user kernel
+/// (arguments, ranges, stream order) but not the PTX the GPU would run. Builtin names are
+/// accepted and ignored (the simulator has their bodies). A later registration of `name`
+/// replaces the earlier. Returns `CUDA_SUCCESS`, or `CUDA_ERROR_INVALID_VALUE` for a null or
+/// non-UTF-8 name, a null body, an unknown `kind` or a zero `elem_size`.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string; `body` is null or a function of `kind`'s
+/// signature that stays valid for the process's life and, given ranges holding `n` elements
+/// of `elem_size` bytes, touches nothing else.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cudasimRegisterHostKernel(
+    name: *const c_char,
+    kind: c_int,
+    elem_size: usize,
+    body: *const c_void,
+) -> c_int {
+    const INVALID_VALUE: c_int = 1;
+    if name.is_null() || body.is_null() || elem_size == 0 {
+        return INVALID_VALUE;
+    }
+    // SAFETY: a non-null NUL-terminated string (the caller's contract).
+    let Ok(name) = unsafe { CStr::from_ptr(name) }.to_str() else { return INVALID_VALUE };
+    let entry = match kind {
+        HOST_REDUCE => {
+            // SAFETY: `body` is a non-null function of this kind's signature (the caller's
+            // contract).
+            let run = unsafe { std::mem::transmute::<*const c_void, HostReduce>(body) };
+            Body::Reduce { size: elem_size, run: ReduceRun::User(run) }
+        }
+        HOST_FINISH => {
+            // SAFETY: as above.
+            let run = unsafe { std::mem::transmute::<*const c_void, HostFinish>(body) };
+            Body::Finish { size: elem_size, run: FinishRun::User(run) }
+        }
+        _ => return INVALID_VALUE,
+    };
+    if !builtins().contains_key(name) {
+        USER.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(HashMap::new).insert(name.into(), entry);
+    }
+    0
+}
+
+/// The body of `name`: a builtin's, or a user kernel's registered host body.
+fn body_of(name: &str) -> Option<Body> {
+    builtins()
+        .get(name)
+        .copied()
+        .or_else(|| USER.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(|m| m.get(name).copied()))
 }
 
 /// A loaded module: its entry points with their parameters' widths, and its launches not yet
@@ -155,22 +269,26 @@ pub(crate) fn parse_ptx(text: &str) -> Result<Module, Fault> {
 }
 
 impl Module {
-    /// The entry point `name`: it must be in the PTX, and a builtin kernel must take as many
-    /// parameters there as its body does (a launch passes that many).
+    /// The entry point `name`: it must be in the PTX, and a kernel with a body must take as
+    /// many parameters there as its body does (a launch passes that many).
     pub(crate) fn function(self: &Arc<Self>, name: &str) -> Result<Function, Fault> {
-        let Some(params) = self.entries.get(name) else {
+        if !self.entries.contains_key(name) {
             return Err(Fault::not_found(format!("no entry point {name} in the module")));
-        };
-        let body = builtins().get(name).copied();
-        if let Some(b) = body
-            && b.widths() != *params
-        {
+        }
+        let body = body_of(name).map(|b| self.check_params(name, b)).transpose()?;
+        Ok(Function { name: name.to_string(), module: Arc::clone(self), body })
+    }
+
+    /// `body` if its parameters are those of the entry point `name` in the PTX.
+    fn check_params(&self, name: &str, body: Body) -> Result<Body, Fault> {
+        let params = self.entries.get(name).map(Vec::as_slice).unwrap_or_default();
+        if body.widths() != params {
             return Err(Fault::ptx(format!(
                 "{name} takes parameters of {params:?} bytes in the PTX, {:?} in its body",
-                b.widths()
+                body.widths()
             )));
         }
-        Ok(Function { name: name.to_string(), module: Arc::clone(self), body })
+        Ok(body)
     }
 }
 
@@ -230,10 +348,18 @@ fn segments(list: u64, count: u64, scattered: u64, name: &str) -> Result<(Vec<Se
 /// `params` holds the function's arguments, as `cuLaunchKernel` requires.
 pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Result<exec::Work, Fault> {
     let name = f.name.clone();
-    let Some(body) = f.body else {
-        return Err(Fault::not_supported(format!(
-            "{name} is not one of Duralumin's builtin kernels; the simulator runs only those"
-        )));
+    // A user kernel's host body may have been registered after the function was loaded.
+    let body = match f.body {
+        Some(body) => body,
+        None => match body_of(&name) {
+            Some(body) => f.module.check_params(&name, body)?,
+            None => {
+                return Err(Fault::not_supported(format!(
+                    "{name} is neither one of Duralumin's builtin kernels nor a user kernel with a \
+                     registered host body (cudasimRegisterHostKernel); the simulator runs only those"
+                )));
+            }
+        },
     };
     let g = HostGrid::new(threads);
     // The arguments are read now; the addresses are checked when the kernel runs (memory may
@@ -256,7 +382,7 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                     memory::device_range(dst, len, &name)?;
                     memory::device_range(src, len, &name)?;
                     // SAFETY: both ranges are live device-accessible memory (checked).
-                    unsafe { run(g, dst as *mut u8, src as *const u8, usize_of(n)) };
+                    unsafe { run.call(g, dst as *mut u8, src as *const u8, usize_of(n)) };
                     Ok(())
                 })
             }
@@ -277,7 +403,7 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                 Box::new(move || {
                     memory::device_range(dst, bytes(n, size, &name)?, &name)?;
                     // SAFETY: as for reduce.
-                    unsafe { run(g, dst as *mut u8, usize_of(n), ranks) };
+                    unsafe { run.call(g, dst as *mut u8, usize_of(n), ranks) };
                     Ok(())
                 })
             }

@@ -33,11 +33,11 @@ use std::sync::Arc;
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUdevice_attribute, CUmemorytype};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut};
 use duralumin_kernels::Element;
 
 pub use super::gpu::FlagPath;
-use super::gpu::{Direction, Driver, Gpu, Home, gpu_device};
+use super::gpu::{Direction, Driver, Gpu, Home, HostBody, gpu_device};
 use super::{DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, sealed};
 use crate::device_code::KernelModule;
 use crate::error::{Error, Result};
@@ -116,7 +116,7 @@ impl CudaDevice {
     }
 }
 
-gpu_device!(CudaDevice, Arc<CudaStream>);
+gpu_device!(CudaDevice, Arc<CudaStream>, CudaEvent);
 
 /// The CUDA driver primitives, for one context.
 #[derive(Clone)]
@@ -150,6 +150,7 @@ impl Driver for Cuda {
     type Module = Arc<CudaModule>;
     type Function = CudaFunction;
     type Image = &'static str;
+    type Event = CudaEvent;
 
     const API: &'static str = "cuda";
     const HOST_FN: &'static str = "cuLaunchHostFunc";
@@ -318,6 +319,22 @@ impl Driver for Cuda {
         module.load_function(entry).map_err(driver("cuModuleGetFunction"))
     }
 
+    fn offer_host_body(&self, entry: &str, body: HostBody) {
+        let Some(register) = simulator_hook() else { return };
+        let Ok(name) = std::ffi::CString::new(entry) else { return };
+        let (kind, elem_size, run) = match body {
+            HostBody::Reduce { elem_size, run } => (0, elem_size, run as *const c_void),
+            HostBody::Finish { elem_size, run } => (1, elem_size, run as *const c_void),
+        };
+        // SAFETY: the simulator's registration call: a NUL-terminated name and a function of
+        // `kind`'s signature (a monomorphized host body, valid for the process's life) that
+        // touches only the `n` elements it is given.
+        let status = unsafe { register(name.as_ptr(), kind, elem_size, run) };
+        if status != 0 {
+            tracing::warn!("cudasim refused the host body of {entry}: status {status}");
+        }
+    }
+
     unsafe fn launch(
         &self,
         stream: &Arc<CudaStream>,
@@ -369,6 +386,22 @@ impl Driver for Cuda {
 
     fn join(&self, waiter: &Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
         waiter.join(stream).map_err(driver("cuStreamWaitEvent"))
+    }
+
+    fn new_event(&self) -> Result<CudaEvent> {
+        self.ctx.new_event(None).map_err(driver("cuEventCreate"))
+    }
+
+    fn record_event(&self, event: &CudaEvent, stream: &Arc<CudaStream>) -> Result<()> {
+        event.record(stream).map_err(driver("cuEventRecord"))
+    }
+
+    fn event_done(&self, event: &CudaEvent) -> Result<bool> {
+        event.try_is_complete().map_err(driver("cuEventQuery"))
+    }
+
+    fn wait_event(&self, waiter: &Arc<CudaStream>, event: &CudaEvent) -> Result<()> {
+        waiter.wait(event).map_err(driver("cuStreamWaitEvent"))
     }
 
     fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<()> {
@@ -461,3 +494,18 @@ macro_rules! cuda_slice_mut {
 }
 
 cuda_slice_mut!(CudaSlice<T>, CudaViewMut<'_, T>);
+
+/// cudasim's `cudasimRegisterHostKernel`, when the loaded driver is the simulator (a real
+/// driver has no such symbol). Looked up once.
+fn simulator_hook() -> Option<RegisterHostKernel> {
+    static HOOK: std::sync::OnceLock<Option<RegisterHostKernel>> = std::sync::OnceLock::new();
+    *HOOK.get_or_init(|| {
+        // SAFETY: a device exists, so the driver library is loaded (`culib` returns it);
+        // looking a symbol up runs nothing, and the symbol's type is the simulator's signature.
+        unsafe { sys::culib().get::<RegisterHostKernel>(b"cudasimRegisterHostKernel\0") }.ok().map(|f| *f)
+    })
+}
+
+/// The signature of cudasim's `cudasimRegisterHostKernel(name, kind, elem_size, body)`.
+type RegisterHostKernel =
+    unsafe extern "C" fn(*const std::ffi::c_char, std::ffi::c_int, usize, *const c_void) -> std::ffi::c_int;

@@ -149,8 +149,10 @@ pub struct ReduceFns {
     pub(crate) reduce: KernelName,
     /// `dst[i] = finish(dst[i], ranks)`, parameters `(dst, n, ranks)`, if the operator has one.
     pub(crate) finish: Option<KernelName>,
-    pub(crate) host_reduce: unsafe fn(*mut u8, *const u8, usize),
-    pub(crate) host_finish: Option<unsafe fn(*mut u8, usize, u32)>,
+    /// The host bodies, with the C ABI so a driver simulator can run them for user kernels
+    /// (see `Driver::offer_host_body`).
+    pub(crate) host_reduce: HostReduceFn,
+    pub(crate) host_finish: Option<HostFinishFn>,
     /// The number of contributions `finish` divides by (the communicator size).
     pub(crate) ranks: u32,
 }
@@ -161,11 +163,16 @@ impl Debug for ReduceFns {
     }
 }
 
+/// A reduction's host body: `dst[..n] = combine(dst[..n], src[..n])`.
+pub(crate) type HostReduceFn = unsafe extern "C" fn(*mut u8, *const u8, usize);
+/// An operator's finish on the host: `dst[..n] = finish(dst[..n], ranks)`.
+pub(crate) type HostFinishFn = unsafe extern "C" fn(*mut u8, usize, u32);
+
 /// `dst[..n] = combine(dst[..n], src[..n])` on the CPU.
 ///
 /// # Safety
 /// `dst` and `src` hold `n` aligned `T`s each and do not overlap.
-unsafe fn host_reduce<T: Element, O: ReduceOp<T>>(dst: *mut u8, src: *const u8, n: usize) {
+unsafe extern "C" fn host_reduce<T: Element, O: ReduceOp<T>>(dst: *mut u8, src: *const u8, n: usize) {
     // SAFETY: guaranteed by the caller.
     let (d, s) =
         unsafe { (std::slice::from_raw_parts_mut(dst.cast::<T>(), n), std::slice::from_raw_parts(src.cast::<T>(), n)) };
@@ -176,7 +183,7 @@ unsafe fn host_reduce<T: Element, O: ReduceOp<T>>(dst: *mut u8, src: *const u8, 
 ///
 /// # Safety
 /// `dst` holds `n` aligned `T`s.
-unsafe fn host_finish<T: Element, O: ReduceOp<T>>(dst: *mut u8, n: usize, ranks: u32) {
+unsafe extern "C" fn host_finish<T: Element, O: ReduceOp<T>>(dst: *mut u8, n: usize, ranks: u32) {
     // SAFETY: guaranteed by the caller.
     let d = unsafe { std::slice::from_raw_parts_mut(dst.cast::<T>(), n) };
     HostGrid::SINGLE.finish::<T, O>(d, ranks);
@@ -200,7 +207,7 @@ impl ReduceFns {
             reduce: KernelName::reduce::<T, O>(ReduceKernel::Reduce),
             finish: O::HAS_FINISH.then(|| KernelName::reduce::<T, O>(ReduceKernel::Finish)),
             host_reduce: host_reduce::<T, O>,
-            host_finish: O::HAS_FINISH.then_some(host_finish::<T, O> as unsafe fn(*mut u8, usize, u32)),
+            host_finish: O::HAS_FINISH.then_some(host_finish::<T, O> as HostFinishFn),
             ranks,
         }
     }

@@ -585,8 +585,16 @@ impl<D: TestDevice + duralumin::NcclDevice> Nccl<D> {
         Nccl { dev, comm, algorithms: false }
     }
 
-    /// The sweep's user pairs have no device kernels: NCCL refuses them.
+    /// NCCL reduces the user pairs with their device kernels, and refuses them by name when
+    /// the kernels were not built (no nightly toolchain); `DURALUMIN_REQUIRE_KERNELS=1` makes
+    /// that a failure.
     fn user_pairs(&self) -> bool {
-        false
+        use duralumin::device_code::{ReduceKernel, find_reduce_ptx};
+        let built = find_reduce_ptx::<crate::elements::MinLoc, crate::elements::ArgMin>(ReduceKernel::Reduce);
+        if let Err(e) = &built {
+            let required = std::env::var_os("DURALUMIN_REQUIRE_KERNELS").is_some_and(|v| v == "1");
+            assert!(!required, "DURALUMIN_REQUIRE_KERNELS=1 but the user kernels are missing: {e}");
+        }
+        built.is_ok()
     }
 }

@@ -1,78 +1,13 @@
-//! Element types and values of the sweep: every builtin plus two user types with user ops.
+//! Element types and values of the sweep: every builtin plus three user pairs.
 
 use duralumin::half::{bf16, f16};
 use duralumin::{Element, ReduceOp, bytemuck};
 
-/// A value with its position: argmin keeps the smaller value, ties go to the smaller index.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct MinLoc {
-    pub value: f64,
-    pub index: u64,
-}
-
-impl Element for MinLoc {
-    const NAME: &'static str = "minloc";
-}
-
-/// Argmin over [`MinLoc`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ArgMin;
-
-impl ReduceOp<MinLoc> for ArgMin {
-    const NAME: &'static str = "argmin";
-    fn combine(a: MinLoc, b: MinLoc) -> MinLoc {
-        if b.value < a.value || (b.value == a.value && b.index < a.index) { b } else { a }
-    }
-}
-
-/// A single-precision complex number.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct Complex {
-    pub re: f32,
-    pub im: f32,
-}
-
-impl Element for Complex {
-    const NAME: &'static str = "c32";
-}
-
-/// Complex addition.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ComplexSum;
-
-impl ReduceOp<Complex> for ComplexSum {
-    const NAME: &'static str = "csum";
-    fn combine(a: Complex, b: Complex) -> Complex {
-        Complex { re: a.re + b.re, im: a.im + b.im }
-    }
-}
-
-/// The affine map `x -> a x + b`; composing maps is associative but not commutative, so it
-/// checks that non-commutative reductions combine in rank order.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-pub struct Affine {
-    pub a: i64,
-    pub b: i64,
-}
-
-impl Element for Affine {
-    const NAME: &'static str = "affine";
-}
-
-/// `combine(f, g) = g ∘ f` (apply the lower rank's map first).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Compose;
-
-impl ReduceOp<Affine> for Compose {
-    const NAME: &'static str = "compose";
-    const COMMUTATIVE: bool = false;
-    fn combine(f: Affine, g: Affine) -> Affine {
-        Affine { a: g.a.wrapping_mul(f.a), b: g.a.wrapping_mul(f.b).wrapping_add(g.b) }
-    }
-}
+// The user pairs are the custom-kernels example's: the same types and operators the users'
+// guide builds, with device kernels (when the nightly toolchain built them), so the device
+// backends reduce them on the device. MinLoc/ArgMin (ties to the smaller index), Complex32
+// with Sum, and Affine/Compose (non-commutative: combines must keep rank order).
+pub use duralumin_example_custom_kernels::{Affine, ArgMin, Complex32 as Complex, Compose, MinLoc};
 
 /// Test elements made from small integers (exact in every type and any reduction order).
 pub trait TestElem: Element + PartialEq + std::fmt::Debug {

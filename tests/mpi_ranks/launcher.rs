@@ -89,6 +89,18 @@ pub fn main() {
                 launch_with(2, "nccl_faults", &env, Duration::from_secs(60))
             });
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+            // The same faults while nobody waits on the communicator: the watchdog aborts it.
+            let dir = sim.clone();
+            let trial = Trial::test(format!("ncclsim_watchdog_{kind}_np2"), move || {
+                let dir =
+                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+                let env = [
+                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
+                    ("NCCLSIM_FAULT", format!("{kind}:rank=1,call=3")),
+                ];
+                launch_with(2, "nccl_watchdog", &env, Duration::from_secs(60))
+            });
+            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }
         // No NCCL to load: a typed error on every rank.
         let dir = sim.clone();

@@ -63,6 +63,8 @@ type Group = (&'static str, fn(&MpiCommunicator, &SimpleCommunicator));
 
 fn rank_main(program: &str) {
     let universe = duralumin::init().expect("MPI init");
+    // The user pairs' device kernels (the custom-kernels example's), for the device backends.
+    duralumin_example_custom_kernels::register().expect("registering the user kernels");
     let world = universe.world();
     let mut comm = MpiCommunicator::new(&world).expect("communicator");
     mpirun::rank_case::start(comm.rank());
@@ -82,6 +84,7 @@ fn rank_main(program: &str) {
         ("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator)),
         ("nccl", nccl::run as fn(&MpiCommunicator, &SimpleCommunicator)),
         ("nccl_faults", nccl::faults as fn(&MpiCommunicator, &SimpleCommunicator)),
+        ("nccl_watchdog", nccl::watchdog as fn(&MpiCommunicator, &SimpleCommunicator)),
         ("nccl_missing", nccl::missing_library as fn(&MpiCommunicator, &SimpleCommunicator)),
     ]);
     for (name, group) in groups {

@@ -116,6 +116,51 @@ pub fn faults(_: &MpiCommunicator, world: &SimpleCommunicator) {
     drop(comm);
 }
 
+/// The watchdog: with rank 1's third call hanging (or failing asynchronously), ranks that queue
+/// work and never wait on the communicator, blocking in their own stream synchronization
+/// instead, are released by the watchdog's abort within the deadline; the first call after it
+/// reports the failure, later ones `Aborted`. (An asynchronous error may instead surface while
+/// a later call is queued, which polls for it: then that call returns it, as it should.)
+pub fn watchdog(_: &MpiCommunicator, world: &SimpleCommunicator) {
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
+    let stream = ctx.new_stream().expect("stream");
+    let mut comm = NcclCommunicator::new(world, dev.clone(), Arc::clone(&stream)).expect("NCCL communicator");
+    let deadline = std::time::Duration::from_secs(2);
+    comm.set_timeout(Some(deadline));
+    let mut x = dev.up(&stream, &[1.0f32; 64]);
+    let start = std::time::Instant::now();
+    let mut seen = None;
+    for _ in 0..5 {
+        if let Err(e) = comm.allreduce_in_place(&mut x, Sum) {
+            assert!(matches!(e, Error::Nccl { .. }), "queueing failed with {e}");
+            seen = Some(e);
+            break;
+        }
+    }
+    // The program's own wait, which knows nothing of NCCL: only an abort ends it.
+    stream.synchronize().expect("the stream drains once the communicator is aborted");
+    let took = start.elapsed();
+    println!("rank {}: stream released after {took:.1?}", comm.rank());
+    assert!(took < deadline + std::time::Duration::from_secs(8), "the release took {took:?}");
+    let wait_for = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !comm.is_aborted() && std::time::Instant::now() < wait_for {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(comm.is_aborted(), "the watchdog did not abort the communicator");
+    if seen.is_none() {
+        let first = comm.allreduce_in_place(&mut x, Sum).unwrap_err();
+        match &first {
+            Error::Timeout { op, seq, .. } => assert_eq!(*op, "allreduce_in_place", "{first} (#{seq})"),
+            Error::Nccl { .. } => {}
+            other => panic!("unexpected first error after the abort: {other}"),
+        }
+    }
+    let again = comm.synchronize().unwrap_err();
+    assert!(matches!(again, Error::Aborted { .. }), "{again}");
+    drop(comm);
+}
+
 /// Without a loadable NCCL (`DURALUMIN_NCCL` names a missing file in the trial), creating a
 /// communicator is a typed error on every rank, after they agreed: no panic, no hang.
 pub fn missing_library(_: &MpiCommunicator, world: &SimpleCommunicator) {

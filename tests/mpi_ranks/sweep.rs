@@ -44,7 +44,7 @@ pub fn run(c: &impl Backend, backend: &str) {
     movement::<Complex>(c);
     if c.runs_user_pairs() {
         reductions::<MinLoc, ArgMin>(c);
-        reductions::<Complex, ComplexSum>(c);
+        reductions::<Complex, Sum>(c);
         non_commutative(c);
     } else {
         user_pairs_refused::<MinLoc, ArgMin>(c);

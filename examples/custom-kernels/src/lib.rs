@@ -3,9 +3,10 @@
 //! This crate is what a user writes to reduce their own types on the GPU:
 //!
 //! 1. Elements and operators in a `no_std` crate (this one): [`MinLoc`] with [`ArgMin`] (the
-//!    value and rank/index of the minimum, like `MPI_MINLOC`) and [`Complex32`] with
+//!    value and rank/index of the minimum, like `MPI_MINLOC`), [`Complex32`] with
 //!    [`Sum`](duralumin_kernels::Sum) (complex addition: an impl of the builtin operator for a
-//!    new element).
+//!    new element), and [`Affine`] with [`Compose`] (composing maps `x -> a x + b`: associative
+//!    but not commutative, so the result depends on rank order, which every backend keeps).
 //! 2. One [`reduce_kernels!`](duralumin_kernels::reduce_kernels) invocation that stamps out the
 //!    GPU entry points for those pairs.
 //! 3. A build script that compiles the crate for NVIDIA (PTX) and AMD (code objects) with
@@ -72,9 +73,39 @@ impl ReduceOp<Complex32> for Sum {
     }
 }
 
+/// The affine map `x -> a x + b` over wrapping 64-bit integers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Affine {
+    /// Slope.
+    pub a: i64,
+    /// Offset.
+    pub b: i64,
+}
+
+impl Element for Affine {
+    const NAME: &'static str = "affine";
+}
+
+/// `combine(f, g) = g ∘ f`: the lower rank's map is applied first. Associative, not
+/// commutative (`COMMUTATIVE = false`), so a reduction must combine contributions in rank order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Compose;
+
+impl ReduceOp<Affine> for Compose {
+    const NAME: &'static str = "compose";
+    const COMMUTATIVE: bool = false;
+
+    #[inline(always)]
+    fn combine(f: Affine, g: Affine) -> Affine {
+        Affine { a: g.a.wrapping_mul(f.a), b: g.a.wrapping_mul(f.b).wrapping_add(g.b) }
+    }
+}
+
 duralumin_kernels::reduce_kernels! {
     MinLoc = "minloc" => [ArgMin = "argmin"];
     Complex32 = "c32" => [Sum = "sum"];
+    Affine = "affine" => [Compose = "compose"];
 }
 
 #[cfg(not(any(target_arch = "nvptx64", target_arch = "amdgpu")))]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use duralumin::device_code::{self, KernelName, ReduceKernel};
-use duralumin_example_custom_kernels::{ArgMin, Complex32, KERNELS, MinLoc, register};
+use duralumin_example_custom_kernels::{Affine, ArgMin, Complex32, Compose, KERNELS, MinLoc, register};
 use duralumin_kernels::grid::HostGrid;
 use duralumin_kernels::{Element, ReduceOp, Sum, bytemuck};
 
@@ -78,6 +78,22 @@ fn complex_sum_matches_the_reference() {
 }
 
 #[test]
+fn compose_matches_the_reference() {
+    // `g ∘ f` evaluated at 0 and 1 gives its offset and slope.
+    let apply = |m: Affine, x: i64| m.a.wrapping_mul(x).wrapping_add(m.b);
+    check::<Affine, Compose>(
+        |i| {
+            let i = i64::try_from(i % 1_000_003).unwrap();
+            Affine { a: i % 7 - 3, b: i.wrapping_mul(0x9e37_79b9) }
+        },
+        |f, g| {
+            let b = apply(g, apply(f, 0));
+            Affine { a: apply(g, apply(f, 1)).wrapping_sub(b), b }
+        },
+    );
+}
+
+#[test]
 fn kernels_are_registered_and_found_by_name() {
     register().unwrap();
     register().unwrap();
@@ -101,7 +117,7 @@ fn kernels_are_registered_and_found_by_name() {
         }
     }
     // The user module holds only its own kernels; the builtin ones stay in the builtin module.
-    assert_eq!(KERNELS.entries.len(), 6);
+    assert_eq!(KERNELS.entries.len(), 9);
     assert_eq!(KERNELS.amdgpu.len(), 3);
     let builtin = device_code::find_reduce_ptx::<f32, Sum>(ReduceKernel::Reduce).unwrap();
     assert_eq!(builtin.module.crate_name, "duralumin-kernels");

@@ -8,7 +8,7 @@ use duralumin_kernels::{Element, ReduceOp};
 use super::datatype::native;
 use super::launch::{Launch, Piece};
 use super::ops::{Block, Reduction, blocks_of};
-use super::{NcclCommunicator, NcclDevice, NcclRequest};
+use super::{NcclCommunicator, NcclDevice, NcclRequest, Tracked};
 use crate::backends::mpi::{AllreduceAlgorithm, BcastAlgorithm};
 use crate::check;
 use crate::device::{DeviceSlice, DeviceSliceMut, KeepAlive, ReduceFns};
@@ -44,9 +44,9 @@ macro_rules! stream_ordered_and_nonblocking {
             let side = self.side_stream()?;
             self.device.join(side, &self.stream)?;
             let $me = self;
-            self.run(side, stringify!($name), &keep, |$l| $body)?;
+            let done = self.run(side, stringify!($name), &keep, |$l| $body)?;
             $(uses::$kind::<D, _>($buf);)*
-            Ok(NcclRequest::new(self, side))
+            Ok(NcclRequest::new(self, done))
         }
     )*};
 }
@@ -72,13 +72,14 @@ mod uses {
 impl<D: NcclDevice> NcclCommunicator<D> {
     /// Checks and queues one operation on `stream`: `body` checks its arguments first (nothing
     /// queued on error), then queues its work; the buffers' home streams are ordered around it.
+    /// Returns the operation's completion event (which the watchdog watches too) and name.
     fn run(
         &self,
         stream: &D::Stream,
         op: &'static str,
         keep: &[KeepAlive],
         body: impl FnOnce(&mut Launch<'_, D>) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Tracked<D>> {
         let mut launch = Launch::new(self, stream)?;
         self.device.acquire(stream, keep)?;
         self.note(op);
@@ -89,7 +90,8 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             self.abort_with(format!("{op} failed on rank {}: {e}", self.rank));
         }
         self.device.release(stream, keep)?;
-        queued
+        queued?;
+        self.track(stream)
     }
 
     fn check_buffer<B: DeviceSlice<D> + ?Sized>(&self, what: &'static str, buf: &B) -> Result<()> {
@@ -634,7 +636,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     /// Barrier, stream-ordered: work queued after it runs once every rank has reached it (an
     /// allreduce of one word).
     pub fn barrier(&self) -> Result<()> {
-        self.run(&self.stream, "barrier", &[], |l| l.barrier())
+        self.run(&self.stream, "barrier", &[], |l| l.barrier()).map(drop)
     }
 
     /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of `recvs`,

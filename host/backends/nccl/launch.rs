@@ -59,7 +59,9 @@ impl<'c, D: NcclDevice> Launch<'c, D> {
         if calls.is_empty() {
             return Ok(());
         }
-        let comm = self.comm.live()?;
+        // Held through the group: the watchdog cannot abort the communicator under a call.
+        let live = self.comm.live()?;
+        let comm = live.comm();
         let (nccl, raw) = (self.comm.nccl(), self.comm.device.raw_stream(self.stream));
         nccl.group_start()?;
         let mut queued = Ok(());
@@ -67,7 +69,7 @@ impl<'c, D: NcclDevice> Launch<'c, D> {
             // SAFETY: every call's buffers were checked by the operation's planner to be device
             // memory of this device holding what the call reads and writes; the operation's
             // borrows (or the stream-ordered contract) keep them valid until the stream has
-            // run it; the communicator is live and used by this thread only.
+            // run it; the communicator is live and locked by this thread.
             queued = unsafe { nccl.queue(call, comm, raw) };
             if queued.is_err() {
                 break;

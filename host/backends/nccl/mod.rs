@@ -18,9 +18,11 @@ mod datatype;
 mod launch;
 mod ops;
 mod request;
+mod watch;
 
 use std::cell::{Cell, OnceCell};
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use request::NcclRequest;
@@ -34,6 +36,17 @@ use crate::ffi::nccl::{self, Comm, Flavor, Nccl, UniqueId};
 /// [`CudaDevice`](crate::device::cuda::CudaDevice) and `HipDevice`; the methods are the
 /// device-memory primitives the backend is written over, not for use outside Duralumin.
 pub trait NcclDevice: Device + Clone {
+    /// The driver's event.
+    #[doc(hidden)]
+    type Event: Send + Sync + 'static;
+    #[doc(hidden)]
+    fn new_event(&self) -> Result<Self::Event>;
+    #[doc(hidden)]
+    fn record_event(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    #[doc(hidden)]
+    fn event_done(&self, event: &Self::Event) -> Result<bool>;
+    #[doc(hidden)]
+    fn wait_event(&self, waiter: &Self::Stream, event: &Self::Event) -> Result<()>;
     #[doc(hidden)]
     fn raw_stream(&self, stream: &Self::Stream) -> *mut c_void;
     #[doc(hidden)]
@@ -79,7 +92,8 @@ const DEFAULT_INIT_DEADLINE: Duration = Duration::from_secs(120);
 /// a communicator). Dropping it waits for its work and finalizes the NCCL communicator.
 pub struct NcclCommunicator<D: NcclDevice> {
     nccl: &'static Nccl,
-    comm: Cell<Comm>,
+    /// The NCCL handle and the operations in flight, shared with the watchdog.
+    watch: Arc<watch::Watch<D>>,
     device: D,
     stream: D::Stream,
     side: OnceCell<D::Stream>,
@@ -87,14 +101,13 @@ pub struct NcclCommunicator<D: NcclDevice> {
     rank: usize,
     size: usize,
     timeout: Option<Duration>,
-    /// Why the communicator was aborted, once it was.
-    aborted: std::cell::RefCell<Option<String>>,
     /// The last operation queued, and its number, for timeout reports.
     last: Cell<(&'static str, u64)>,
 }
 
-// SAFETY: the NCCL communicator may be used from any thread, one at a time; the type is not
-// `Sync` (its `Cell`s), so one thread at a time holds it. The device and streams are `Send`.
+// SAFETY: the NCCL communicator may be used from any thread, one at a time (its handle is
+// behind the watch's lock); the type is not `Sync` (its `Cell`s), so one thread at a time holds
+// it. The device and streams are `Send`.
 unsafe impl<D: NcclDevice> Send for NcclCommunicator<D> {}
 
 impl<D: NcclDevice> std::fmt::Debug for NcclCommunicator<D> {
@@ -195,7 +208,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         };
         Ok(NcclCommunicator {
             nccl,
-            comm: Cell::new(raw),
+            watch: watch::Watch::start(nccl, device.clone(), rank, raw, timeout),
             device,
             stream,
             side: OnceCell::new(),
@@ -203,7 +216,6 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             rank,
             size,
             timeout,
-            aborted: std::cell::RefCell::new(None),
             last: Cell::new(("no operation", 0)),
         })
     }
@@ -243,22 +255,26 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         format!("{} {}", self.nccl.name(), nccl::version_text(self.nccl.version()))
     }
 
-    /// How long [`synchronize`](Self::synchronize) and a request's wait may take before the
-    /// communicator is aborted ([`Error::Timeout`]); `None` waits without end. The Mpi
-    /// communicator's (`DURALUMIN_TIMEOUT`) by default.
+    /// The deadline: how long [`synchronize`](Self::synchronize) and a request's wait may
+    /// take, and how long the device may make no progress on the communicator's operations
+    /// while nobody waits (the watchdog's limit), before the communicator is aborted
+    /// ([`Error::Timeout`]); `None`: no deadline (asynchronous NCCL errors still abort it).
+    /// The Mpi communicator's (`DURALUMIN_TIMEOUT`) by default.
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
     }
 
-    /// Sets the deadline of waits.
+    /// Sets the deadline.
     pub fn set_timeout(&mut self, timeout: Option<Duration>) {
         self.timeout = timeout;
+        self.watch.set_timeout(timeout);
     }
 
     /// Whether the communicator was aborted (after a timeout, an asynchronous NCCL error, or
-    /// [`abort`](Self::abort)); every later call fails with [`Error::Aborted`].
+    /// [`abort`](Self::abort)), by a call or by the watchdog; every later call fails with
+    /// [`Error::Aborted`] (the first one after a watchdog abort with the abort's error).
     pub fn is_aborted(&self) -> bool {
-        self.aborted.borrow().is_some()
+        self.watch.is_aborted()
     }
 
     /// A new communicator of the same ranks (`ncclCommSplit` with one color), on the same
@@ -275,10 +291,11 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     }
 
     fn split_with(&self, color: Option<u32>, key: i32) -> Result<Option<Self>> {
-        let comm = self.live()?;
+        let live = self.live()?;
         self.device.bind()?;
-        // SAFETY: a live, ready communicator used by this thread only.
-        let raw = unsafe { self.nccl.split(comm, color, key) }?;
+        // SAFETY: a live, ready communicator, locked.
+        let raw = unsafe { self.nccl.split(live.comm(), color, key) }?;
+        drop(live);
         let mpi = self.mpi.split(color, key)?;
         match (raw, mpi) {
             (Some(raw), Some(mpi)) => Self::ready(
@@ -317,23 +334,35 @@ impl<D: NcclDevice> NcclCommunicator<D> {
 
     /// Waits for `stream`, polling the communicator's asynchronous error.
     pub(crate) fn wait_stream(&self, stream: &D::Stream) -> Result<()> {
-        let comm = self.live()?;
+        self.wait_until(|| self.device.query(stream), self.last.get())
+    }
+
+    /// Waits for operation `t` to complete.
+    pub(crate) fn wait_tracked(&self, t: &Tracked<D>) -> Result<()> {
+        self.wait_until(|| self.device.event_done(&t.done), (t.op, t.seq))
+    }
+
+    /// Polls `done` until it says yes, with the communicator's asynchronous error and
+    /// deadline; a failure aborts the communicator and names `op` #`seq`.
+    fn wait_until(&self, done: impl Fn() -> Result<bool>, (op, seq): (&'static str, u64)) -> Result<()> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(5);
         loop {
-            let done = self.device.query(stream)?;
-            // SAFETY: a live communicator.
-            if let Err(e) = unsafe { self.nccl.async_error(comm) } {
+            let finished = done()?;
+            let live = self.live()?;
+            // SAFETY: the live communicator, locked.
+            let failed = unsafe { self.nccl.async_error(live.comm()) };
+            drop(live);
+            if let Err(e) = failed {
                 self.abort_with(format!("asynchronous NCCL error: {e}"));
                 return Err(e);
             }
-            if done {
+            if finished {
                 return Ok(());
             }
             if let Some(t) = self.timeout
                 && start.elapsed() > t
             {
-                let (op, seq) = self.last.get();
                 let report = format!(
                     "rank {}: the device had not finished {op} #{seq} (or work queued before it); \
                      the NCCL communicator was aborted",
@@ -355,27 +384,18 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     }
 
     pub(crate) fn abort_with(&self, reason: String) {
-        let mut aborted = self.aborted.borrow_mut();
-        if aborted.is_some() {
-            return;
-        }
-        tracing::warn!(rank = self.rank, "aborting the NCCL communicator: {reason}");
-        let comm = self.comm.replace(std::ptr::null_mut());
-        if !comm.is_null() {
-            // SAFETY: the live communicator, not used again (its handle is cleared).
-            if let Err(e) = unsafe { self.nccl.abort(comm) } {
-                tracing::warn!("ncclCommAbort: {e}");
-            }
-        }
-        *aborted = Some(reason);
+        self.watch.abort(reason, None);
     }
 
-    /// The NCCL communicator, or [`Error::Aborted`].
-    pub(crate) fn live(&self) -> Result<Comm> {
-        if let Some(reason) = self.aborted.borrow().as_ref() {
-            return Err(Error::Aborted { reason: reason.clone() });
-        }
-        Ok(self.comm.get())
+    /// The NCCL communicator, locked for this thread's calls; after an abort, the error.
+    pub(crate) fn live(&self) -> Result<watch::Live<'_, D>> {
+        self.watch.live()
+    }
+
+    /// Marks the completion of the operation just queued on `stream` (the last noted).
+    pub(crate) fn track(&self, stream: &D::Stream) -> Result<Tracked<D>> {
+        let (op, seq) = self.last.get();
+        Ok(Tracked { done: self.watch.track(op, seq, stream)?, op, seq })
     }
 
     /// The internal stream of non-blocking operations (made on first use).
@@ -403,18 +423,23 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     }
 }
 
+/// An operation queued, with the event that marks its completion.
+pub(crate) struct Tracked<D: NcclDevice> {
+    pub(crate) done: Arc<D::Event>,
+    pub(crate) op: &'static str,
+    pub(crate) seq: u64,
+}
+
 impl<D: NcclDevice> Drop for NcclCommunicator<D> {
     fn drop(&mut self) {
-        let Ok(comm) = self.live() else { return };
+        if self.is_aborted() {
+            return;
+        }
         if let Err(e) = self.synchronize() {
             tracing::warn!("NCCL communicator dropped with failed work: {e}");
             return;
         }
-        // SAFETY: the live communicator, idle, not used again.
-        if let Err(e) = unsafe { self.nccl.finalize(comm, Some(self.deadline())) } {
-            tracing::warn!("finalizing the NCCL communicator: {e}; aborting it");
-            self.abort_with(format!("finalize failed: {e}"));
-        }
+        self.watch.finalize(self.deadline());
     }
 }
 

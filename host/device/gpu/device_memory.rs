@@ -59,7 +59,7 @@ impl<R: Driver> Gpu<R> {
             return Ok(());
         }
         self.bind()?;
-        let reduce = self.function(op.reduce.as_str())?;
+        let reduce = self.reduce_kernel(op)?;
         let (mut d, mut s, mut n) = (dst.0, src.0, len);
         let mut args = [arg(&mut d), arg(&mut s), arg(&mut n)];
         // SAFETY: reduce kernels take `(dst, src, n)` over `n` elements of the operator's type;
@@ -78,12 +78,11 @@ impl<R: Driver> Gpu<R> {
         len: usize,
         op: &ReduceFns,
     ) -> Result<()> {
-        let Some(finish) = op.finish else { return Ok(()) };
-        if len == 0 {
+        if op.finish.is_none() || len == 0 {
             return Ok(());
         }
         self.bind()?;
-        let finish = self.function(finish.as_str())?;
+        let Some(finish) = self.finish_kernel(op)? else { return Ok(()) };
         let (mut d, mut n, mut ranks) = (dst.0, len, op.ranks);
         let mut args = [arg(&mut d), arg(&mut n), arg(&mut ranks)];
         // SAFETY: finish kernels take `(dst, n, ranks: u32)`; `dst` holds `len` elements.

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use duralumin_kernels::names::fixed;
 
 pub(crate) use self::hold::{Home, released};
-use super::DevicePtr;
+use super::{DevicePtr, HostFinishFn, HostReduceFn, ReduceFns};
 use crate::device_code::KernelModule;
 use crate::error::{Error, Result};
 use arg_lists::ArgLists;
@@ -81,6 +81,16 @@ pub(crate) fn arg<T>(value: &mut T) -> *mut c_void {
     (value as *mut T).cast()
 }
 
+/// A kernel's host body, which a driver simulator can run in the kernel's place (see
+/// [`Driver::offer_host_body`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum HostBody {
+    /// A reduce kernel, `(dst, src, n)`.
+    Reduce { elem_size: usize, run: HostReduceFn },
+    /// A finish kernel, `(dst, n, ranks)`.
+    Finish { elem_size: usize, run: HostFinishFn },
+}
+
 /// The primitives of one GPU driver API, for one device. Cloning gives another handle to the
 /// same device (the handle [`Driver::drained`] and unloading use on other threads).
 ///
@@ -93,6 +103,8 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     type Module: Send + 'static;
     /// A kernel of a loaded module.
     type Function: Clone + Send + 'static;
+    /// A completion marker recorded on a stream; destroyed when dropped.
+    type Event: Send + Sync + 'static;
     /// What a module is loaded from (PTX text, a code object).
     type Image: Copy;
 
@@ -184,6 +196,10 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     fn load_module(&self, image: Self::Image) -> Result<Self::Module>;
     /// A kernel of a loaded module.
     fn get_function(&self, module: &Self::Module, entry: &str) -> Result<Self::Function>;
+    /// Hands the host body of kernel `entry` to a driver simulator (cudasim), which runs it
+    /// when `entry` is a user kernel; called before the kernel is first loaded. Real drivers
+    /// have no such hook: nothing happens.
+    fn offer_host_body(&self, _entry: &str, _body: HostBody) {}
     /// Queues `function` on `blocks` × `threads` threads.
     ///
     /// # Safety
@@ -227,6 +243,14 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
 
     /// Makes `waiter` wait for the work queued on `stream` so far (an event).
     fn join(&self, waiter: &Self::Stream, stream: &Self::Stream) -> Result<()>;
+    /// A new event (no timing).
+    fn new_event(&self) -> Result<Self::Event>;
+    /// Records `event` on `stream`: it completes once the work queued there so far has run.
+    fn record_event(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    /// Whether the work `event` was last recorded after has run (an event never recorded has).
+    fn event_done(&self, event: &Self::Event) -> Result<bool>;
+    /// Makes `waiter` wait for the work `event` was last recorded after.
+    fn wait_event(&self, waiter: &Self::Stream, event: &Self::Event) -> Result<()>;
     /// Blocks until the work queued on `stream` so far has run.
     fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
     /// Whether the work queued on `stream` so far has run.
@@ -393,12 +417,33 @@ impl<R: Driver> Gpu<R> {
 
     /// The kernel `entry` of a registered module, loaded on this device on first use.
     pub(crate) fn function(&self, entry: &str) -> Result<R::Function> {
+        self.function_with(entry, None)
+    }
+
+    /// The reduce kernel of `op`.
+    pub(crate) fn reduce_kernel(&self, op: &ReduceFns) -> Result<R::Function> {
+        let body = HostBody::Reduce { elem_size: op.elem_size, run: op.host_reduce };
+        self.function_with(op.reduce.as_str(), Some(body))
+    }
+
+    /// The finish kernel of `op`, if it has one.
+    pub(crate) fn finish_kernel(&self, op: &ReduceFns) -> Result<Option<R::Function>> {
+        let (Some(name), Some(run)) = (op.finish, op.host_finish) else { return Ok(None) };
+        self.function_with(name.as_str(), Some(HostBody::Finish { elem_size: op.elem_size, run })).map(Some)
+    }
+
+    /// Kernel `entry`, loaded on first use (its host body, if given, offered to the driver
+    /// first).
+    fn function_with(&self, entry: &str, body: Option<HostBody>) -> Result<R::Function> {
         let mut functions = self.inner.functions.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(f) = functions.get(entry) {
             return Ok(f.clone());
         }
         let driver = &self.inner.driver;
         let (image, key, name) = driver.find(entry)?;
+        if let Some(body) = body {
+            driver.offer_host_body(name, body);
+        }
         let f = {
             let mut modules = self.inner.modules.lock().unwrap_or_else(PoisonError::into_inner);
             let module = match modules.entry(key) {
@@ -457,10 +502,8 @@ impl<R: Driver> Gpu<R> {
     }
 
     /// Whether the reduction kernels of `op` load here.
-    pub(crate) fn can_reduce(&self, op: &super::ReduceFns) -> bool {
-        self.bind().is_ok()
-            && self.function(op.reduce.as_str()).is_ok()
-            && op.finish.is_none_or(|f| self.function(f.as_str()).is_ok())
+    pub(crate) fn can_reduce(&self, op: &ReduceFns) -> bool {
+        self.bind().is_ok() && self.reduce_kernel(op).is_ok() && self.finish_kernel(op).is_ok()
     }
 
     pub(crate) fn join(&self, waiter: &R::Stream, stream: &R::Stream) -> Result<()> {
@@ -471,6 +514,28 @@ impl<R: Driver> Gpu<R> {
         }
         self.bind()?;
         self.inner.driver.join(waiter, stream)
+    }
+
+    pub(crate) fn new_event(&self) -> Result<R::Event> {
+        self.bind()?;
+        self.inner.driver.new_event()
+    }
+
+    pub(crate) fn record_event(&self, event: &R::Event, stream: &R::Stream) -> Result<()> {
+        self.check_stream(stream)?;
+        self.bind()?;
+        self.inner.driver.record_event(event, stream)
+    }
+
+    pub(crate) fn event_done(&self, event: &R::Event) -> Result<bool> {
+        self.bind()?;
+        self.inner.driver.event_done(event)
+    }
+
+    pub(crate) fn wait_event(&self, waiter: &R::Stream, event: &R::Event) -> Result<()> {
+        self.check_stream(waiter)?;
+        self.bind()?;
+        self.inner.driver.wait_event(waiter, event)
     }
 
     pub(crate) fn synchronize(&self, stream: &R::Stream) -> Result<()> {
@@ -486,14 +551,29 @@ impl<R: Driver> Gpu<R> {
     }
 }
 
-/// Implements [`super::Device`] for a public GPU device type holding a [`Gpu`] in a field
-/// named `gpu`, by forwarding every method; `$stream` is its driver's stream type.
+/// Implements [`super::Device`] (and the NCCL backend's device trait) for a public GPU device
+/// type holding a [`Gpu`] in a field named `gpu`, by forwarding every method; `$stream` and
+/// `$event` are its driver's stream and event types.
 macro_rules! gpu_device {
-    ($device:ty, $stream:ty) => {
+    ($device:ty, $stream:ty, $event:ty) => {
         impl $crate::device::sealed::Sealed for $device {}
 
         #[cfg(any(feature = "cuda", feature = "hip"))]
         impl $crate::backends::nccl::NcclDevice for $device {
+            type Event = $event;
+
+            fn new_event(&self) -> $crate::error::Result<Self::Event> {
+                self.gpu.new_event()
+            }
+            fn record_event(&self, event: &Self::Event, stream: &Self::Stream) -> $crate::error::Result<()> {
+                self.gpu.record_event(event, stream)
+            }
+            fn event_done(&self, event: &Self::Event) -> $crate::error::Result<bool> {
+                self.gpu.event_done(event)
+            }
+            fn wait_event(&self, waiter: &Self::Stream, event: &Self::Event) -> $crate::error::Result<()> {
+                self.gpu.wait_event(waiter, event)
+            }
             fn raw_stream(&self, stream: &Self::Stream) -> *mut std::ffi::c_void {
                 self.gpu.raw_stream(stream)
             }

@@ -23,8 +23,8 @@ impl<R: Driver> Gpu<R> {
         }
         let row = op.row_bytes(rows, len)?;
         self.bind()?;
-        let reduce = self.function(op.reduce.as_str())?;
-        let finish = op.finish.map(|f| self.function(f.as_str())).transpose()?;
+        let reduce = self.reduce_kernel(&op)?;
+        let finish = self.finish_kernel(&op)?;
         let mapped = self.mapped(src.cast_mut())?;
         // SAFETY: the caller guarantees `dst` holds `len` elements and `src` `rows * len` of
         // pinned memory, both valid and untouched by others until the work has run.

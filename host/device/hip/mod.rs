@@ -181,7 +181,7 @@ impl HipDevice {
     }
 }
 
-gpu_device!(HipDevice, HipStream);
+gpu_device!(HipDevice, HipStream, HipEvent);
 
 /// The HIP runtime primitives, for one device.
 #[derive(Clone)]
@@ -228,6 +228,7 @@ impl Driver for Hip {
     type Module = Module;
     type Function = Function;
     type Image = &'static [u8];
+    type Event = HipEvent;
 
     const API: &'static str = "hip";
     const HOST_FN: &'static str = "hipStreamAddCallback";
@@ -390,8 +391,28 @@ impl Driver for Hip {
         now < value && value <= MEMOP_WAIT_MAX
     }
 
+    fn new_event(&self) -> Result<HipEvent> {
+        result::set_device(self.ordinal)?;
+        Ok(HipEvent { raw: result::event_create()?, ordinal: self.ordinal })
+    }
+
+    fn record_event(&self, event: &HipEvent, stream: &HipStream) -> Result<()> {
+        // SAFETY: a live event and stream of this device.
+        unsafe { result::event_record(event.raw, stream.raw()) }
+    }
+
+    fn event_done(&self, event: &HipEvent) -> Result<bool> {
+        // SAFETY: a live event.
+        unsafe { result::event_query(event.raw) }
+    }
+
+    fn wait_event(&self, waiter: &HipStream, event: &HipEvent) -> Result<()> {
+        // SAFETY: a live stream and event of this device.
+        unsafe { result::stream_wait_event(waiter.raw(), event.raw) }
+    }
+
     fn join(&self, waiter: &HipStream, stream: &HipStream) -> Result<()> {
-        let event = Event { raw: result::event_create()?, ordinal: self.ordinal };
+        let event = HipEvent { raw: result::event_create()?, ordinal: self.ordinal };
         // SAFETY: a live event and streams of this device.
         unsafe { result::event_record(event.raw, stream.raw()) }?;
         // SAFETY: as above; the wait keeps what it needs after the event is destroyed.
@@ -475,13 +496,20 @@ impl HipStream {
     }
 }
 
-/// An event recorded on one stream for another to wait on; destroyed on drop.
-struct Event {
+/// An event of a HIP device, recorded on one stream for another (or the host) to wait on;
+/// destroyed on drop.
+#[derive(Debug)]
+pub struct HipEvent {
     raw: sys::hipEvent_t,
     ordinal: usize,
 }
 
-impl Drop for Event {
+// SAFETY: a HIP event handle may be recorded, queried, waited on and destroyed from any thread.
+unsafe impl Send for HipEvent {}
+// SAFETY: as above; every use goes through the runtime, which synchronizes.
+unsafe impl Sync for HipEvent {}
+
+impl Drop for HipEvent {
     fn drop(&mut self) {
         // SAFETY: created by `event_create`; a wait queued on it keeps what it needs.
         record_hip(self.ordinal, unsafe { result::event_destroy(self.raw) });

@@ -188,6 +188,18 @@ pub(super) unsafe fn event_record(event: sys::hipEvent_t, stream: sys::hipStream
     check("hipEventRecord", unsafe { sys::hipEventRecord(event, stream) })
 }
 
+/// `hipEventQuery`: whether the work the event was recorded after has run.
+///
+/// # Safety
+/// A live event.
+pub(super) unsafe fn event_query(event: sys::hipEvent_t) -> Result<bool> {
+    // SAFETY: guaranteed by the caller.
+    match unsafe { sys::hipEventQuery(event) } {
+        sys::NOT_READY => Ok(false),
+        status => check("hipEventQuery", status).map(|()| true),
+    }
+}
+
 /// `hipEventDestroy`.
 ///
 /// # Safety

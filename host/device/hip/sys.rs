@@ -50,6 +50,7 @@ unsafe extern "C" {
     pub fn hipStreamDestroy(stream: hipStream_t) -> Status;
     pub fn hipStreamSynchronize(stream: hipStream_t) -> Status;
     pub fn hipStreamQuery(stream: hipStream_t) -> Status;
+    pub fn hipEventQuery(event: hipEvent_t) -> Status;
     pub fn hipStreamWaitEvent(stream: hipStream_t, event: hipEvent_t, flags: c_uint) -> Status;
     pub fn hipStreamAddCallback(
         stream: hipStream_t,
