@@ -26,9 +26,11 @@
 #   whole-buffer staging vs bulk-synchronous vs device reduction, fraction of copy bandwidth,
 #   enqueue time, stream-wait release latency of both flag paths, at np = 1 and 2;
 # * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/mpi_ranks
-#   (trials nccl_np1..3) runs the whole sweep on the NCCL backend, then benches/nccl.rs at
-#   np = 1, 2, 3 (enqueue time, busbw against direct ncclAllReduce, u32 BitXor through the Rust
-#   kernels against f32 Sum, HostTransfer). The ranks share the GPU, which NCCL refuses as
+#   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
+#   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels
+#   reducing over NCCL) at np = 2, then benches/nccl.rs at np = 1, 2, 3 (enqueue time, busbw
+#   against direct ncclAllReduce, u32 BitXor through the Rust kernels against f32 Sum,
+#   HostTransfer). The ranks share the GPU, which NCCL refuses as
 #   "duplicate GPU" unless told otherwise: NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 are
 #   set, and when a run fails it is tried again with a different NCCL_HOSTID per rank (NCCL
 #   then takes the ranks for separate hosts and connects them through its socket transport).
@@ -51,7 +53,8 @@ bundle() {
       cargo bench --bench host_transfer_gpu --bench nccl --no-run --message-format=json 2>/dev/null; } | python3 -c '
 import json, sys
 names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu", "mpi_ranks": "mpi_ranks",
-         "host_transfer_gpu": "host_transfer_gpu", "nccl": "nccl_bench", "05-cuda-stream": "cuda_stream_example"}
+         "host_transfer_gpu": "host_transfer_gpu", "nccl": "nccl_bench", "05-cuda-stream": "cuda_stream_example",
+         "06-nccl-custom-kernels": "nccl_custom_kernels_example"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -180,6 +183,12 @@ nccl_stages() {
         if grep -q 'nccl_np1 ... ignored' "$log"; then
             echo "SKIPPED: the nccl sweep found no device or no NCCL" >>"$log"
         fi
+        # The user's kernels reducing over NCCL (example 06), with the sweep's host ids if
+        # it needed them.
+        local per_rank=()
+        [ -n "${nccl_hostids:-}" ] && per_rank=("$wrap/rank")
+        stage "example 06-nccl-custom-kernels np 2" 120 "${nccl_env[@]}" \
+            mpirun --oversubscribe --bind-to none -np 2 ${per_rank[@]+"${per_rank[@]}"} "$b/nccl_custom_kernels_example"
     fi
     if [ "$half" != sweep ]; then
         local np

@@ -1,8 +1,8 @@
 //! The numbered examples, each run to its end under `mpirun` (as a user would run them) and
 //! checked for its `ok`: the Mpi backend (01, 02), HostTransfer on the host device (04), and
-//! HostTransfer on CUDA from a stream alone (05) on the CUDA driver simulator, ignored when
-//! the simulator was not built unless `DURALUMIN_REQUIRE_CUDASIM=1`, and on a GPU when there
-//! is one. (03, the ULFM recovery, is `tests/ulfm.rs`'s.)
+//! HostTransfer on CUDA from a stream alone (05) and the NCCL backend with a user's GPU
+//! kernels (06) on the CUDA driver simulator (and its NCCL), ignored when the simulator was not
+//! built unless `DURALUMIN_REQUIRE_CUDASIM=1`, and on a GPU (with NCCL) when there is one. (03, the ULFM recovery, is `tests/ulfm.rs`'s.)
 
 #[path = "common/mpirun.rs"]
 mod mpirun;
@@ -49,17 +49,27 @@ fn main() {
     {
         let sim = mpirun::cudasim_dir();
         let required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
-        let dir = sim.clone();
-        trials.push(
-            Trial::test("05-cuda-stream_cudasim_np2", move || {
+        let on_sim = |trial: &'static str, example: &'static str, np: usize| {
+            let dir = sim.clone();
+            Trial::test(trial, move || {
                 let dir =
                     dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                run("05-cuda-stream", 2, &[("LD_LIBRARY_PATH", mpirun::library_path_with(&dir))])
+                run(example, np, &[("LD_LIBRARY_PATH", mpirun::library_path_with(&dir))])
             })
-            .with_ignored_flag(sim.is_none() && !required),
-        );
+            .with_ignored_flag(sim.is_none() && !required)
+        };
+        trials.push(on_sim("05-cuda-stream_cudasim_np2", "05-cuda-stream", 2));
+        // The NCCL backend with the user's kernels, on ncclsim (cudasim's NCCL).
+        trials.push(on_sim("06-nccl-custom-kernels_ncclsim_np3", "06-nccl-custom-kernels", 3));
         let gpu = duralumin::device::cuda::device_count() > 0;
         trials.push(Trial::test("05-cuda-stream_gpu_np2", || run("05-cuda-stream", 2, &[])).with_ignored_flag(!gpu));
+        let nccl = gpu && duralumin::backends::nccl::library_present();
+        trials.push(
+            Trial::test("06-nccl-custom-kernels_gpu_np2", || {
+                run("06-nccl-custom-kernels", 2, &[("NCCL_MULTI_RANK_GPU_ENABLE", "1".into())])
+            })
+            .with_ignored_flag(!nccl),
+        );
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -37,9 +37,10 @@
 //!
 //! # ncclsim
 //!
-//! The same library is also a simulated NCCL (the C API of `libnccl.so.2`, version 2.27.3, or
-//! `NCCLSIM_VERSION`): linked under that name next to `libcuda.so`, it is loaded once and its
-//! communicators queue their work on the simulator's streams and check the simulator's memory.
+//! The same library is also a simulated NCCL (the C API of `libnccl.so.2`, version 2.28.9, or
+//! `NCCLSIM_VERSION`, below 2.28 refusing `ncclAlltoAll`, `ncclGather` and `ncclScatter` as a
+//! library without them would): linked under that name next to `libcuda.so`, it is loaded once
+//! and its communicators queue their work on the simulator's streams and check the simulator's memory.
 //! Ranks are processes (under `mpirun`) or threads: each communicator connects to its peers over
 //! Unix domain sockets in `${NCCLSIM_DIR:-/tmp}/ncclsim-<id>/` (waiting `NCCLSIM_INIT_TIMEOUT`
 //! seconds, default 60, for them), and every collective sends its header and contribution to
@@ -55,6 +56,8 @@
 //! * all ranks call the same collectives in the same order with the same kind, count, type,
 //!   operator and root; sends and receives match per peer pair in order, count, type and group;
 //! * at most 2048 operations per group; one thread at a time in calls on a communicator;
+//! * send and receive ranges overlap only as the operation's in-place form (none for
+//!   all-to-all), at the call (`ncclInvalidArgument`);
 //! * buffers lie in live allocations (at the call: `ncclInvalidArgument`; when the work runs: a
 //!   fault, as the simulator reports faults), as do ranks, roots, types and operators;
 //! * work that waits 20 s for a peer is reported as a likely hang (and waits on, as NCCL does,

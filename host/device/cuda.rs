@@ -114,6 +114,36 @@ impl CudaDevice {
     pub fn flag_path(&self) -> FlagPath {
         self.gpu.flag_path()
     }
+
+    /// A new buffer of this device holding `data`, copied in `stream`'s order. Any
+    /// [`Element`], a user's `#[repr(C)]` Pod struct included (cudarc's `clone_htod` takes its
+    /// own `DeviceRepr` types only). [`Error::WrongDevice`] for a stream of another context.
+    pub fn upload<T: Element>(&self, stream: &Arc<CudaStream>, data: &[T]) -> Result<CudaSlice<T>> {
+        self.gpu.check_stream(stream)?;
+        let bytes = bytemuck::cast_slice::<T, u8>(data);
+        // At least one byte, so an empty buffer has an address too.
+        let raw = if bytes.is_empty() { stream.alloc_zeros::<u8>(1) } else { stream.clone_htod(bytes) }
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        let ptr = raw.leak();
+        // SAFETY: `ptr` is a live allocation of the stream's context holding `data.len()`
+        // elements of `T` (their bytes, copied in stream order before any later use); the
+        // returned slice owns it from here on and frees it when dropped.
+        Ok(unsafe { stream.upgrade_device_ptr::<T>(ptr, data.len()) })
+    }
+
+    /// The contents of `buf` once the work queued on `stream` so far has run (the host waits).
+    /// Any [`Element`], as [`upload`](Self::upload).
+    pub fn download<T: Element>(&self, stream: &Arc<CudaStream>, buf: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.gpu.check_stream(stream)?;
+        let mut out: Vec<T> = vec![bytemuck::Zeroable::zeroed(); buf.len()];
+        let bytes = bytemuck::cast_slice_mut::<T, u8>(&mut out);
+        // SAFETY: any bytes are valid `u8`s; the view covers exactly `buf`'s elements.
+        let view = unsafe { buf.transmute::<u8>(bytes.len()) }
+            .ok_or_else(|| Error::device("download", "the buffer is shorter than its length says"))?;
+        stream.memcpy_dtoh(&view, bytes).map_err(driver("cuMemcpyDtoHAsync"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        Ok(out)
+    }
 }
 
 gpu_device!(CudaDevice, Arc<CudaStream>, CudaEvent);

@@ -59,8 +59,9 @@ pub fn main() {
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }
         // The NCCL backend on a GPU with a real NCCL (ignored without them), and on cudasim
-        // with its NCCL, ncclsim, at 1..5 ranks; at 2 ranks also as an NCCL that returns
-        // `ncclInProgress` late (NCCLSIM_VERSION keeps the grouped paths).
+        // with its NCCL, ncclsim (2.28: native all-to-all, gather and scatter), at 1..5 ranks;
+        // at 2 and 5 ranks also as NCCL 2.27, which has none of those (grouped sends and
+        // receives instead; ncclsim refuses the native calls there).
         let nccl_gpu = gpu && duralumin::backends::nccl::library_present();
         trials
             .extend((1..=3).map(|np| {
@@ -72,6 +73,19 @@ pub fn main() {
                 let dir =
                     dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
                 launch_with(np, "nccl", &[("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir))], timeout())
+            });
+            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+        }
+        for np in [2, 5] {
+            let dir = sim.clone();
+            let trial = Trial::test(format!("ncclsim_nccl2_27_np{np}"), move || {
+                let dir =
+                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+                let env = [
+                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
+                    ("NCCLSIM_VERSION", "22703".to_string()),
+                ];
+                launch_with(np, "nccl", &env, timeout())
             });
             trials.push(trial.with_ignored_flag(sim.is_none() && !required));
         }

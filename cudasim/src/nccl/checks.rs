@@ -21,10 +21,14 @@ pub(crate) fn extents(op: &Op, l: Layout) -> Option<(usize, usize)> {
         Kind::ReduceScatter => (c.checked_mul(l.nranks)?, c),
         Kind::Send => (c, 0),
         Kind::Recv => (0, c),
+        Kind::AlltoAll => (c.checked_mul(l.nranks)?, c.checked_mul(l.nranks)?),
+        Kind::Gather => (c, if root { c.checked_mul(l.nranks)? } else { 0 }),
+        Kind::Scatter => (if root { c.checked_mul(l.nranks)? } else { 0 }, c),
     })
 }
 
-/// Checks what NCCL returns `ncclInvalidArgument` for, and that the buffers the operation
+/// Checks what NCCL returns `ncclInvalidArgument` for (and what it does not check but needs:
+/// send and receive ranges overlapping only as in place), and that the buffers the operation
 /// reads and writes lie in live allocations (device or pinned memory).
 pub(crate) fn arguments(comm: &Comm, l: Layout, op: &Op) -> Result<(), Error> {
     let at = || format!("{} call {}: {}", comm.who(), op.call, op.kind.name());
@@ -43,6 +47,8 @@ pub(crate) fn arguments(comm: &Comm, l: Layout, op: &Op) -> Result<(), Error> {
     }
     let (input, output) = extents(op, l)
         .ok_or_else(|| Error::argument(format!("invalid argument: {}: count {} overflows", at(), op.count)))?;
+    check_overlap(op, l, (input, output))
+        .map_err(|why| Error::argument(format!("invalid argument: {}: {why}", at())))?;
     for (which, ptr, len) in [("send", op.send, input), ("receive", op.recv, output)] {
         memory::device_range(ptr as u64, len, op.kind.name()).map_err(|f| {
             Error::argument(format!(
@@ -54,6 +60,36 @@ pub(crate) fn arguments(comm: &Comm, l: Layout, op: &Op) -> Result<(), Error> {
         })?;
     }
     Ok(())
+}
+
+/// Where NCCL's in-place form of the operation puts the send buffer, as `send - recv` in
+/// bytes (wrapping): the same address for most; this rank's block for allgather and the root's
+/// for gather (send inside receive); this rank's block for reduce-scatter and the root's for
+/// scatter (receive inside send). `None`: all-to-all runs out of place only.
+fn in_place_offset(op: &Op, l: Layout, block: usize) -> Option<usize> {
+    match op.kind {
+        Kind::AlltoAll => None,
+        Kind::AllGather => Some(l.rank * block),
+        Kind::Gather => Some(op.root * block),
+        Kind::ReduceScatter => Some((l.rank * block).wrapping_neg()),
+        Kind::Scatter => Some((op.root * block).wrapping_neg()),
+        _ => Some(0),
+    }
+}
+
+/// Send and receive ranges may overlap only as NCCL's in-place form of the operation (other
+/// overlaps a real NCCL computes garbage for, without a word).
+fn check_overlap(op: &Op, l: Layout, (input, output): (usize, usize)) -> Result<(), String> {
+    let (s, r) = (op.send, op.recv);
+    if input == 0 || output == 0 || s >= r.saturating_add(output) || r >= s.saturating_add(input) {
+        return Ok(());
+    }
+    let ranges = format!("{input} bytes at {s:#x}, {output} at {r:#x}");
+    match in_place_offset(op, l, input.min(output)) {
+        Some(at) if s.wrapping_sub(r) == at => Ok(()),
+        Some(_) => Err(format!("the send and receive buffers overlap ({ranges}) other than as its in-place form")),
+        None => Err(format!("the send and receive buffers overlap ({ranges}): it runs out of place only")),
+    }
 }
 
 /// "ncclAllReduce of 7 × ncclInt32, ncclSum" and the like, for a header from any rank.

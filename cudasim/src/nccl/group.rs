@@ -26,7 +26,16 @@ pub(crate) enum Kind {
     ReduceScatter,
     Send,
     Recv,
+    /// NCCL 2.28 and later.
+    AlltoAll,
+    /// NCCL 2.28 and later.
+    Gather,
+    /// NCCL 2.28 and later.
+    Scatter,
 }
+
+/// The version that added `ncclAlltoAll`, `ncclGather` and `ncclScatter`.
+pub(crate) const EXCHANGES_SINCE: i32 = 22800;
 
 impl Kind {
     pub(crate) fn name(self) -> &'static str {
@@ -38,13 +47,35 @@ impl Kind {
             Kind::ReduceScatter => "ncclReduceScatter",
             Kind::Send => "ncclSend",
             Kind::Recv => "ncclRecv",
+            Kind::AlltoAll => "ncclAlltoAll",
+            Kind::Gather => "ncclGather",
+            Kind::Scatter => "ncclScatter",
+        }
+    }
+
+    /// The oldest NCCL version that has it.
+    pub(crate) fn since(self) -> i32 {
+        match self {
+            Kind::AlltoAll | Kind::Gather | Kind::Scatter => EXCHANGES_SINCE,
+            _ => 0,
         }
     }
 
     pub(crate) fn from_code(code: u32) -> Option<Kind> {
-        [Kind::AllReduce, Kind::Broadcast, Kind::Reduce, Kind::AllGather, Kind::ReduceScatter, Kind::Send, Kind::Recv]
-            .into_iter()
-            .find(|k| *k as u32 == code)
+        [
+            Kind::AllReduce,
+            Kind::Broadcast,
+            Kind::Reduce,
+            Kind::AllGather,
+            Kind::ReduceScatter,
+            Kind::Send,
+            Kind::Recv,
+            Kind::AlltoAll,
+            Kind::Gather,
+            Kind::Scatter,
+        ]
+        .into_iter()
+        .find(|k| *k as u32 == code)
     }
 
     /// Whether it takes a reduction operator.
@@ -54,7 +85,7 @@ impl Kind {
 
     /// Whether it has a root.
     pub(crate) fn rooted(self) -> bool {
-        matches!(self, Kind::Broadcast | Kind::Reduce)
+        matches!(self, Kind::Broadcast | Kind::Reduce | Kind::Gather | Kind::Scatter)
     }
 
     pub(crate) fn p2p(self) -> bool {

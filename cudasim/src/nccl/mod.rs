@@ -127,6 +127,11 @@ fn call(name: &'static str, f: impl FnOnce() -> Result<c_int, Error>) -> c_int {
     }
 }
 
+/// `2.28.9` from `22809`.
+fn version_text(code: c_int) -> String {
+    format!("{}.{}.{}", code / 10000, (code / 100) % 100, code % 100)
+}
+
 /// The id proper of a unique id ncclsim made.
 fn id_of(id: &NcclUniqueId) -> Result<u64, Error> {
     let bytes: Vec<u8> = id.internal.iter().map(|c| c.to_ne_bytes()[0]).collect();
@@ -182,6 +187,13 @@ unsafe fn config_blocking(config: *const c_void) -> Result<Option<bool>, Error> 
     Ok(if blocking == c_int::MIN { None } else { Some(blocking != 0) })
 }
 
+/// The NCCL version simulated: `NCCLSIM_VERSION` (`major * 10000 + minor * 100 + patch`),
+/// 2.28.9 by default.
+fn version() -> c_int {
+    static VERSION: OnceLock<c_int> = OnceLock::new();
+    *VERSION.get_or_init(|| std::env::var("NCCLSIM_VERSION").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(22809))
+}
+
 /// Checks and takes a collective or send/recv call.
 #[allow(clippy::too_many_arguments, reason = "the C API's arguments, forwarded")]
 fn operation(
@@ -197,6 +209,13 @@ fn operation(
 ) -> Result<c_int, Error> {
     let r = (|| {
         let name = kind.name();
+        if version() < kind.since() {
+            return Err(Error::usage(format!(
+                "invalid usage: {name} is not in NCCL {} (added in {}): a real library would not have the symbol",
+                version_text(version()),
+                version_text(kind.since())
+            )));
+        }
         let comm = comm::get(comm)?;
         let _in = comm.enter(name)?;
         let l = comm.ready(name)?;
@@ -259,12 +278,11 @@ macro_rules! nccl {
 }
 
 nccl! {
-    /// NCCL's version as `major * 10000 + minor * 100 + patch`: 22703 (2.27.3), or
+    /// NCCL's version as `major * 10000 + minor * 100 + patch`: 22809 (2.28.9), or
     /// `NCCLSIM_VERSION`.
-    fn ncclGetVersion(version: *mut c_int) {
-        let v = std::env::var("NCCLSIM_VERSION").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(22703);
+    fn ncclGetVersion(v: *mut c_int) {
         // SAFETY: the caller's out-pointer.
-        unsafe { out(version, v) }
+        unsafe { out(v, version()) }
     }
 
     /// A fresh unique id (random, with ncclsim's magic prefix so init can reject others).
@@ -385,6 +403,24 @@ nccl! {
 
     fn ncclReduceScatter(send: *const c_void, recv: *mut c_void, recvcount: usize, dtype: c_int, op: c_int, comm: NcclComm, stream: CUstream) {
         operation(Kind::ReduceScatter, send, recv, recvcount, dtype, op, 0, comm, stream)
+    }
+
+    /// NCCL 2.28 and later: block `j` of `send` to rank `j`, block `i` of `recv` from rank `i`
+    /// (`count` elements each); out of place only.
+    fn ncclAlltoAll(send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, comm: NcclComm, stream: CUstream) {
+        operation(Kind::AlltoAll, send, recv, count, dtype, -1, 0, comm, stream)
+    }
+
+    /// NCCL 2.28 and later: every rank's `count` elements to block `i` of the root's `recv`
+    /// (in place: `send == recv + root * count`).
+    fn ncclGather(send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, root: c_int, comm: NcclComm, stream: CUstream) {
+        operation(Kind::Gather, send, recv, count, dtype, -1, root, comm, stream)
+    }
+
+    /// NCCL 2.28 and later: block `i` of the root's `send` to rank `i`'s `recv` (in place:
+    /// `recv == send + root * count`).
+    fn ncclScatter(send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, root: c_int, comm: NcclComm, stream: CUstream) {
+        operation(Kind::Scatter, send, recv, count, dtype, -1, root, comm, stream)
     }
 
     fn ncclSend(send: *const c_void, count: usize, dtype: c_int, peer: c_int, comm: NcclComm, stream: CUstream) {

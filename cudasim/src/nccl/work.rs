@@ -179,7 +179,9 @@ impl Runner<'_> {
         match op.kind {
             Kind::Reduce if peer != op.root => &[],
             Kind::Broadcast if self.l.rank != op.root => &[],
-            Kind::ReduceScatter => {
+            Kind::Gather if peer != op.root => &[],
+            Kind::Scatter if self.l.rank != op.root => &[],
+            Kind::ReduceScatter | Kind::AlltoAll | Kind::Scatter => {
                 let each = input.len() / self.l.nranks.max(1);
                 input.get(peer * each..(peer + 1) * each).unwrap_or(&[])
             }
@@ -233,8 +235,10 @@ impl Runner<'_> {
             Kind::AllReduce | Kind::ReduceScatter => reduce(),
             Kind::Reduce if rank == op.root => reduce(),
             Kind::Reduce => Some(Vec::new()),
-            Kind::Broadcast => parts.get(op.root).cloned(),
-            Kind::AllGather => Some(parts.concat()),
+            Kind::Broadcast | Kind::Scatter => parts.get(op.root).cloned(),
+            Kind::AllGather | Kind::AlltoAll => Some(parts.concat()),
+            Kind::Gather if rank == op.root => Some(parts.concat()),
+            Kind::Gather => Some(Vec::new()),
             Kind::Send | Kind::Recv => None,
         };
         match result {

@@ -292,6 +292,9 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             check::len("alltoall receive buffer", recv.len(), s.len())?;
         }
         Self::bytes::<T>("alltoall", recv.len())?;
+        if l.has_exchanges() {
+            return l.alltoall_native(send.map(|s| s.device_ptr()), recv.device_ptr(), c * size_of::<T>());
+        }
         let blocks: Vec<Block> = (0..n).map(|i| Block { start: i * c, len: c }).collect();
         let send = send.map(|s| (s.device_ptr(), &blocks[..]));
         l.alltoallv(send, recv.device_ptr(), &blocks, size_of::<T>())
@@ -345,6 +348,9 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             let mut blocks = vec![Block { start: 0, len: 0 }; n];
             blocks[me].len = own.len();
             Self::bytes::<T>("gather", own.len())?;
+            if layout.is_none() && l.has_exchanges() {
+                return l.gather_native(own.device_ptr(), recv.device_ptr(), own.len() * sz, root);
+            }
             return l.gatherv(own.device_ptr(), true, recv.device_ptr(), &blocks, root, sz);
         }
         let (counts, displs): (Vec<usize>, Vec<usize>) = match layout {
@@ -371,6 +377,9 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             None => (recv.device_ptr().offset(displs[me] * sz), true),
         };
         Self::bytes::<T>("gather", recv.len())?;
+        if layout.is_none() && l.has_exchanges() {
+            return l.gather_native(src, recv.device_ptr(), counts[me] * sz, root);
+        }
         l.gatherv(src, in_place, recv.device_ptr(), &blocks_of(&counts, &displs), root, sz)
     }
 
@@ -390,6 +399,9 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         if me != root {
             let mut blocks = vec![Block { start: 0, len: 0 }; n];
             blocks[me].len = recv.len();
+            if layout.is_none() && l.has_exchanges() {
+                return l.scatter_native(recv.device_ptr(), recv.device_ptr(), recv.len() * sz, root);
+            }
             return l.scatterv(recv.device_ptr(), &blocks, recv.device_ptr(), true, root, sz);
         }
         let (counts, displs): (Vec<usize>, Vec<usize>) = match layout {
@@ -419,6 +431,9 @@ impl<D: NcclDevice> NcclCommunicator<D> {
                 (recv.device_ptr(), recv.device_ptr().offset(displs[me] * sz), true)
             }
         };
+        if layout.is_none() && l.has_exchanges() {
+            return l.scatter_native(src, dst, counts[me] * sz, root);
+        }
         l.scatterv(src, &blocks_of(&counts, &displs), dst, in_place, root, sz)
     }
 

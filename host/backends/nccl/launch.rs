@@ -45,6 +45,12 @@ impl<'c, D: NcclDevice> Launch<'c, D> {
         self.comm.size
     }
 
+    /// Whether the library has native all-to-all, gather and scatter (NCCL 2.28 and later);
+    /// without them those operations are grouped sends and receives.
+    pub(crate) fn has_exchanges(&self) -> bool {
+        self.comm.nccl().has_exchanges()
+    }
+
     /// Queues `calls` in groups of at most [`MAX_GROUP`], cut at the same indices on every
     /// rank that issues the same list.
     pub(crate) fn grouped(&mut self, calls: &[Call]) -> Result<()> {

@@ -454,3 +454,18 @@ fn id_of(bytes: &[u8]) -> UniqueId {
     }
     id
 }
+
+#[cfg(feature = "cuda")]
+impl NcclCommunicator<crate::device::cuda::CudaDevice> {
+    /// A communicator over the ranks of `comm` whose operations are ordered on the CUDA stream
+    /// `stream`, on the device of the stream's context (a
+    /// [`CudaDevice::new`](crate::device::cuda::CudaDevice::new) of it, with the registered
+    /// kernels). As [`new`](Self::new) otherwise.
+    pub fn from_stream<C: mpi::topology::Communicator>(
+        comm: &C,
+        stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Self> {
+        let device = crate::device::cuda::CudaDevice::new(std::sync::Arc::clone(stream.context()))?;
+        Self::new(comm, device, stream)
+    }
+}

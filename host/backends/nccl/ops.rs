@@ -338,6 +338,58 @@ impl<D: NcclDevice> Launch<'_, D> {
         )
     }
 
+    /// All-to-all of `bytes` per pair of ranks, one `ncclAlltoAll`: block `j` of `send` to rank
+    /// `j` (`send == None`: in place, through scratch, as NCCL's runs out of place only).
+    pub(crate) fn alltoall_native(&mut self, send: Option<DevicePtr>, recv: DevicePtr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let src = match send {
+            Some(s) => s,
+            None => {
+                let total = bytes * self.size();
+                let tmp = self.scratch(total)?;
+                self.copy(tmp, recv, total)?;
+                tmp
+            }
+        };
+        self.grouped(&[Call::AlltoAll { send: cp(src), recv: mp(recv), count: bytes, dtype: dtype::UINT8 }])
+    }
+
+    /// Gather of `bytes` per rank to `root_rank`, one `ncclGather` (in place at the root when
+    /// `send == recv + root_rank * bytes`; `recv` unused elsewhere).
+    pub(crate) fn gather_native(
+        &mut self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        bytes: usize,
+        root_rank: usize,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let call =
+            Call::Gather { send: cp(send), recv: mp(recv), count: bytes, dtype: dtype::UINT8, root: root(root_rank)? };
+        self.grouped(&[call])
+    }
+
+    /// Scatter of `bytes` per rank from `root_rank`, one `ncclScatter` (in place at the root
+    /// when `recv == send + root_rank * bytes`; `send` unused elsewhere).
+    pub(crate) fn scatter_native(
+        &mut self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        bytes: usize,
+        root_rank: usize,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let call =
+            Call::Scatter { send: cp(send), recv: mp(recv), count: bytes, dtype: dtype::UINT8, root: root(root_rank)? };
+        self.grouped(&[call])
+    }
+
     /// A stream-ordered barrier: an allreduce of one scratch word.
     pub(crate) fn barrier(&mut self) -> Result<()> {
         let word = self.scratch(4)?;

@@ -35,6 +35,9 @@ pub(crate) fn version_text(code: i32) -> String {
 /// The oldest version the backend needs: `ncclCommSplit` and non-blocking communicators.
 pub(crate) const MIN_VERSION: i32 = 21800;
 
+/// The NCCL version that added `ncclAlltoAll`, `ncclGather` and `ncclScatter`.
+pub(crate) const EXCHANGES_SINCE: i32 = 22800;
+
 /// The library of `flavor`, loaded once per process: an error (never a panic) when it cannot
 /// be loaded or is older than [`MIN_VERSION`].
 pub(crate) fn library(flavor: Flavor) -> Result<&'static Nccl> {
@@ -91,6 +94,17 @@ impl Nccl {
     /// The library's version code.
     pub(crate) fn version(&self) -> i32 {
         self.version
+    }
+
+    /// Whether the library has NCCL 2.28's `ncclAlltoAll`, `ncclGather` and `ncclScatter`
+    /// (RCCL's older functions of similar names are not used: untested).
+    pub(crate) fn has_exchanges(&self) -> bool {
+        let l = &self.lib;
+        self.flavor == Flavor::Nccl
+            && self.version >= EXCHANGES_SINCE
+            && l.alltoall.is_some()
+            && l.gather.is_some()
+            && l.scatter.is_some()
     }
 
     /// The library's name (`NCCL`, `RCCL`).
@@ -317,12 +331,25 @@ impl Nccl {
                 // SAFETY: as above.
                 unsafe { self.entry(l.recv, "ncclRecv")?(buf, count, dtype, peer, comm, stream) }
             }
+            Call::AlltoAll { send, recv, count, dtype } => {
+                // SAFETY: as above.
+                unsafe { self.entry(l.alltoall, "ncclAlltoAll")?(send, recv, count, dtype, comm, stream) }
+            }
+            Call::Gather { send, recv, count, dtype, root } => {
+                // SAFETY: as above.
+                unsafe { self.entry(l.gather, "ncclGather")?(send, recv, count, dtype, root, comm, stream) }
+            }
+            Call::Scatter { send, recv, count, dtype, root } => {
+                // SAFETY: as above.
+                unsafe { self.entry(l.scatter, "ncclScatter")?(send, recv, count, dtype, root, comm, stream) }
+            }
         };
         self.check(call.name(), code, Some(comm)).map(drop)
     }
 }
 
-/// One NCCL call, with raw device addresses.
+/// One NCCL call, with raw device addresses. `AlltoAll`, `Gather` and `Scatter` are NCCL 2.28's
+/// ([`Nccl::has_exchanges`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Call {
     AllReduce { send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, op: c_int },
@@ -332,6 +359,9 @@ pub(crate) enum Call {
     ReduceScatter { send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, op: c_int },
     Send { buf: *const c_void, count: usize, dtype: c_int, peer: c_int },
     Recv { buf: *mut c_void, count: usize, dtype: c_int, peer: c_int },
+    AlltoAll { send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int },
+    Gather { send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, root: c_int },
+    Scatter { send: *const c_void, recv: *mut c_void, count: usize, dtype: c_int, root: c_int },
 }
 
 impl Call {
@@ -344,6 +374,9 @@ impl Call {
             Call::ReduceScatter { .. } => "ncclReduceScatter",
             Call::Send { .. } => "ncclSend",
             Call::Recv { .. } => "ncclRecv",
+            Call::AlltoAll { .. } => "ncclAlltoAll",
+            Call::Gather { .. } => "ncclGather",
+            Call::Scatter { .. } => "ncclScatter",
         }
     }
 }

@@ -173,6 +173,9 @@ entry_points! {
     reduce_scatter = "ncclReduceScatter": fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> c_int;
     send = "ncclSend": fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> c_int;
     recv = "ncclRecv": fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> c_int;
+    alltoall = "ncclAlltoAll": fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> c_int;
+    gather = "ncclGather": fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> c_int;
+    scatter = "ncclScatter": fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> c_int;
 }
 
 // SAFETY: the table holds function pointers and a string; NCCL's entry points may be called
