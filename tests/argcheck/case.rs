@@ -171,6 +171,9 @@ pub struct Mutation {
 pub enum Backend {
     Mpi,
     HostTransfer,
+    /// NCCL on a CUDA device (cudasim's, with ncclsim), where the run has one; HostTransfer
+    /// otherwise (`DURALUMIN_ARGCHECK_NCCL` says which, the same on every rank).
+    Nccl,
 }
 
 #[derive(Clone, Debug)]
@@ -210,13 +213,13 @@ fn layout(counts: &[usize], gaps: &[usize]) -> (Vec<usize>, usize) {
     (displs, at)
 }
 
-/// The strategy of cases on `n` ranks.
-pub fn cases(n: usize) -> impl Strategy<Value = Case> {
+/// The strategy of cases on `n` ranks, on NCCL too where `nccl`.
+pub fn cases(n: usize, nccl: bool) -> impl Strategy<Value = Case> {
     // The spoiling is picked among those of the operation once the operation is known.
     let mutation = (any::<prop::sample::Index>(), 0..n, any::<bool>(), 1usize..3, 0..n, any::<bool>());
     (
         select(OPS.to_vec()),
-        any::<bool>(),
+        select(vec![Backend::Mpi, Backend::HostTransfer, Backend::Nccl]),
         any::<bool>(),
         0usize..10,
         0..n,
@@ -227,8 +230,8 @@ pub fn cases(n: usize) -> impl Strategy<Value = Case> {
         any::<u32>(),
         any::<bool>(),
     )
-        .prop_map(move |(op, ht, check, count, root, pairs, gaps, slack, mutation, id, nonblocking)| {
-            let backend = if ht { Backend::HostTransfer } else { Backend::Mpi };
+        .prop_map(move |(op, backend, check, count, root, pairs, gaps, slack, mutation, id, nonblocking)| {
+            let backend = if backend == Backend::Nccl && !nccl { Backend::HostTransfer } else { backend };
             let args = (0..n).map(|r| valid(op, n, r, count, root, &pairs, &gaps, slack)).collect();
             let mutation = mutation.map(|(which, rank, everywhere, delta, entry, recv_side)| {
                 let spoil = *which.get(op.spoils());
@@ -238,8 +241,14 @@ pub fn cases(n: usize) -> impl Strategy<Value = Case> {
             if let Some(m) = mutation {
                 case.spoil(m);
             }
-            if !case.check && case.op.collective() && !case.all_or_nothing() {
-                case.check = true;
+            let needs_check = case.op.collective() && !case.all_or_nothing();
+            match case.backend {
+                // NCCL has no signature check: a case that needs one runs on HostTransfer, and
+                // the others run without.
+                Backend::Nccl if needs_check => (case.backend, case.check) = (Backend::HostTransfer, true),
+                Backend::Nccl => case.check = false,
+                _ if needs_check => case.check = true,
+                _ => {}
             }
             case
         })

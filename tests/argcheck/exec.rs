@@ -1,9 +1,10 @@
-//! Running one rank's part of a case on the Mpi backend or on HostTransfer over the host
-//! device, blocking (stream-ordered) or non-blocking.
+//! Running one rank's part of a case on the Mpi backend, on HostTransfer over the host device,
+//! or on NCCL over a CUDA device, blocking (stream-ordered) or non-blocking.
 
 use duralumin::backends::host_transfer;
+use duralumin::device::cuda::CudaDevice;
 use duralumin::device::host::HostDevice;
-use duralumin::{Error, MpiCommunicator, Request, Sum, scope};
+use duralumin::{Error, MpiCommunicator, NcclCommunicator, Request, Sum, scope};
 
 use crate::case::{Case, Op};
 
@@ -68,6 +69,40 @@ pub fn mpi(c: &MpiCommunicator, case: &Case, me: usize, nonblocking: bool) -> Re
     Ok(recv)
 }
 
+/// The blocking form of an operation on `c`, or the non-blocking one and its request's wait.
+macro_rules! device_call {
+    ($c:ident, $nonblocking:ident, $name:ident / $iname:ident ($($arg:expr),*)) => {
+        if $nonblocking { $c.$iname($($arg),*).and_then(|r| r.wait()) } else { $c.$name($($arg),*) }
+    };
+}
+
+/// `op` with rank arguments `a` on the stream-ordered communicator `c` (device buffers `send`
+/// and `recv`), by [`device_call!`].
+macro_rules! on_device {
+    ($c:expr, $op:expr, $a:expr, $send:expr, $recv:expr, $nonblocking:expr) => {{
+        let (c, a, send, recv, nb) = ($c, $a, $send, $recv, $nonblocking);
+        match $op {
+            Op::Allreduce => device_call!(c, nb, allreduce / iallreduce(send, recv, Sum)),
+            Op::AllreduceInPlace => device_call!(c, nb, allreduce_in_place / iallreduce_in_place(recv, Sum)),
+            Op::Bcast => device_call!(c, nb, bcast / ibcast(recv, a.root)),
+            Op::Reduce => device_call!(c, nb, reduce / ireduce(send, recv, a.root, Sum)),
+            Op::Allgather => device_call!(c, nb, allgather / iallgather(send, recv)),
+            Op::Allgatherv => device_call!(c, nb, allgatherv / iallgatherv(send, recv, &a.counts, &a.displs)),
+            Op::Alltoall => device_call!(c, nb, alltoall / ialltoall(send, recv)),
+            Op::Alltoallv => {
+                device_call!(c, nb, alltoallv / ialltoallv(send, &a.counts, &a.displs, recv, &a.counts2, &a.displs2))
+            }
+            Op::Gather => device_call!(c, nb, gather / igather(send, recv, a.root)),
+            Op::Gatherv => device_call!(c, nb, gatherv / igatherv(send, recv, &a.counts, &a.displs, a.root)),
+            Op::Scatter => device_call!(c, nb, scatter / iscatter(send, recv, a.root)),
+            Op::Scatterv => device_call!(c, nb, scatterv / iscatterv(send, &a.counts, &a.displs, recv, a.root)),
+            Op::ReduceScatter => device_call!(c, nb, reduce_scatter / ireduce_scatter(send, recv, Sum)),
+            Op::ReduceScatterv => device_call!(c, nb, reduce_scatterv / ireduce_scatterv(send, recv, &a.counts, Sum)),
+            Op::SendRecv => device_call!(c, nb, sendrecv / isendrecv(send, a.root, recv, a.source, a.tag)),
+        }
+    }};
+}
+
 /// Rank `me`'s part of `case` on the HostTransfer communicator `c` (stream-ordered, then a
 /// synchronize; or non-blocking, then the request's wait and a synchronize).
 pub fn ht(
@@ -82,28 +117,19 @@ pub fn ht(
     let send = dev.upload(&send)?;
     let mut recv_dev = dev.upload(&recv)?;
     let (send, recv) = (&send, &mut recv_dev);
-    macro_rules! call {
-        ($name:ident / $iname:ident ($($arg:expr),*)) => {
-            if nonblocking { c.$iname($($arg),*).and_then(|r| r.wait()) } else { c.$name($($arg),*) }
-        };
-    }
-    match case.op {
-        Op::Allreduce => call!(allreduce / iallreduce(send, recv, Sum)),
-        Op::AllreduceInPlace => call!(allreduce_in_place / iallreduce_in_place(recv, Sum)),
-        Op::Bcast => call!(bcast / ibcast(recv, a.root)),
-        Op::Reduce => call!(reduce / ireduce(send, recv, a.root, Sum)),
-        Op::Allgather => call!(allgather / iallgather(send, recv)),
-        Op::Allgatherv => call!(allgatherv / iallgatherv(send, recv, &a.counts, &a.displs)),
-        Op::Alltoall => call!(alltoall / ialltoall(send, recv)),
-        Op::Alltoallv => call!(alltoallv / ialltoallv(send, &a.counts, &a.displs, recv, &a.counts2, &a.displs2)),
-        Op::Gather => call!(gather / igather(send, recv, a.root)),
-        Op::Gatherv => call!(gatherv / igatherv(send, recv, &a.counts, &a.displs, a.root)),
-        Op::Scatter => call!(scatter / iscatter(send, recv, a.root)),
-        Op::Scatterv => call!(scatterv / iscatterv(send, &a.counts, &a.displs, recv, a.root)),
-        Op::ReduceScatter => call!(reduce_scatter / ireduce_scatter(send, recv, Sum)),
-        Op::ReduceScatterv => call!(reduce_scatterv / ireduce_scatterv(send, recv, &a.counts, Sum)),
-        Op::SendRecv => call!(sendrecv / isendrecv(send, a.root, recv, a.source, a.tag)),
-    }?;
+    on_device!(c, case.op, a, send, recv, nonblocking)?;
     c.synchronize()?;
     dev.download(&recv_dev)
+}
+
+/// Rank `me`'s part of `case` on the NCCL communicator `c`, as [`ht`].
+pub fn nccl(c: &NcclCommunicator<CudaDevice>, case: &Case, me: usize, nonblocking: bool) -> Result<Vec<u64>, Error> {
+    let (a, dev, stream) = (&case.args[me], c.device(), c.stream());
+    let (send, recv) = case.inputs(me);
+    let send = dev.upload(stream, &send)?;
+    let mut recv_dev = dev.upload(stream, &recv)?;
+    let (send, recv) = (&send, &mut recv_dev);
+    on_device!(c, case.op, a, send, recv, nonblocking)?;
+    c.synchronize()?;
+    dev.download(stream, &recv_dev)
 }

@@ -1,7 +1,8 @@
 //! Property-based test of the argument checks: random counts, displacements, roots, peers,
 //! tags and buffer lengths for every collective with such arguments (and sendrecv), on the Mpi
-//! backend and on HostTransfer over the host device, blocking and non-blocking, with and
-//! without the signature check.
+//! backend, on HostTransfer over the host device and on NCCL over cudasim's device and its
+//! NCCL (ncclsim), blocking and non-blocking, with and without the signature check (NCCL has
+//! none: it gets the cases that need none, valid ones and those every rank refuses).
 //!
 //! Every rank draws the same cases (proptest with a fixed ChaCha seed, no shrinking: a case is
 //! one collective call, so all ranks must make their calls in the same order), so each rank
@@ -31,8 +32,10 @@ mod mpirun;
 use std::cell::RefCell;
 use std::time::Duration;
 
+use duralumin::cudarc::driver::CudaContext;
+use duralumin::device::cuda::CudaDevice;
 use duralumin::device::host::HostDevice;
-use duralumin::{Error, MpiCommunicator, Tuning};
+use duralumin::{Error, MpiCommunicator, NcclCommunicator, Tuning};
 use duralumin::{HostTransferCommunicator, HostTransferConfig};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestCaseResult, TestRng, TestRunner};
@@ -65,6 +68,18 @@ fn launch(np: usize) -> Result<(), Failed> {
         if let Ok(v) = std::env::var(k) {
             env.push((k, v));
         }
+    }
+    // The NCCL cases need the CUDA driver simulator (its NCCL, ncclsim); without it they run on
+    // HostTransfer, unless DURALUMIN_REQUIRE_CUDASIM=1 (scripts/test.sh) makes that a failure.
+    match mpirun::cudasim_dir() {
+        Some(dir) => {
+            env.push(("LD_LIBRARY_PATH", mpirun::library_path_with(&dir)));
+            env.push(("DURALUMIN_ARGCHECK_NCCL", "1".to_string()));
+        }
+        None if std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1") => {
+            return Err("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim".into());
+        }
+        None => println!("argcheck np {np}: no CUDA driver simulator, so no NCCL cases (they run on HostTransfer)"),
     }
     let run = mpirun::launch(np, &exe, &env, &[], LIMIT)?;
     match run.status {
@@ -108,6 +123,7 @@ struct Tally {
     /// Refused on some ranks only, or accepted everywhere but mismatched: the signature check.
     caught_by_check: usize,
     host_transfer: usize,
+    nccl: usize,
     nonblocking: usize,
     check_on: usize,
 }
@@ -116,6 +132,8 @@ struct Comms {
     mpi: MpiCommunicator,
     ht: HostTransferCommunicator<HostDevice>,
     dev: HostDevice,
+    /// On cudasim's device, where the run has it.
+    nccl: Option<NcclCommunicator<CudaDevice>>,
     /// Where the ranks compare verdicts (never given a bad argument).
     verdict: MpiCommunicator,
 }
@@ -161,6 +179,14 @@ fn one(comms: &RefCell<Comms>, tally: &RefCell<Tally>, me: usize, case: Case) ->
             // before its MPI part is through: give the proxy thread a moment to finish it.
             (out, settled(|| c.ht.ops_in_flight()), c.ht.is_aborted())
         }
+        Backend::Nccl => {
+            let Some(nccl) = &c.nccl else {
+                return Err(TestCaseError::fail("an NCCL case without an NCCL communicator"));
+            };
+            // Synchronized before it returns: nothing stays in flight.
+            let out = exec::nccl(nccl, &case, me, case.nonblocking);
+            (out, 0, nccl.is_aborted())
+        }
     };
     let verdict = match (&outcome, expectation(&case, me)) {
         _ if aborted => Err("the communicator was given up".to_string()),
@@ -197,6 +223,7 @@ fn one(comms: &RefCell<Comms>, tally: &RefCell<Tally>, me: usize, case: Case) ->
         _ => t.caught_by_check += 1,
     }
     t.host_transfer += usize::from(case.backend == Backend::HostTransfer);
+    t.nccl += usize::from(case.backend == Backend::Nccl);
     t.nonblocking += usize::from(case.nonblocking);
     t.check_on += usize::from(case.check);
     Ok(())
@@ -225,9 +252,15 @@ fn rank_main() -> i32 {
     let config = HostTransferConfig::default().with_chunk_bytes(64).with_direct(false);
     let ht = HostTransferCommunicator::with_config(&world, dev.clone(), dev.stream().expect("stream"), config)
         .expect("HostTransfer communicator");
+    let nccl = std::env::var("DURALUMIN_ARGCHECK_NCCL").is_ok_and(|v| v == "1").then(|| {
+        let ctx = CudaContext::new(0).expect("CUDA context (cudasim)");
+        let stream = ctx.new_stream().expect("stream");
+        NcclCommunicator::from_stream(&world, stream).expect("NCCL communicator (ncclsim)")
+    });
     let (me, n) = (mpi.rank(), mpi.size());
     mpirun::rank_case::start(me);
-    let comms = RefCell::new(Comms { mpi, ht, dev, verdict });
+    let with_nccl = nccl.is_some();
+    let comms = RefCell::new(Comms { mpi, ht, dev, nccl, verdict });
     let tally = RefCell::new(Tally::default());
 
     // The same seed on every rank (and another one for each rank count).
@@ -238,19 +271,21 @@ fn rank_main() -> i32 {
     let cases = var("DURALUMIN_ARGCHECK_CASES").map_or(CASES, |c| c as u32);
     let config = Config { cases, failure_persistence: None, max_shrink_iters: 0, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    let result = runner.run(&case::cases(n), |case| one(&comms, &tally, me, case));
+    let result = runner.run(&case::cases(n, with_nccl), |case| one(&comms, &tally, me, case));
     let t = tally.into_inner();
     let code = match result {
         Ok(()) => {
             if me == 0 {
                 println!(
                     "ARGCHECK np {n}: {} cases: {} valid, {} refused on every rank, {} refused on some ranks or \
-                     mismatched (signature check); {} on HostTransfer, {} non-blocking, {} with the check on",
+                     mismatched (signature check); {} on HostTransfer, {} on NCCL, {} non-blocking, {} with the \
+                     check on",
                     t.cases,
                     t.valid,
                     t.refused_everywhere,
                     t.caught_by_check,
                     t.host_transfer,
+                    t.nccl,
                     t.nonblocking,
                     t.check_on
                 );

@@ -360,7 +360,11 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             }
             None => {
                 let c = match send {
-                    Some(s) => s.len(),
+                    Some(s) => {
+                        // As MPI: the root receives exactly `size` contributions.
+                        check::len("gather receive buffer", recv.len(), check::product("gather", s.len(), n)?)?;
+                        s.len()
+                    }
                     None => check::divisible("gather buffer (size * count)", recv.len(), n)?,
                 };
                 (vec![c; n], (0..n).map(|i| i * c).collect())
@@ -410,10 +414,13 @@ impl<D: NcclDevice> NcclCommunicator<D> {
                 (c.to_vec(), d.to_vec())
             }
             None => {
-                let c = if send.is_none() {
-                    check::divisible("scatter buffer (size * count)", recv.len(), n)?
-                } else {
-                    recv.len()
+                let c = match send {
+                    // As MPI: the root sends exactly `size` blocks.
+                    Some(s) => {
+                        check::len("scatter send buffer", s.len(), check::product("scatter", recv.len(), n)?)?;
+                        recv.len()
+                    }
+                    None => check::divisible("scatter buffer (size * count)", recv.len(), n)?,
                 };
                 (vec![c; n], (0..n).map(|i| i * c).collect())
             }
