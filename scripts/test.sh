@@ -26,10 +26,13 @@ OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc \
     cargo build --release --example 03-survive-rank-loss --target-dir target/ulfm
 DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/release/examples/03-survive-rank-loss \
     DURALUMIN_REQUIRE_ULFM=1 cargo test --release --test ulfm
-# The GPU benchmark program must run to its end on the simulator (its numbers are the CPU's).
+# The GPU benchmark programs must run to their end on the simulator (its numbers are the CPU's).
 # (tests/mpi_ranks linked it as target/release/cudasim/libcuda.so.)
 LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout 600 cargo bench --bench host_transfer_gpu -- --np 1,2 --max-bytes 65536
+    timeout -k 10 600 cargo bench --bench host_transfer_gpu -- --np 1,2 --max-bytes 65536
+# The same for the NCCL benchmark, on ncclsim (it verifies every path's result first).
+LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout -k 10 600 cargo bench --bench nccl -- --np 1,2 --max-bytes 65536
 # The HIP device (Debian's libamdhip64-dev, installed by setup.sh): compiled, linted and linked;
 # its test reports itself skipped without an AMD GPU.
 export HIP_PATH=/usr
