@@ -33,31 +33,29 @@ pub fn main() {
         trials.extend(
             (1..=3).map(|np| Trial::test(format!("cuda_np{np}"), move || launch(np, "cuda")).with_ignored_flag(!gpu)),
         );
-        // The same group on the CUDA driver simulator (cudasim/, see `cudasim_dir`), which runs Duralumin's CUDA device on the CPU with
-        // checks a GPU does not make: at 1..3 ranks, and with every stream on one hardware
+        // The same group on the CUDA driver simulator (cudasim/, see `cudasim_dir`), which runs
+        // Duralumin's CUDA device on the CPU with checks a GPU does not make: at 1..3 ranks, and with every stream on one hardware
         // queue. Reported as ignored when the simulator was not built, unless
         // DURALUMIN_REQUIRE_CUDASIM=1 (scripts/test.sh builds it and sets that).
         let sim = crate::mpirun::cudasim_dir();
         let required = std::env::var("DURALUMIN_REQUIRE_CUDASIM").is_ok_and(|v| v == "1");
-        let runs: [(&str, usize, Option<&str>); 4] = [
-            ("cudasim_np1", 1, None),
-            ("cudasim_np2", 2, None),
-            ("cudasim_np3", 3, None),
-            ("cudasim_maxconn1_np2", 2, Some("1")),
-        ];
-        for (name, np, connections) in runs {
+        // A trial of `program` on `np` ranks over cudasim (and ncclsim) with `env` besides.
+        let on_sim = |name: String, np: usize, program: &'static str, env: Vec<(&'static str, String)>, limit| {
             let dir = sim.clone();
-            let trial = Trial::test(name, move || {
+            Trial::test(name, move || {
                 let dir =
                     dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                let mut env = vec![("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir))];
-                if let Some(c) = connections {
-                    env.push(("CUDA_DEVICE_MAX_CONNECTIONS", c.to_string()));
-                }
-                launch_with(np, "cuda", &env, timeout())
-            });
-            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+                let mut env = env.clone();
+                env.push(("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)));
+                launch_with(np, program, &env, limit)
+            })
+            .with_ignored_flag(sim.is_none() && !required)
+        };
+        for np in 1..=3 {
+            trials.push(on_sim(format!("cudasim_np{np}"), np, "cuda", vec![], timeout()));
         }
+        let one_queue = vec![("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string())];
+        trials.push(on_sim("cudasim_maxconn1_np2".into(), 2, "cuda", one_queue, timeout()));
         // The NCCL backend on a GPU with a real NCCL (ignored without them), and on cudasim
         // with its NCCL, ncclsim (2.28: native all-to-all, gather and scatter), at 1..5 ranks;
         // at 2 and 5 ranks also as NCCL 2.27, which has none of those (grouped sends and
@@ -68,66 +66,24 @@ pub fn main() {
                 Trial::test(format!("nccl_np{np}"), move || launch(np, "nccl")).with_ignored_flag(!nccl_gpu)
             }));
         for np in 1..=5 {
-            let dir = sim.clone();
-            let trial = Trial::test(format!("ncclsim_np{np}"), move || {
-                let dir =
-                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                launch_with(np, "nccl", &[("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir))], timeout())
-            });
-            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+            trials.push(on_sim(format!("ncclsim_np{np}"), np, "nccl", vec![], timeout()));
         }
         for np in [2, 5] {
-            let dir = sim.clone();
-            let trial = Trial::test(format!("ncclsim_nccl2_27_np{np}"), move || {
-                let dir =
-                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                let env = [
-                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
-                    ("NCCLSIM_VERSION", "22703".to_string()),
-                ];
-                launch_with(np, "nccl", &env, timeout())
-            });
-            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+            let env = vec![("NCCLSIM_VERSION", "22703".to_string())];
+            trials.push(on_sim(format!("ncclsim_nccl2_27_np{np}"), np, "nccl", env, timeout()));
         }
         // Rank 1's third NCCL call hangs, or fails asynchronously: both ranks must end with
-        // an error within the deadline, not hang.
+        // an error within the deadline, not hang; with the ranks waiting on the communicator,
+        // and with nobody waiting on it (the watchdog aborts it).
+        let minute = Duration::from_secs(60);
         for kind in ["hang", "async"] {
-            let dir = sim.clone();
-            let trial = Trial::test(format!("ncclsim_fault_{kind}_np2"), move || {
-                let dir =
-                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                let env = [
-                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
-                    ("NCCLSIM_FAULT", format!("{kind}:rank=1,call=3")),
-                ];
-                launch_with(2, "nccl_faults", &env, Duration::from_secs(60))
-            });
-            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
-            // The same faults while nobody waits on the communicator: the watchdog aborts it.
-            let dir = sim.clone();
-            let trial = Trial::test(format!("ncclsim_watchdog_{kind}_np2"), move || {
-                let dir =
-                    dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-                let env = [
-                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
-                    ("NCCLSIM_FAULT", format!("{kind}:rank=1,call=3")),
-                ];
-                launch_with(2, "nccl_watchdog", &env, Duration::from_secs(60))
-            });
-            trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+            let env = vec![("NCCLSIM_FAULT", format!("{kind}:rank=1,call=3"))];
+            trials.push(on_sim(format!("ncclsim_fault_{kind}_np2"), 2, "nccl_faults", env.clone(), minute));
+            trials.push(on_sim(format!("ncclsim_watchdog_{kind}_np2"), 2, "nccl_watchdog", env, minute));
         }
         // No NCCL to load: a typed error on every rank.
-        let dir = sim.clone();
-        let trial = Trial::test("ncclsim_missing_library_np2", move || {
-            let dir =
-                dir.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
-            let env = [
-                ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(&dir)),
-                ("DURALUMIN_NCCL", "/nonexistent/libnccl.so.2".to_string()),
-            ];
-            launch_with(2, "nccl_missing", &env, Duration::from_secs(60))
-        });
-        trials.push(trial.with_ignored_flag(sim.is_none() && !required));
+        let env = vec![("DURALUMIN_NCCL", "/nonexistent/libnccl.so.2".to_string())];
+        trials.push(on_sim("ncclsim_missing_library_np2".into(), 2, "nccl_missing", env, minute));
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use duralumin::device::cuda::CudaDevice;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::mpi::traits::Communicator as _;
@@ -80,18 +80,23 @@ fn split(c: &Nccl<CudaDevice>) {
     drop((d, half));
 }
 
+/// The fault trials' communicator, with a deadline of 2 s, and a buffer to reduce.
+fn faulty(world: &SimpleCommunicator) -> (Arc<CudaStream>, NcclCommunicator<CudaDevice>, CudaSlice<f32>) {
+    let ctx = CudaContext::new(0).expect("CUDA context");
+    let stream = ctx.new_stream().expect("stream");
+    let mut comm = NcclCommunicator::from_stream(world, Arc::clone(&stream)).expect("NCCL communicator");
+    comm.set_timeout(Some(std::time::Duration::from_secs(2)));
+    let x = comm.device().up(&stream, &[1.0f32; 64]);
+    (stream, comm, x)
+}
+
 /// Failure behaviour (the `ncclsim_fault_*` trials, with `NCCLSIM_FAULT` making rank 1's third
 /// NCCL call hang or fail asynchronously): every rank's wait ends within its deadline plus a
 /// few seconds with an error naming the operation or NCCL's error, the communicator is
 /// aborted, later calls fail with `Error::Aborted` at once, and dropping it does not hang.
 pub fn faults(_: &MpiCommunicator, world: &SimpleCommunicator) {
-    let ctx = CudaContext::new(0).expect("CUDA context");
-    let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
-    let stream = ctx.new_stream().expect("stream");
-    let mut comm = NcclCommunicator::new(world, dev.clone(), Arc::clone(&stream)).expect("NCCL communicator");
-    let deadline = std::time::Duration::from_secs(2);
-    comm.set_timeout(Some(deadline));
-    let mut x = dev.up(&stream, &[1.0f32; 64]);
+    let (_stream, comm, mut x) = faulty(world);
+    let deadline = comm.timeout().expect("a deadline");
     let start = std::time::Instant::now();
     let mut failed = None;
     for i in 1..=5u64 {
@@ -122,13 +127,8 @@ pub fn faults(_: &MpiCommunicator, world: &SimpleCommunicator) {
 /// reports the failure, later ones `Aborted`. (An asynchronous error may instead surface while
 /// a later call is queued, which polls for it: then that call returns it, as it should.)
 pub fn watchdog(_: &MpiCommunicator, world: &SimpleCommunicator) {
-    let ctx = CudaContext::new(0).expect("CUDA context");
-    let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
-    let stream = ctx.new_stream().expect("stream");
-    let mut comm = NcclCommunicator::new(world, dev.clone(), Arc::clone(&stream)).expect("NCCL communicator");
-    let deadline = std::time::Duration::from_secs(2);
-    comm.set_timeout(Some(deadline));
-    let mut x = dev.up(&stream, &[1.0f32; 64]);
+    let (stream, comm, mut x) = faulty(world);
+    let deadline = comm.timeout().expect("a deadline");
     let start = std::time::Instant::now();
     let mut seen = None;
     for _ in 0..5 {

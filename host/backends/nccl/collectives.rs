@@ -349,7 +349,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             blocks[me].len = own.len();
             Self::bytes::<T>("gather", own.len())?;
             if layout.is_none() && l.has_exchanges() {
-                return l.gather_native(own.device_ptr(), recv.device_ptr(), own.len() * sz, root);
+                return l.rooted_native(true, own.device_ptr(), recv.device_ptr(), own.len() * sz, root);
             }
             return l.gatherv(own.device_ptr(), true, recv.device_ptr(), &blocks, root, sz);
         }
@@ -382,7 +382,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         };
         Self::bytes::<T>("gather", recv.len())?;
         if layout.is_none() && l.has_exchanges() {
-            return l.gather_native(src, recv.device_ptr(), counts[me] * sz, root);
+            return l.rooted_native(true, src, recv.device_ptr(), counts[me] * sz, root);
         }
         l.gatherv(src, in_place, recv.device_ptr(), &blocks_of(&counts, &displs), root, sz)
     }
@@ -404,7 +404,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             let mut blocks = vec![Block { start: 0, len: 0 }; n];
             blocks[me].len = recv.len();
             if layout.is_none() && l.has_exchanges() {
-                return l.scatter_native(recv.device_ptr(), recv.device_ptr(), recv.len() * sz, root);
+                return l.rooted_native(false, recv.device_ptr(), recv.device_ptr(), recv.len() * sz, root);
             }
             return l.scatterv(recv.device_ptr(), &blocks, recv.device_ptr(), true, root, sz);
         }
@@ -439,7 +439,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             }
         };
         if layout.is_none() && l.has_exchanges() {
-            return l.scatter_native(src, dst, counts[me] * sz, root);
+            return l.rooted_native(false, src, dst, counts[me] * sz, root);
         }
         l.scatterv(src, &blocks_of(&counts, &displs), dst, in_place, root, sz)
     }

@@ -356,10 +356,13 @@ impl<D: NcclDevice> Launch<'_, D> {
         self.grouped(&[Call::AlltoAll { send: cp(src), recv: mp(recv), count: bytes, dtype: dtype::UINT8 }])
     }
 
-    /// Gather of `bytes` per rank to `root_rank`, one `ncclGather` (in place at the root when
-    /// `send == recv + root_rank * bytes`; `recv` unused elsewhere).
-    pub(crate) fn gather_native(
+    /// Gather (`gather`) or scatter of `bytes` per rank to or from `root_rank`, one
+    /// `ncclGather` or `ncclScatter`. In place at the root where `send == recv + root_rank *
+    /// bytes` (gather) or `recv == send + root_rank * bytes` (scatter); elsewhere the root's
+    /// side of the call is unused.
+    pub(crate) fn rooted_native(
         &mut self,
+        gather: bool,
         send: DevicePtr,
         recv: DevicePtr,
         bytes: usize,
@@ -368,25 +371,12 @@ impl<D: NcclDevice> Launch<'_, D> {
         if bytes == 0 {
             return Ok(());
         }
-        let call =
-            Call::Gather { send: cp(send), recv: mp(recv), count: bytes, dtype: dtype::UINT8, root: root(root_rank)? };
-        self.grouped(&[call])
-    }
-
-    /// Scatter of `bytes` per rank from `root_rank`, one `ncclScatter` (in place at the root
-    /// when `recv == send + root_rank * bytes`; `send` unused elsewhere).
-    pub(crate) fn scatter_native(
-        &mut self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        bytes: usize,
-        root_rank: usize,
-    ) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let call =
-            Call::Scatter { send: cp(send), recv: mp(recv), count: bytes, dtype: dtype::UINT8, root: root(root_rank)? };
+        let (send, recv, count, dtype, root) = (cp(send), mp(recv), bytes, dtype::UINT8, root(root_rank)?);
+        let call = if gather {
+            Call::Gather { send, recv, count, dtype, root }
+        } else {
+            Call::Scatter { send, recv, count, dtype, root }
+        };
         self.grouped(&[call])
     }
 
