@@ -6,7 +6,8 @@
 //!
 //! Every [`TICK`] the thread looks at each communicator, without ever blocking on one (a
 //! communicator busy queueing is looked at next tick):
-//! * operations whose completion event has fired are retired, oldest first;
+//! * operations whose completion event has fired are retired, oldest first (each operation
+//!   queued also retires up to two, so the list stays short between ticks);
 //! * an asynchronous NCCL error aborts the communicator;
 //! * so does the oldest unfinished operation when the device has made no progress on the
 //!   communicator's operations for the deadline (counted from when that operation became the
@@ -119,18 +120,41 @@ impl<D: NcclDevice> Watch<D> {
     /// Records a completion event for operation `op` #`seq`, just queued on `stream`; waits
     /// and the watchdog use it.
     pub(crate) fn track(&self, op: &'static str, seq: u64, stream: &D::Stream) -> Result<Arc<D::Event>> {
-        let event = match self.lock().spare.pop() {
+        let mut state = self.lock();
+        // Two for the one added: the list stays short (and its events reused) between the
+        // watchdog's ticks, and without a watchdog thread.
+        self.retire(&mut state, 2);
+        let event = match state.spare.pop() {
             Some(e) => e,
             None => self.device.new_event()?,
         };
         self.device.record_event(&event, stream)?;
         let done = Arc::new(event);
-        let mut state = self.lock();
         if state.pending.is_empty() {
             state.since = Instant::now();
         }
         state.pending.push_back(Pending { op, seq, done: Arc::clone(&done) });
         Ok(done)
+    }
+
+    /// Retires up to `most` operations whose event has fired, oldest first, keeping their
+    /// events for reuse.
+    fn retire(&self, state: &mut State<D>, most: usize) {
+        for _ in 0..most {
+            let Some(front) = state.pending.front() else { return };
+            match self.device.event_done(&front.done) {
+                Ok(true) => {}
+                // An error of the device: the next wait reports it.
+                Ok(false) | Err(_) => return,
+            }
+            if let Some(p) = state.pending.pop_front()
+                && let Ok(event) = Arc::try_unwrap(p.done)
+                && state.spare.len() < SPARE_EVENTS
+            {
+                state.spare.push(event);
+            }
+            state.since = Instant::now();
+        }
     }
 
     /// Finalizes and destroys the communicator (its work has completed); aborts it if that
@@ -161,20 +185,7 @@ impl<D: NcclDevice> Watch<D> {
             return;
         }
         let state = &mut *state;
-        while let Some(front) = state.pending.front() {
-            match self.device.event_done(&front.done) {
-                Ok(true) => {}
-                // An error of the device: the next wait reports it.
-                Ok(false) | Err(_) => break,
-            }
-            if let Some(p) = state.pending.pop_front()
-                && let Ok(event) = Arc::try_unwrap(p.done)
-                && state.spare.len() < SPARE_EVENTS
-            {
-                state.spare.push(event);
-            }
-            state.since = Instant::now();
-        }
+        self.retire(state, usize::MAX);
         // SAFETY: the live communicator, locked.
         if let Err(e) = unsafe { self.nccl.async_error(state.comm) } {
             let reason = format!("asynchronous NCCL error on rank {}: {e}", self.rank);
