@@ -342,15 +342,17 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     ) -> Result<()> {
         check::rank(if layout.is_some() { "gatherv root" } else { "gather root" }, root, self.size)?;
         let (n, me, sz) = (self.size, self.rank, size_of::<T>());
+        // Equal blocks go to ncclGather where the library has it.
+        let native = layout.is_none() && l.has_exchanges();
         if me != root {
             let own = send.unwrap_or(recv);
             self.check_buffer(what, own)?;
-            let mut blocks = vec![Block { start: 0, len: 0 }; n];
-            blocks[me].len = own.len();
             Self::bytes::<T>("gather", own.len())?;
-            if layout.is_none() && l.has_exchanges() {
+            if native {
                 return l.rooted_native(true, own.device_ptr(), recv.device_ptr(), own.len() * sz, root);
             }
+            let mut blocks = vec![Block { start: 0, len: 0 }; n];
+            blocks[me].len = own.len();
             return l.gatherv(own.device_ptr(), true, recv.device_ptr(), &blocks, root, sz);
         }
         let (counts, displs): (Vec<usize>, Vec<usize>) = match layout {
@@ -381,7 +383,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
             None => (recv.device_ptr().offset(displs[me] * sz), true),
         };
         Self::bytes::<T>("gather", recv.len())?;
-        if layout.is_none() && l.has_exchanges() {
+        if native {
             return l.rooted_native(true, src, recv.device_ptr(), counts[me] * sz, root);
         }
         l.gatherv(src, in_place, recv.device_ptr(), &blocks_of(&counts, &displs), root, sz)
@@ -400,12 +402,14 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         let (n, me, sz) = (self.size, self.rank, size_of::<T>());
         self.check_buffer("scatter receive buffer", recv)?;
         Self::bytes::<T>("scatter", recv.len())?;
+        // Equal blocks come from ncclScatter where the library has it.
+        let native = layout.is_none() && l.has_exchanges();
         if me != root {
-            let mut blocks = vec![Block { start: 0, len: 0 }; n];
-            blocks[me].len = recv.len();
-            if layout.is_none() && l.has_exchanges() {
+            if native {
                 return l.rooted_native(false, recv.device_ptr(), recv.device_ptr(), recv.len() * sz, root);
             }
+            let mut blocks = vec![Block { start: 0, len: 0 }; n];
+            blocks[me].len = recv.len();
             return l.scatterv(recv.device_ptr(), &blocks, recv.device_ptr(), true, root, sz);
         }
         let (counts, displs): (Vec<usize>, Vec<usize>) = match layout {
@@ -438,7 +442,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
                 (recv.device_ptr(), recv.device_ptr().offset(displs[me] * sz), true)
             }
         };
-        if layout.is_none() && l.has_exchanges() {
+        if native {
             return l.rooted_native(false, src, dst, counts[me] * sz, root);
         }
         l.scatterv(src, &blocks_of(&counts, &displs), dst, in_place, root, sz)

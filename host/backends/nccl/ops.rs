@@ -281,9 +281,7 @@ impl<D: NcclDevice> Launch<'_, D> {
             Some(s) => s,
             None => {
                 let end = recv_blocks.iter().map(|b| b.start + b.len).max().unwrap_or(0);
-                let tmp = self.scratch(end * size)?;
-                self.copy(tmp, recv, end * size)?;
-                (tmp, recv_blocks)
+                (self.staged(recv, end * size)?, recv_blocks)
             }
         };
         let bytes = |b: &Block| b.len * size;
@@ -346,14 +344,16 @@ impl<D: NcclDevice> Launch<'_, D> {
         }
         let src = match send {
             Some(s) => s,
-            None => {
-                let total = bytes * self.size();
-                let tmp = self.scratch(total)?;
-                self.copy(tmp, recv, total)?;
-                tmp
-            }
+            None => self.staged(recv, bytes * self.size())?,
         };
         self.grouped(&[Call::AlltoAll { send: cp(src), recv: mp(recv), count: bytes, dtype: dtype::UINT8 }])
+    }
+
+    /// A scratch copy of the first `bytes` of `buf` (the input of an in-place all-to-all).
+    fn staged(&mut self, buf: DevicePtr, bytes: usize) -> Result<DevicePtr> {
+        let tmp = self.scratch(bytes)?;
+        self.copy(tmp, buf, bytes)?;
+        Ok(tmp)
     }
 
     /// Gather (`gather`) or scatter of `bytes` per rank to or from `root_rank`, one
