@@ -320,6 +320,7 @@ fn allreduce_rows(b: &mut Bench) {
             AllreduceAlgorithm::Ring,
             AllreduceAlgorithm::RecursiveDoubling,
             AllreduceAlgorithm::Rabenseifner,
+            AllreduceAlgorithm::SharedMemory,
         ] {
             let ours = b.time(bytes, || c.allreduce_with(&send, &mut recv, Sum, algorithm).unwrap());
             b.push(&format!("allreduce/{algorithm:?}"), bytes, "blocking", ours, Some(native), busbw_allreduce(n));

@@ -34,6 +34,7 @@ pub mod backends;
 pub mod device;
 pub mod device_code;
 pub mod reliability;
+pub mod topology;
 
 mod algorithms;
 mod buffer;
@@ -67,6 +68,7 @@ pub use duralumin_kernels::{
 pub use error::{Error, Result};
 pub use init::{FINALIZE_GRACE, Universe, init, init_with};
 pub use request::{Request, Scope, scope};
+pub use topology::{Shape, Topology};
 pub use {bytemuck, half, mpi};
 
 /// The README's code, compiled as doctests (`no_run`: they need `mpirun`), so the tour cannot

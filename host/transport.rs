@@ -34,6 +34,48 @@ pub(crate) trait Transport<T>: Send + Sync {
     unsafe fn post(&self, sends: &[(RawBuf<T>, usize)], recvs: &[(RawBuf<T>, usize)]) -> Result<Self::Pending>;
 }
 
+/// The ranks `members` of transport `x` as a transport of their own: rank `i` of the group is
+/// rank `members[i]` of `x`. The hierarchical algorithms run their node-local and cross-node
+/// phases on groups of one communicator; messages keep the operation's tag, which is safe because
+/// MPI never lets two messages between one pair of ranks overtake each other and every phase
+/// posts them in the same order on both sides.
+#[derive(Debug)]
+pub(crate) struct Group<'a, X> {
+    x: &'a X,
+    members: &'a [usize],
+    me: usize,
+}
+
+impl<'a, X> Group<'a, X> {
+    /// The group of `members` (ranks of `x`, distinct) as seen by its member `me` (an index
+    /// into `members`).
+    pub(crate) fn new(x: &'a X, members: &'a [usize], me: usize) -> Self {
+        Group { x, members, me }
+    }
+
+    fn map<T>(&self, list: &[(RawBuf<T>, usize)]) -> Vec<(RawBuf<T>, usize)> {
+        list.iter().map(|&(b, i)| (b, self.members[i])).collect()
+    }
+}
+
+impl<T, X: Transport<T>> Transport<T> for Group<'_, X> {
+    type Pending = X::Pending;
+
+    fn rank(&self) -> usize {
+        self.me
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    unsafe fn post(&self, sends: &[(RawBuf<T>, usize)], recvs: &[(RawBuf<T>, usize)]) -> Result<Self::Pending> {
+        // SAFETY: the same messages under the members' ranks in `x`; the caller's guarantees
+        // carry over unchanged.
+        unsafe { self.x.post(&self.map(sends), &self.map(recvs)) }
+    }
+}
+
 /// MPI point-to-point on a communicator reserved for Duralumin's algorithms, one tag per
 /// operation.
 #[derive(Clone, Copy, Debug)]

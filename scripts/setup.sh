@@ -8,6 +8,8 @@ command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 dpkg -s libamdhip64-dev >/dev/null 2>&1 || need+=(libamdhip64-dev)
 command -v unzip >/dev/null 2>&1 || need+=(unzip)
+# ip and tc, for the simulated cluster (scripts/cluster.sh).
+command -v tc >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq "${need[@]}" >/dev/null

@@ -18,6 +18,9 @@ bash scripts/miri.sh
 # on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim
 export DURALUMIN_REQUIRE_CUDASIM=1
+# The simulated cluster (scripts/cluster.sh: network namespaces, as root): the cluster_* trials
+# of tests/mpi_ranks may not skip here.
+export DURALUMIN_REQUIRE_CLUSTER=1
 cargo test --workspace --release
 # Recovery on ULFM: the survivor example built against Open MPI 5 (installed by setup.sh), run
 # with a rank killed mid-loop; these trials may not skip here.

@@ -1,6 +1,7 @@
-//! Pipelined chain broadcast: the buffer is cut into chunks that flow down the chain
-//! `root -> root+1 -> ...`, so every link is busy at once and a large broadcast costs about one
-//! buffer transfer plus `n - 2` chunk transfers, instead of `log2 n` full transfers.
+//! Pipelined broadcasts: the buffer is cut into chunks that flow down a chain
+//! (`root -> root+1 -> ...`) or any tree, so every link is busy at once and a large broadcast
+//! costs about one buffer transfer plus a chunk transfer per level, instead of `log2 n` full
+//! transfers. The hierarchical broadcast runs the same pipeline over a two-level tree.
 
 use std::collections::VecDeque;
 
@@ -24,17 +25,32 @@ pub(crate) async unsafe fn chain<T: Copy, X: Transport<T>>(
     chunk: usize,
 ) -> Result<()> {
     let (n, me) = (x.size(), x.rank());
-    if n == 1 {
-        return Ok(());
-    }
     let rel = (me + n - root) % n;
-    let (prev, next) = ((me + n - 1) % n, (me + 1) % n);
-    let last = rel == n - 1;
+    let parent = (rel != 0).then_some((me + n - 1) % n);
+    let next: Vec<usize> = (rel + 1 < n).then_some((me + 1) % n).into_iter().collect();
+    // SAFETY: forwarded from the caller.
+    unsafe { pipeline(x, buf, parent, &next, chunk) }.await
+}
+
+/// Broadcasts down any tree, pipelined: this rank receives each chunk from `parent` (`None` at
+/// the root, which has the data) and forwards it to every rank of `children` (one message per
+/// child and chunk, children in the order given). Every rank of the tree must run it with the
+/// same `chunk`.
+///
+/// # Safety
+/// See [`crate::algorithms`]: `buf` valid and exclusive until the future completes.
+pub(crate) async unsafe fn pipeline<T: Copy, X: Transport<T>>(
+    x: &X,
+    buf: RawBuf<T>,
+    parent: Option<usize>,
+    children: &[usize],
+    chunk: usize,
+) -> Result<()> {
     let chunks: Vec<_> = segments(buf.len(), chunk).map(|(o, l)| buf.block(o, l)).collect();
     let mut sends: VecDeque<X::Pending> = VecDeque::new();
     let mut recvs: VecDeque<X::Pending> = VecDeque::new();
     let mut posted = 0;
-    if rel != 0 {
+    if let Some(prev) = parent {
         while posted < chunks.len().min(WINDOW) {
             // SAFETY: each chunk is written only by its receive until it completes.
             recvs.push_back(unsafe { x.post(&[], &[(chunks[posted], prev)]) }?);
@@ -42,7 +58,7 @@ pub(crate) async unsafe fn chain<T: Copy, X: Transport<T>>(
         }
     }
     for c in &chunks {
-        if rel != 0 {
+        if let Some(prev) = parent {
             if let Some(r) = recvs.pop_front() {
                 r.await?;
             }
@@ -52,9 +68,10 @@ pub(crate) async unsafe fn chain<T: Copy, X: Transport<T>>(
                 posted += 1;
             }
         }
-        if !last {
+        if !children.is_empty() {
+            let to: Vec<_> = children.iter().map(|&child| (*c, child)).collect();
             // SAFETY: chunk k is complete (received or the root's data) and only read from now.
-            sends.push_back(unsafe { x.post(&[(*c, next)], &[]) }?);
+            sends.push_back(unsafe { x.post(&to, &[]) }?);
             if sends.len() > WINDOW {
                 if let Some(s) = sends.pop_front() {
                     s.await?;

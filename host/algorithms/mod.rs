@@ -16,6 +16,7 @@
 pub(crate) mod allreduce;
 pub(crate) mod bcast;
 pub(crate) mod exchange;
+pub(crate) mod hierarchical;
 pub(crate) mod reduce_scatter;
 
 /// The block of `len` elements that rank `i` of `n` owns in ring and halving algorithms:

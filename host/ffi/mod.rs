@@ -4,7 +4,7 @@
 //! into [`Error`]s and wraps MPI handles in `Copy` newtypes that may cross threads (the library
 //! always runs MPI at `MPI_THREAD_MULTIPLE`, see [`crate::init`]); the safe types
 //! ([`crate::MpiCommunicator`] and friends) are built on top. All `unsafe` that talks to MPI lives
-//! here and in [`native`]; [`os`] holds the one operating-system call of the progress
+//! here, in [`native`] and in [`win`]; [`os`] holds the one operating-system call of the progress
 //! machinery.
 
 pub(crate) mod native;
@@ -12,6 +12,7 @@ pub(crate) mod native;
 pub(crate) mod nccl;
 pub(crate) mod os;
 pub(crate) mod ulfm;
+pub(crate) mod win;
 
 use std::ffi::{c_int, c_void};
 

@@ -97,16 +97,25 @@ pub trait Backend {
 }
 
 /// Every allreduce algorithm.
-pub const ALL_ALLREDUCE: [AllreduceAlgorithm; 5] = [
+pub const ALL_ALLREDUCE: &[AllreduceAlgorithm] = &[
     AllreduceAlgorithm::Auto,
     AllreduceAlgorithm::Native,
     AllreduceAlgorithm::Ring,
     AllreduceAlgorithm::RecursiveDoubling,
     AllreduceAlgorithm::Rabenseifner,
+    AllreduceAlgorithm::Hierarchical,
+    AllreduceAlgorithm::SharedMemory,
 ];
 
+/// The allreduce algorithms for a communicator over several nodes: all but the shared-memory
+/// one, which needs every rank on one node (`topology.rs` checks it refuses).
+pub fn allreduce_algorithms_for(topology: &duralumin::Topology) -> &'static [AllreduceAlgorithm] {
+    if topology.node_count() > 1 { &ALL_ALLREDUCE[..ALL_ALLREDUCE.len() - 1] } else { ALL_ALLREDUCE }
+}
+
 /// Every bcast algorithm.
-pub const ALL_BCAST: [BcastAlgorithm; 3] = [BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain];
+pub const ALL_BCAST: &[BcastAlgorithm] =
+    &[BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain, BcastAlgorithm::Hierarchical];
 
 impl Backend for MpiCommunicator {
     fn rank(&self) -> usize {
@@ -116,10 +125,10 @@ impl Backend for MpiCommunicator {
         MpiCommunicator::size(self)
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        &ALL_ALLREDUCE
+        allreduce_algorithms_for(self.topology())
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        &ALL_BCAST
+        ALL_BCAST
     }
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,
@@ -431,10 +440,10 @@ impl<D: $($bound)+> Backend for $adapter<D> {
                 self.comm.size()
             }
             fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-                if self.algorithms { &ALL_ALLREDUCE } else { &[AllreduceAlgorithm::Auto] }
+                if self.algorithms { allreduce_algorithms_for(&self.comm.topology()) } else { &[AllreduceAlgorithm::Auto] }
             }
             fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-                if self.algorithms { &ALL_BCAST } else { &[BcastAlgorithm::Auto] }
+                if self.algorithms { ALL_BCAST } else { &[BcastAlgorithm::Auto] }
             }
             fn runs_user_pairs(&self) -> bool {
                 self.user_pairs()

@@ -207,10 +207,10 @@ impl<C: Collectives, S: Stage<C>> Backend for Generic<'_, C, S> {
         self.comm.size()
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        if self.native_only { &ALL_ALLREDUCE[..1] } else { &ALL_ALLREDUCE }
+        if self.native_only { &ALL_ALLREDUCE[..1] } else { ALL_ALLREDUCE }
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        if self.native_only { &ALL_BCAST[..1] } else { &ALL_BCAST }
+        if self.native_only { &ALL_BCAST[..1] } else { ALL_BCAST }
     }
     fn allreduce_with<T: Element, O: ReduceOp<T>>(
         &self,

@@ -22,9 +22,30 @@ pub fn main() {
     args.test_threads = Some(1);
     let mut trials: Vec<Trial> =
         (1..=5).map(|np| Trial::test(format!("mpi_np{np}"), move || launch(np, "all"))).collect();
+    // The two-level algorithms on one host, with rank r treated as on node r % 2: at 5 ranks
+    // the nodes are uneven (3 and 2) and not contiguous in rank order.
+    trials.push(Trial::test("mpi_np5_simulated_nodes", || {
+        launch_with(5, "sweep", &[("DURALUMIN_SIMULATED_NODES", "2".into())], timeout())
+    }));
     // A failure names its case (checked with one failure injected into each).
     trials.push(Trial::test("names_a_wrong_result", names_a_wrong_result));
     trials.push(Trial::test("names_a_hang", names_a_hang));
+    // Local rank and size against the hostnames, on one host (and on several below).
+    trials.push(Trial::test("topology_np3", || launch(3, "topology")));
+    // The same programs on a simulated cluster on this machine (scripts/cluster.sh: each host a
+    // network namespace with its own hostname, TCP between hosts, shared memory within one).
+    let cluster = Cluster::new();
+    // The sweep of the Mpi and HostTransfer backends (host device), every algorithm: on nodes
+    // of two, of one, and uneven. The links are not shaped here (the benchmark shapes them):
+    // correctness does not need a slow network, and the suite's time does not want one.
+    let unshaped = || Ok(vec![("DURALUMIN_CLUSTER_RATE", "none".to_string())]);
+    for (name, layout, np) in [("2x2", "2x2", 4), ("3x1", "3x1", 3), ("2+1", "2,1", 3)] {
+        let program = "sweep+host_transfer";
+        trials.push(cluster.trial(format!("cluster_{name}_sweep"), layout, np, program, unshaped(), false));
+    }
+    for (name, layout, np) in [("2x2", "2x2", 4), ("3x1", "3x1", 3), ("2+1", "2,1", 3)] {
+        trials.push(cluster.trial(format!("cluster_topology_{name}"), layout, np, "topology", Ok(vec![]), false));
+    }
     // HostTransfer on a CUDA GPU: several ranks share the one GPU. Reported as ignored (never
     // passed) without one.
     #[cfg(feature = "cuda")]
@@ -53,6 +74,27 @@ pub fn main() {
         };
         for np in 1..=3 {
             trials.push(on_sim(format!("cudasim_np{np}"), np, "cuda", vec![], timeout()));
+        }
+        // Ranks on several simulated hosts sharing the simulator's one device.
+        let sim_env = sim
+            .as_ref()
+            .map(|dir| {
+                vec![
+                    ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(dir)),
+                    ("DURALUMIN_CLUSTER_RATE", "none".to_string()),
+                ]
+            })
+            .ok_or_else(|| "the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim".into());
+        for (layout, np) in [("2x2", 4), ("3x1", 3)] {
+            let no_sim = sim.is_none() && !required;
+            trials.push(cluster.trial(
+                format!("cluster_cudasim_{layout}"),
+                layout,
+                np,
+                "cuda",
+                sim_env.clone(),
+                no_sim,
+            ));
         }
         let one_queue = vec![("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string())];
         trials.push(on_sim("cudasim_maxconn1_np2".into(), 2, "cuda", one_queue, timeout()));
@@ -98,6 +140,11 @@ pub fn launch(np: usize, program: &str) -> Result<(), Failed> {
 /// did (`rank 2: group sweep / Mpi / allreduce in place, f32, Sum, count 7, algorithm Auto: got
 /// [...], expected [...]`), where the others were (`rank 1 was in: ...`).
 pub fn launch_with(np: usize, program: &str, env: &[(&str, String)], limit: Duration) -> Result<(), Failed> {
+    launch_on(&crate::mpirun::mpirun_program(), np, program, env, limit)
+}
+
+/// [`launch_with`] under the `mpirun` program given.
+fn launch_on(mpirun: &str, np: usize, program: &str, env: &[(&str, String)], limit: Duration) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut env = env.to_vec();
     env.push(("DURALUMIN_RANK_PROGRAM", program.to_string()));
@@ -106,11 +153,65 @@ pub fn launch_with(np: usize, program: &str, env: &[(&str, String)], limit: Dura
     if std::env::var("DURALUMIN_TIMEOUT").is_err() && !env.iter().any(|(k, _)| *k == "DURALUMIN_TIMEOUT") {
         env.push(("DURALUMIN_TIMEOUT", "120".into()));
     }
-    let run = crate::mpirun::launch(np, &exe, &env, &[], limit)?;
+    let run = crate::mpirun::launch_with(mpirun, np, &exe, &env, &[], limit)?;
     match run.status {
         Some(s) if s.success() => Ok(()),
         Some(s) => Err(run.failure(&format!("mpirun -np {np} {program} failed ({s})")).into()),
         None => Err(run.failure(&format!("mpirun -np {np} {program} timed out after {limit:?}")).into()),
+    }
+}
+
+/// The simulated cluster: `scripts/cluster-mpirun`, mpirun on a fresh cluster of network
+/// namespaces (layout from `DURALUMIN_CLUSTER`), and whether `scripts/cluster.sh check` says it
+/// can run here (it needs root). Its trials are reported as ignored where it cannot, with the
+/// reason on stderr, unless `DURALUMIN_REQUIRE_CLUSTER=1` (scripts/test.sh sets it): then they
+/// fail with the reason.
+struct Cluster {
+    mpirun: String,
+    /// Why the cluster cannot run here.
+    unavailable: Option<String>,
+    required: bool,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts");
+        let unavailable = match std::process::Command::new(scripts.join("cluster.sh")).arg("check").output() {
+            Ok(out) if out.status.success() => None,
+            Ok(out) => Some(format!("{} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status)),
+            Err(e) => Some(format!("cluster: cannot run scripts/cluster.sh: {e}")),
+        };
+        let required = std::env::var("DURALUMIN_REQUIRE_CLUSTER").is_ok_and(|v| v == "1");
+        if let Some(reason) = &unavailable {
+            let outcome = if required { "fail (DURALUMIN_REQUIRE_CLUSTER=1)" } else { "are ignored" };
+            eprintln!("the cluster_* trials {outcome}: {reason}");
+        }
+        Cluster { mpirun: scripts.join("cluster-mpirun").display().to_string(), unavailable, required }
+    }
+
+    /// A trial of `program` on `np` ranks on a cluster of `layout` (`HxS`, or slots per host:
+    /// `2,1`) with `env` besides, or the reason `env` cannot be had (a trial then fails; it is
+    /// ignored instead where `ignore`).
+    fn trial(
+        &self,
+        name: String,
+        layout: &'static str,
+        np: usize,
+        program: &'static str,
+        env: Result<Vec<(&'static str, String)>, String>,
+        ignore: bool,
+    ) -> Trial {
+        let (mpirun, unavailable) = (self.mpirun.clone(), self.unavailable.clone());
+        let ignored = ignore || (unavailable.is_some() && !self.required);
+        Trial::test(name, move || {
+            if let Some(reason) = unavailable {
+                return Err(reason.into());
+            }
+            let mut env = env?;
+            env.push(("DURALUMIN_CLUSTER", layout.to_string()));
+            launch_on(&mpirun, np, program, &env, timeout())
+        })
+        .with_ignored_flag(ignored)
     }
 }
 

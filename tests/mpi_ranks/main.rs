@@ -27,6 +27,7 @@ mod mpirun;
 mod nccl;
 mod p2p;
 mod sweep;
+mod topology;
 
 use std::time::Instant;
 
@@ -45,6 +46,10 @@ pub fn small_thresholds() -> Tuning {
         .with_bcast_chain_bytes(256)
         .with_bcast_chunk_bytes(64)
         .with_max_message_elements(50)
+        .with_hierarchical_allreduce_bytes(256)
+        .with_hierarchical_bcast_bytes(256)
+        .with_hierarchical_reduce_scatter_bytes(256)
+        .with_hierarchical_allgather_bytes(256)
 }
 
 /// Counts every operation is tested with: empty, one, odd, and above every threshold.
@@ -74,7 +79,7 @@ fn rank_main(program: &str) {
         ("p2p", |c, _| p2p::run(c)),
         ("bad_input", |c, _| bad_input::run(c)),
         ("engine", |c, _| engine::run(c)),
-        ("topology", |c, _| engine::topology(c)),
+        ("topology", topology::run),
         ("threads", |c, _| engine::threads(c)),
         ("host_transfer", host_transfer::run),
         ("generic", generic::run),
@@ -89,7 +94,9 @@ fn rank_main(program: &str) {
     ]);
     for (name, group) in groups {
         // The GPU groups run only when asked for by name (the `cuda_np*`, `nccl_np*` trials).
-        if program != name && (program != "all" || name == "cuda" || name.starts_with("nccl")) {
+        // `program` is a group, `all` (every group but the GPU ones), or groups joined by `+`.
+        let listed = program.split('+').any(|p| p == name);
+        if !listed && (program != "all" || name == "cuda" || name.starts_with("nccl")) {
             continue;
         }
         #[cfg(feature = "cuda")]

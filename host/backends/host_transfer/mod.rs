@@ -410,6 +410,11 @@ impl<D: Device> HostTransferCommunicator<D> {
         self.mpi().tuning()
     }
 
+    /// Which node each rank runs on ([`MpiCommunicator::topology`](crate::MpiCommunicator::topology)).
+    pub fn topology(&self) -> crate::Topology {
+        self.mpi().topology().clone()
+    }
+
     /// Sets the thresholds of the automatic algorithm choice (the same on every rank). The MPI
     /// part of each chunk picks its algorithm by the chunk's size, so thresholds above the
     /// chunk size ([`HostTransferConfig::chunk_bytes`], or `max_chunk_bytes` for operations

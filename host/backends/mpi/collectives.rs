@@ -17,6 +17,7 @@ use duralumin_kernels::{Element, ReduceOp};
 
 use super::MpiCommunicator;
 use super::job::{Job, Mode, Post};
+use crate::algorithms::hierarchical::{self, Levels};
 use crate::algorithms::reduce_scatter::{self, Partials, RingLayout};
 use crate::algorithms::{allreduce, bcast, exchange};
 use crate::buffer::RawBuf;
@@ -31,12 +32,15 @@ use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::{Request, Scope};
 use crate::transport::MpiTransport;
 
-/// Allreduce algorithms. `Auto` picks by message size (see [`super::Tuning`]).
+/// Allreduce algorithms. `Auto` picks by operator, message size and the communicator's shape
+/// (see [`super::Tuning`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AllreduceAlgorithm {
-    /// Native below [`super::Tuning::allreduce_ring_bytes`], ring above (native for
-    /// non-commutative operators).
+    /// On several nodes, hierarchical from [`super::Tuning::hierarchical_allreduce_bytes`]; on
+    /// one, ring from [`super::Tuning::allreduce_ring_bytes`] and shared memory from
+    /// [`super::Tuning::shared_memory_allreduce_bytes`]; native below, and for non-commutative
+    /// operators.
     #[default]
     Auto,
     /// The MPI library's `MPI_Allreduce`.
@@ -47,19 +51,35 @@ pub enum AllreduceAlgorithm {
     RecursiveDoubling,
     /// Rabenseifner: recursive-halving reduce-scatter, recursive-doubling allgather.
     Rabenseifner,
+    /// Two-level: node-local reduce-scatter, cross-node allreduce of each slice by all ranks
+    /// that hold it, node-local allgather (see [`crate::Topology`] and `docs/topology.md`).
+    Hierarchical,
+    /// One node only: the ranks reduce through an MPI-3 shared-memory window
+    /// (`MPI_Win_allocate_shared`), pipelined in chunks of at most 1 MiB per rank: each rank
+    /// stages the parts of its input the others reduce, reduces its own slice straight from
+    /// the others' staged parts in rank order (so any operator works, commutative or not),
+    /// and every rank copies the results out. The first use on a communicator makes the window,
+    /// collectively over the node. [`Error::AlgorithmUnsupported`] if the ranks span several
+    /// nodes.
+    SharedMemory,
 }
 
-/// Broadcast algorithms. `Auto` picks by message size (see [`super::Tuning`]).
+/// Broadcast algorithms. `Auto` picks by message size and the communicator's shape (see
+/// [`super::Tuning`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum BcastAlgorithm {
-    /// Native below [`super::Tuning::bcast_chain_bytes`] or with 2 ranks, chain above.
+    /// On several nodes, hierarchical from [`super::Tuning::hierarchical_bcast_bytes`]; on one,
+    /// chain from [`super::Tuning::bcast_chain_bytes`] with 3 ranks or more; native otherwise.
     #[default]
     Auto,
     /// The MPI library's `MPI_Bcast`.
     Native,
     /// Pipelined chain (chunks flow `root -> root+1 -> ...`).
     Chain,
+    /// Two-level pipeline: a chain of node leaders, each forwarding down a chain through its
+    /// own node at once, so the network carries the buffer once per node.
+    Hierarchical,
 }
 
 impl BcastAlgorithm {
@@ -68,16 +88,17 @@ impl BcastAlgorithm {
             BcastAlgorithm::Auto => "auto",
             BcastAlgorithm::Native => "native",
             BcastAlgorithm::Chain => "chain",
+            BcastAlgorithm::Hierarchical => "hierarchical",
         }
     }
 }
 
 impl AllreduceAlgorithm {
-    /// Whether the algorithm can reduce with `O`: only `Auto` and `Native` keep the rank order
-    /// a non-commutative operator needs.
+    /// Whether the algorithm can reduce with `O`: only `Auto`, `Native` and `SharedMemory` keep
+    /// the rank order a non-commutative operator needs.
     pub(crate) fn check_operator<T: Element, O: ReduceOp<T>>(self) -> Result<()> {
         match self {
-            AllreduceAlgorithm::Auto | AllreduceAlgorithm::Native => Ok(()),
+            AllreduceAlgorithm::Auto | AllreduceAlgorithm::Native | AllreduceAlgorithm::SharedMemory => Ok(()),
             a if !O::COMMUTATIVE => {
                 Err(Error::AlgorithmUnsupported { algorithm: a.name(), reason: "the operator is not commutative" })
             }
@@ -92,6 +113,8 @@ impl AllreduceAlgorithm {
             AllreduceAlgorithm::Ring => "ring",
             AllreduceAlgorithm::RecursiveDoubling => "recursive doubling",
             AllreduceAlgorithm::Rabenseifner => "rabenseifner",
+            AllreduceAlgorithm::Hierarchical => "hierarchical",
+            AllreduceAlgorithm::SharedMemory => "shared memory",
         }
     }
 }
@@ -450,12 +473,7 @@ impl MpiCommunicator {
         let bytes = n.saturating_mul(size_of::<T>());
         algorithm.check_operator::<T, O>()?;
         let algorithm = match algorithm {
-            AllreduceAlgorithm::Auto
-                if !O::COMMUTATIVE || self.size() == 1 || bytes < self.tuning.allreduce_ring_bytes =>
-            {
-                AllreduceAlgorithm::Native
-            }
-            AllreduceAlgorithm::Auto => AllreduceAlgorithm::Ring,
+            AllreduceAlgorithm::Auto => self.auto_allreduce::<T, O>(bytes),
             a => a,
         };
         let out = RawBuf::from_mut(recv);
@@ -474,26 +492,34 @@ impl MpiCommunicator {
                 .collect::<Result<_>>()?;
             return Ok(Job::Native { dt, calls, post: finish::<T, O>(out, self.size()).into_iter().collect() });
         }
+        if algorithm == AllreduceAlgorithm::SharedMemory {
+            return super::shm::plan_allreduce::<T, O>(self, send, out, mode);
+        }
         let input = send.map(RawBuf::from_ref);
         let x = self.transport::<T>(mode)?;
         let core = Arc::clone(&self.core);
         let seg = (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1);
+        let reads_input = matches!(algorithm, AllreduceAlgorithm::Ring | AllreduceAlgorithm::Hierarchical);
+        let levels = (algorithm == AllreduceAlgorithm::Hierarchical).then(|| Levels::new(&self.topology, self.rank()));
         Ok(Job::Future(Box::pin(async move {
-            if let (Some(input), false) = (input, algorithm == AllreduceAlgorithm::Ring) {
+            if let (Some(input), false) = (input, reads_input) {
                 // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
                 // whole operation. The ring reads its input in place instead.
                 unsafe { out.copy_from(input) };
             }
             let r = HostReducer::<O>::new();
-            let scratch_len = if algorithm == AllreduceAlgorithm::Ring { n.min(2 * seg) } else { n };
+            let scratch_len = if reads_input { n.min(2 * seg) } else { n };
             let mut scratch = core.scratch.take::<T>(scratch_len)?;
             let tmp = scratch.raw();
             // SAFETY: `out` is borrowed by the operation and `tmp` is its own scratch: valid,
             // exclusive and disjoint until completion.
             unsafe {
-                match algorithm {
-                    AllreduceAlgorithm::Ring => allreduce::ring(&x, &r, input, out, tmp, seg).await?,
-                    AllreduceAlgorithm::RecursiveDoubling => allreduce::recursive_doubling(&x, &r, out, tmp).await?,
+                match (algorithm, &levels) {
+                    (_, Some(lv)) => hierarchical::allreduce(&x, &r, lv, input, out, tmp, seg).await?,
+                    (AllreduceAlgorithm::Ring, _) => allreduce::ring(&x, &r, input, out, tmp, seg).await?,
+                    (AllreduceAlgorithm::RecursiveDoubling, _) => {
+                        allreduce::recursive_doubling(&x, &r, out, tmp).await?
+                    }
                     _ => allreduce::rabenseifner(&x, &r, out, tmp).await?,
                 }
                 r.finish(out.as_mut_slice(), u32_rank(x.size));
@@ -552,13 +578,12 @@ impl MpiCommunicator {
     ) -> Result<Job<T>> {
         check::rank("bcast root", root, self.size())?;
         let bytes = buf.len().saturating_mul(size_of::<T>());
-        let chain = match algorithm {
-            BcastAlgorithm::Auto => self.size() > 2 && bytes >= self.tuning.bcast_chain_bytes,
-            BcastAlgorithm::Native => false,
-            BcastAlgorithm::Chain => true,
+        let algorithm = match algorithm {
+            BcastAlgorithm::Auto => self.auto_bcast(bytes),
+            a => a,
         };
         let out = RawBuf::from_mut(buf);
-        if !chain {
+        if algorithm == BcastAlgorithm::Native {
             let calls = pieces(out.len(), self.tuning.max_message_elements)
                 .map(|(off, len)| Ok(Native::Bcast { buf: at(out, off), count: cnt(len)?, root: c_rank(root) }))
                 .collect::<Result<_>>()?;
@@ -566,7 +591,14 @@ impl MpiCommunicator {
         }
         let x = self.transport::<T>(mode)?;
         let chunk = (self.tuning.bcast_chunk_bytes / size_of::<T>().max(1)).max(1);
-        // SAFETY: `buf` is borrowed by the public method for the whole operation.
+        if algorithm == BcastAlgorithm::Hierarchical {
+            let topology = Arc::clone(&self.topology);
+            return Ok(Job::Future(Box::pin(async move {
+                // SAFETY: `buf` is borrowed by the public method for the whole operation.
+                unsafe { hierarchical::bcast(&x, &topology, out, root, chunk).await }
+            })));
+        }
+        // SAFETY: as above.
         Ok(Job::Future(Box::pin(async move { unsafe { bcast::chain(&x, out, root, chunk).await } })))
     }
 
@@ -580,6 +612,10 @@ impl MpiCommunicator {
             None => check::divisible("allgather buffer (size * count)", recv.len(), n)?,
         };
         let out = RawBuf::from_mut(recv);
+        let bytes = out.len().saturating_mul(size_of::<T>());
+        if self.use_two_level(bytes, self.tuning.hierarchical_allgather_bytes, true) {
+            return self.two_level_allgather(send.map(RawBuf::from_ref), out, count, mode);
+        }
         if self.fits(count) {
             let send = send.map_or(in_place().cast_const(), cptr);
             return Ok(Job::native(
@@ -589,6 +625,59 @@ impl MpiCommunicator {
         }
         let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
         self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)
+    }
+
+    /// The two-level allgather ([`hierarchical::allgather`]) of `count` elements per rank into
+    /// `out`, after placing this rank's own block.
+    fn two_level_allgather<T: Element>(
+        &self,
+        send: Option<RawBuf<T>>,
+        out: RawBuf<T>,
+        count: usize,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        let core = Arc::clone(&self.core);
+        let levels = Levels::new(&self.topology, self.rank());
+        let own = out.block(self.rank() * count, count);
+        Ok(Job::Future(Box::pin(async move {
+            let mut scratch = core.scratch.take::<T>(out.len())?;
+            // SAFETY: the public method borrows the buffers for the whole operation (the send
+            // buffer is a distinct slice); the scratch is this operation's own.
+            unsafe {
+                if let Some(s) = send {
+                    own.copy_from(s);
+                }
+                hierarchical::allgather(&x, &levels, out, count, scratch.raw()).await
+            }
+        })))
+    }
+
+    /// The two-level reduce-scatter ([`hierarchical::reduce_scatter`]) of `input` (every
+    /// rank's blocks) into `out` (this rank's), then the operator's finishing step.
+    fn two_level_reduce_scatter<T: Element, O: ReduceOp<T>>(
+        &self,
+        input: RawBuf<T>,
+        out: RawBuf<T>,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let x = self.transport::<T>(mode)?;
+        let core = Arc::clone(&self.core);
+        let levels = Levels::new(&self.topology, self.rank());
+        let seg = self.segment::<T>();
+        let n = self.size();
+        Ok(Job::Future(Box::pin(async move {
+            let r = HostReducer::<O>::new();
+            let mut scratch = core.scratch.take::<T>(input.len() + 2 * seg)?;
+            // SAFETY: the public method borrows the buffers for the whole operation (`out` may
+            // lie inside `input` in place, which the algorithm allows); the scratch is this
+            // operation's own.
+            unsafe {
+                hierarchical::reduce_scatter(&x, &r, &levels, input, out, scratch.raw(), seg).await?;
+                r.finish(out.as_mut_slice(), u32_rank(n));
+            }
+            Ok(())
+        })))
     }
 
     /// Allgather(v) over the ring algorithm, after placing this rank's own block.
@@ -924,6 +1013,17 @@ impl MpiCommunicator {
             }
             None => check::divisible("reduce_scatter buffer (size * count)", recv.len(), n)?,
         };
+        let bytes = recv.len().max(count.saturating_mul(n)).saturating_mul(size_of::<T>());
+        if self.use_two_level(bytes, self.tuning.hierarchical_reduce_scatter_bytes, O::COMMUTATIVE) {
+            let (input, out) = match send {
+                Some(s) => (RawBuf::from_ref(s), RawBuf::from_mut(recv)),
+                None => {
+                    let all = RawBuf::from_mut(recv);
+                    (all, all.block(0, count))
+                }
+            };
+            return self.two_level_reduce_scatter::<T, O>(input, out, mode);
+        }
         // Equal blocks go through MPI_Reduce_scatter: Open MPI 4.1's MPI_Reduce_scatter_block
         // is a reduce followed by a scatter, three times slower at 16 MiB in our benchmark.
         self.plan_reduce_scatterv(send, recv, &vec![count; n], op, mode)
@@ -986,6 +1086,53 @@ impl MpiCommunicator {
         }
         post.extend(finish::<T, O>(result, n));
         Ok(Job::Native { dt, calls, post })
+    }
+
+    /// The algorithm [`AllreduceAlgorithm::Auto`] runs for an allreduce of `count` elements
+    /// with `O` on this communicator (never `Auto`).
+    pub fn allreduce_choice<T: Element, O: ReduceOp<T>>(&self, count: usize) -> AllreduceAlgorithm {
+        self.auto_allreduce::<T, O>(count.saturating_mul(size_of::<T>()))
+    }
+
+    /// The algorithm [`BcastAlgorithm::Auto`] runs for a broadcast of `count` elements of `T`
+    /// on this communicator (never `Auto`).
+    pub fn bcast_choice<T: Element>(&self, count: usize) -> BcastAlgorithm {
+        self.auto_bcast(count.saturating_mul(size_of::<T>()))
+    }
+
+    /// What `Auto` runs for an allreduce of `bytes` with `O`: decided from values every rank
+    /// shares (operator, size, tuning, shape), so all ranks agree.
+    fn auto_allreduce<T: Element, O: ReduceOp<T>>(&self, bytes: usize) -> AllreduceAlgorithm {
+        let t = &self.tuning;
+        if !O::COMMUTATIVE || self.size() == 1 {
+            AllreduceAlgorithm::Native
+        } else if !self.shape.single_node() && bytes >= t.hierarchical_allreduce_bytes {
+            AllreduceAlgorithm::Hierarchical
+        } else if self.shape.single_node() && bytes >= t.shared_memory_allreduce_bytes {
+            AllreduceAlgorithm::SharedMemory
+        } else if bytes >= t.allreduce_ring_bytes {
+            AllreduceAlgorithm::Ring
+        } else {
+            AllreduceAlgorithm::Native
+        }
+    }
+
+    /// What `Auto` runs for a broadcast of `bytes`.
+    fn auto_bcast(&self, bytes: usize) -> BcastAlgorithm {
+        let t = &self.tuning;
+        if !self.shape.single_node() && bytes >= t.hierarchical_bcast_bytes {
+            BcastAlgorithm::Hierarchical
+        } else if self.shape.single_node() && self.size() > 2 && bytes >= t.bcast_chain_bytes {
+            BcastAlgorithm::Chain
+        } else {
+            BcastAlgorithm::Native
+        }
+    }
+
+    /// Whether a collective of `bytes` in total runs a two-level algorithm from `threshold` up:
+    /// several nodes, and a commutative operator where it reduces.
+    fn use_two_level(&self, bytes: usize, threshold: usize, commutative: bool) -> bool {
+        commutative && !self.shape.single_node() && bytes >= threshold
     }
 
     /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:

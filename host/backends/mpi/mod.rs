@@ -14,6 +14,7 @@ mod collectives;
 mod job;
 mod p2p;
 mod shadow;
+mod shm;
 
 use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
@@ -23,12 +24,14 @@ use std::time::Duration;
 
 use crate::buffer::ScratchPool;
 use crate::error::{Error, Result};
+use crate::ffi::native::Native;
 use crate::ffi::{self, RawComm, sys};
 use crate::progress::Engine;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::Monitor;
 use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::DeferredError;
+use crate::topology::{Shape, Topology};
 
 pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
 
@@ -73,6 +76,20 @@ pub struct Tuning {
     /// over point-to-point. At most `i32::MAX` (MPI's `int` counts); tests lower it to
     /// exercise the large-count paths with small buffers.
     pub max_message_elements: usize,
+    /// On one node, allreduces of at least this many bytes run through the node's shared-memory
+    /// window ([`AllreduceAlgorithm::SharedMemory`]; commutative operators).
+    pub shared_memory_allreduce_bytes: usize,
+    /// On several nodes (see [`MpiCommunicator::topology`]), allreduces of at least this many bytes run the hierarchical
+    /// algorithm (commutative operators).
+    pub hierarchical_allreduce_bytes: usize,
+    /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
+    pub hierarchical_bcast_bytes: usize,
+    /// On several nodes, reduce-scatters (equal blocks) of at least this many bytes in total run
+    /// the two-level algorithm (commutative operators).
+    pub hierarchical_reduce_scatter_bytes: usize,
+    /// On several nodes, allgathers of at least this many bytes in total run the two-level
+    /// algorithm.
+    pub hierarchical_allgather_bytes: usize,
 }
 
 with_setters!(Tuning {
@@ -83,11 +100,33 @@ with_setters!(Tuning {
     bcast_chain_bytes: usize => with_bcast_chain_bytes,
     bcast_chunk_bytes: usize => with_bcast_chunk_bytes,
     max_message_elements: usize => with_max_message_elements,
+    shared_memory_allreduce_bytes: usize => with_shared_memory_allreduce_bytes,
+    hierarchical_allreduce_bytes: usize => with_hierarchical_allreduce_bytes,
+    hierarchical_bcast_bytes: usize => with_hierarchical_bcast_bytes,
+    hierarchical_reduce_scatter_bytes: usize => with_hierarchical_reduce_scatter_bytes,
+    hierarchical_allgather_bytes: usize => with_hierarchical_allgather_bytes,
 });
 
 impl Default for Tuning {
+    /// The thresholds for one node.
     fn default() -> Self {
+        Tuning::for_shape(Shape { nodes: 1, min_per_node: 1, max_per_node: 1 })
+    }
+}
+
+impl Tuning {
+    /// The thresholds measured best for a communicator of `shape` (the table in
+    /// `docs/topology.md`). Every communicator starts from these.
+    pub fn for_shape(shape: Shape) -> Self {
+        // With one rank per node the hierarchical allreduce is the flat ring: it takes over
+        // where the ring does.
+        let several_per_node = shape.max_per_node > 1;
         Tuning {
+            shared_memory_allreduce_bytes: 2 << 20,
+            hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
+            hierarchical_bcast_bytes: 256 << 10,
+            hierarchical_reduce_scatter_bytes: 256 << 10,
+            hierarchical_allgather_bytes: 256 << 10,
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
             reduce_ring_bytes: 256 << 10,
@@ -117,10 +156,17 @@ pub(crate) struct Core {
     /// Operation numbers, flight recorder, deadline, poisoned state (see
     /// [`crate::reliability`]).
     pub(crate) monitor: Arc<Monitor>,
+    /// The node's shared-memory window, made by the first operation that uses it (see
+    /// `shm.rs`); freed (collectively over the node) after the communicators below.
+    pub(crate) shm: shm::NodeWindow,
 }
 
 impl Drop for Core {
     fn drop(&mut self) {
+        if self.monitor.poisoned().is_some() {
+            // The other ranks may never reach the window's collective free.
+            self.shm.abandon();
+        }
         self.monitor.close();
         for c in [self.coll, self.algo, self.p2p] {
             // SAFETY: the three communicators were created by `MpiCommunicator::from_raw` for
@@ -153,6 +199,9 @@ pub struct MpiCommunicator {
     local_size: usize,
     seq: Cell<u32>,
     tuning: Tuning,
+    /// `topology`'s shape, which `Auto` keys on.
+    shape: Shape,
+    topology: Arc<Topology>,
     engine: OnceCell<Arc<Engine>>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -192,10 +241,10 @@ impl MpiCommunicator {
         let (rank, size) = ffi::comm::rank_size(coll)?;
         let tag_ub = ffi::comm::tag_ub(coll)?;
         let node = ffi::comm::split_shared(coll, ffi::c_rank(rank))?;
-        let local = ffi::comm::rank_size(node);
+        let learned = learn_topology(coll, node, rank, size);
         // SAFETY: `node` was created just above and is used by nobody else.
         unsafe { ffi::comm::free(node) };
-        let (local_rank, local_size) = local?;
+        let (local_rank, local_size, topology) = learned?;
         let monitor = Monitor::new(rank, size, vec![coll, algo, p2p])?;
         Ok(MpiCommunicator {
             core: Arc::new(Core {
@@ -208,11 +257,14 @@ impl MpiCommunicator {
                 scratch: ScratchPool::default(),
                 errors: Arc::default(),
                 monitor,
+                shm: shm::NodeWindow::default(),
             }),
             local_rank,
             local_size,
             seq: Cell::new(0),
-            tuning: Tuning::default(),
+            tuning: Tuning::for_shape(topology.shape()),
+            shape: topology.shape(),
+            topology: Arc::new(topology),
             engine: OnceCell::new(),
             _not_sync: PhantomData,
         })
@@ -242,6 +294,11 @@ impl MpiCommunicator {
     /// The number of ranks on this process's node.
     pub fn local_size(&self) -> usize {
         self.local_size
+    }
+
+    /// Which node each rank runs on (learned when the communicator was made).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// The largest tag point-to-point calls accept (`MPI_TAG_UB`).
@@ -426,6 +483,38 @@ impl MpiCommunicator {
         }
         self.engine.get().ok_or(Error::Progress("no progress engine"))
     }
+}
+
+/// This rank's place on its node and every rank's node: the node communicator's rank and size,
+/// then an allgather over `coll` of each node's lowest rank (which names the node). Collective.
+fn learn_topology(coll: RawComm, node: RawComm, rank: usize, size: usize) -> Result<(usize, usize, Topology)> {
+    let (local_rank, local_size) = ffi::comm::rank_size(node)?;
+    let dt = crate::datatype::datatype::<u64>()?;
+    // The node's lowest rank: the split was keyed by rank, so it is local rank 0.
+    let mut leader = rank as u64;
+    let mut leaders = vec![0u64; size];
+    let calls = [
+        Native::Bcast { buf: (&raw mut leader).cast(), count: 1, root: 0 },
+        Native::Allgather { send: (&raw const leader).cast(), recv: leaders.as_mut_ptr().cast(), count: 1 },
+    ];
+    for (call, comm) in calls.iter().zip([node, coll]) {
+        // SAFETY: `leader` is one u64 and `leaders` one per rank of `coll`, both live across
+        // the blocking calls; the communicators are live.
+        unsafe { call.run(dt, comm) }?;
+    }
+    let mut leaders: Vec<usize> = leaders.iter().map(|&l| usize::try_from(l).unwrap_or(usize::MAX)).collect();
+    if let Some(k) = simulated_nodes() {
+        // Rank r on node r % k: uneven and not contiguous, the layouts hardest to get right.
+        leaders = (0..size).map(|r| r % k).collect();
+    }
+    Ok((local_rank, local_size, Topology::from_leaders(&leaders)))
+}
+
+/// `DURALUMIN_SIMULATED_NODES=k`: the algorithms (not `local_rank`/`local_size`, which stay
+/// MPI's) treat rank `r` as running on node `r % k`, so the two-level algorithms can be tested
+/// on one host (`docs/topology.md`). Every rank must see the same value.
+fn simulated_nodes() -> Option<usize> {
+    std::env::var("DURALUMIN_SIMULATED_NODES").ok()?.parse().ok().filter(|&k| k > 0)
 }
 
 /// Whether the process's progress thread is running (it stops when the last communicator that

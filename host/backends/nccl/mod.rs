@@ -240,6 +240,11 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         self.mpi.local_size()
     }
 
+    /// Which node each rank runs on ([`MpiCommunicator::topology`]).
+    pub fn topology(&self) -> crate::Topology {
+        self.mpi.topology().clone()
+    }
+
     /// The stream operations are ordered on.
     pub fn stream(&self) -> &D::Stream {
         &self.stream

@@ -1,0 +1,285 @@
+//! Algorithm sweep by topology: for each operation and size, every algorithm and the native MPI
+//! call, timed in one run, with the one `Auto` picks marked.
+//!
+//! `cargo bench --bench topology [-- --np 4 --op allreduce,bcast --max-bytes N]` relaunches
+//! itself under `mpirun` (or `DURALUMIN_MPIRUN`, e.g. `scripts/cluster-mpirun` with
+//! `DURALUMIN_CLUSTER=2x2` for two simulated hosts of two ranks: see `docs/cluster.md`). Times
+//! are the slowest rank's median per call, in µs. Then it checks the targets of
+//! `docs/topology.md`: `Auto` within 10 % of the best at every point, and on several nodes the
+//! hierarchical allreduce and broadcast against the flat ones at 64 MiB. It reports, never
+//! fails, on a missed target.
+
+#[path = "common/relaunch.rs"]
+mod relaunch;
+#[path = "common/timing.rs"]
+mod timing;
+
+use std::fmt::Write as _;
+
+use duralumin::mpi::topology::SimpleCommunicator;
+use duralumin::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Sum, Tuning};
+
+const SIZES: [usize; 6] = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
+const ROUNDS: usize = 5;
+
+fn main() {
+    if std::env::var("DURALUMIN_BENCH_RANK").is_ok() {
+        rank_main();
+        return;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let nps: Vec<usize> = get("--np").unwrap_or_else(|| "4".into()).split(',').filter_map(|s| s.parse().ok()).collect();
+    for np in nps {
+        relaunch::relaunch(np, &[], &args);
+    }
+}
+
+/// One measured point: the time of every variant, and which one `Auto` runs.
+struct Point {
+    op: &'static str,
+    bytes: usize,
+    times: Vec<(String, f64)>,
+    auto: String,
+}
+
+impl Point {
+    fn best(&self) -> (&str, f64) {
+        self.times
+            .iter()
+            .filter(|(name, _)| name != "auto")
+            .map(|(n, t)| (n.as_str(), *t))
+            .fold(("", f64::INFINITY), |a, b| if b.1 < a.1 { b } else { a })
+    }
+    fn time(&self, name: &str) -> Option<f64> {
+        self.times.iter().find(|(n, _)| n == name).map(|&(_, t)| t)
+    }
+}
+
+struct Bench<'a> {
+    comm: &'a mut MpiCommunicator,
+    world: &'a SimpleCommunicator,
+    points: Vec<Point>,
+}
+
+impl Bench<'_> {
+    /// The slowest rank's median µs per call of `f`.
+    fn time(&self, bytes: usize, mut f: impl FnMut(&MpiCommunicator)) -> f64 {
+        let reps = ((8 << 20) / bytes.max(1)).clamp(1, 50);
+        let comm = &*self.comm;
+        f(comm);
+        let mut t: Vec<f64> = (0..ROUNDS).map(|_| timing::time_us(self.world, reps, || f(comm), || ())).collect();
+        t.sort_by(f64::total_cmp);
+        t[ROUNDS / 2]
+    }
+
+    /// Times `f` under `tuning` (for the operations whose path the thresholds choose).
+    fn time_tuned(&mut self, bytes: usize, tuning: Tuning, f: impl FnMut(&MpiCommunicator)) -> f64 {
+        let saved = self.comm.tuning();
+        self.comm.set_tuning(tuning);
+        let t = self.time(bytes, f);
+        self.comm.set_tuning(saved);
+        t
+    }
+}
+
+fn rank_main() {
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    let mut comm = MpiCommunicator::new(&world).expect("communicator");
+    let args: Vec<String> = std::env::args().collect();
+    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let max_bytes: usize = get("--max-bytes").and_then(|s| s.parse().ok()).unwrap_or(64 << 20);
+    let ops = get("--op").unwrap_or_else(|| "allreduce,bcast,reduce_scatter,allgather".into());
+    let shape = comm.topology().shape();
+    let me = comm.rank();
+    if me == 0 {
+        println!(
+            "\n== np {}: {} node(s), {}..{} ranks per node ==",
+            comm.size(),
+            shape.nodes,
+            shape.min_per_node,
+            shape.max_per_node
+        );
+    }
+    let mut b = Bench { comm: &mut comm, world: &world, points: Vec::new() };
+    for bytes in SIZES.into_iter().filter(|&s| s <= max_bytes) {
+        for op in ops.split(',') {
+            match op {
+                "allreduce" => allreduce(&mut b, bytes),
+                "bcast" => bcast(&mut b, bytes),
+                "reduce_scatter" => reduce_scatter(&mut b, bytes),
+                "allgather" => allgather(&mut b, bytes),
+                other => panic!("unknown --op {other}"),
+            }
+        }
+    }
+    if me == 0 {
+        report(&b.points, shape.single_node());
+    }
+}
+
+fn allreduce(b: &mut Bench, bytes: usize) {
+    let len = bytes / 4;
+    let send = vec![1.0f32; len];
+    let mut recv = vec![0.0f32; len];
+    let mut times = Vec::new();
+    for a in [
+        AllreduceAlgorithm::Native,
+        AllreduceAlgorithm::Ring,
+        AllreduceAlgorithm::RecursiveDoubling,
+        AllreduceAlgorithm::Rabenseifner,
+        AllreduceAlgorithm::Hierarchical,
+        AllreduceAlgorithm::SharedMemory,
+        AllreduceAlgorithm::Auto,
+    ] {
+        // The shared-memory window needs every rank on one node.
+        if a == AllreduceAlgorithm::SharedMemory && !b.comm.topology().shape().single_node() {
+            continue;
+        }
+        let t = b.time(bytes, |c| c.allreduce_with(&send, &mut recv, Sum, a).expect("allreduce"));
+        times.push((name(&format!("{a:?}")), t));
+    }
+    let auto = name(&format!("{:?}", b.comm.allreduce_choice::<f32, Sum>(len)));
+    b.points.push(Point { op: "allreduce", bytes, times, auto });
+}
+
+fn bcast(b: &mut Bench, bytes: usize) {
+    let mut buf = vec![1.0f32; bytes / 4];
+    let mut times = Vec::new();
+    for a in [BcastAlgorithm::Native, BcastAlgorithm::Chain, BcastAlgorithm::Hierarchical, BcastAlgorithm::Auto] {
+        let t = b.time(bytes, |c| c.bcast_with(&mut buf, 0, a).expect("bcast"));
+        times.push((name(&format!("{a:?}")), t));
+    }
+    let auto = name(&format!("{:?}", b.comm.bcast_choice::<f32>(bytes / 4)));
+    b.points.push(Point { op: "bcast", bytes, times, auto });
+}
+
+/// The reduce-scatter's paths, chosen by thresholds: MPI's, the flat ring, the two-level one.
+fn reduce_scatter(b: &mut Bench, bytes: usize) {
+    let n = b.comm.size();
+    let block = (bytes / 4 / n).max(1);
+    let send = vec![1.0f32; block * n];
+    let mut recv = vec![0.0f32; block];
+    let base = b.comm.tuning();
+    let never = base.with_hierarchical_reduce_scatter_bytes(usize::MAX);
+    let variants = [
+        ("native", never.with_reduce_ring_bytes(usize::MAX)),
+        ("ring", never.with_reduce_ring_bytes(0)),
+        ("hierarchical", base.with_hierarchical_reduce_scatter_bytes(0)),
+        ("auto", base),
+    ];
+    let mut times = Vec::new();
+    for (label, tuning) in variants {
+        let t = b.time_tuned(bytes, tuning, |c| c.reduce_scatter(&send, &mut recv, Sum).expect("reduce_scatter"));
+        times.push((label.to_string(), t));
+    }
+    let (t, several) = (base, !b.comm.topology().shape().single_node());
+    let auto = if several && bytes >= t.hierarchical_reduce_scatter_bytes {
+        "hierarchical"
+    } else if bytes >= t.reduce_ring_bytes {
+        "ring"
+    } else {
+        "native"
+    };
+    b.points.push(Point { op: "reduce_scatter", bytes, times, auto: auto.into() });
+}
+
+/// The allgather's paths: MPI's and the two-level one.
+fn allgather(b: &mut Bench, bytes: usize) {
+    let n = b.comm.size();
+    let block = (bytes / 4 / n).max(1);
+    let mine = vec![1.0f32; block];
+    let mut out = vec![0.0f32; block * n];
+    let base = b.comm.tuning();
+    let variants = [
+        ("native", base.with_hierarchical_allgather_bytes(usize::MAX)),
+        ("hierarchical", base.with_hierarchical_allgather_bytes(0)),
+        ("auto", base),
+    ];
+    let mut times = Vec::new();
+    for (label, tuning) in variants {
+        let t = b.time_tuned(bytes, tuning, |c| c.allgather(&mine, &mut out).expect("allgather"));
+        times.push((label.to_string(), t));
+    }
+    let two_level = !b.comm.topology().shape().single_node() && bytes >= base.hierarchical_allgather_bytes;
+    let auto = if two_level { "hierarchical" } else { "native" };
+    b.points.push(Point { op: "allgather", bytes, times, auto: auto.into() });
+}
+
+/// `RecursiveDoubling` -> `recursive_doubling`.
+fn name(debug: &str) -> String {
+    let mut s = String::new();
+    for (i, ch) in debug.chars().enumerate() {
+        if ch.is_uppercase() && i > 0 {
+            s.push('_');
+        }
+        s.push(ch.to_ascii_lowercase());
+    }
+    s
+}
+
+fn human(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn report(points: &[Point], single_node: bool) {
+    let mut ops: Vec<&str> = points.iter().map(|p| p.op).collect();
+    ops.dedup();
+    ops.sort_unstable();
+    ops.dedup();
+    let mut targets = String::new();
+    for op in ops {
+        let rows: Vec<&Point> = points.iter().filter(|p| p.op == op).collect();
+        let names: Vec<&str> = rows[0].times.iter().map(|(n, _)| n.as_str()).collect();
+        let mut head = format!("{:>8}", "bytes");
+        for n in &names {
+            let _ = write!(head, " {n:>18}");
+        }
+        println!("\n-- {op} (µs per call; * = Auto's pick; auto/best = the Auto row over the best fixed one) --");
+        println!("{head} {:>10}", "auto/best");
+        for p in &rows {
+            let mut line = format!("{:>8}", human(p.bytes));
+            for (n, t) in &p.times {
+                let mark = if *n == p.auto { "*" } else { " " };
+                let _ = write!(line, " {:>17.1}{mark}", t);
+            }
+            let (best_name, best) = p.best();
+            let auto = p.time("auto").unwrap_or(f64::NAN);
+            let _ = write!(line, " {:>10.2}", auto / best);
+            println!("{line}");
+            // The pick against the best fixed algorithm, both from their own rows (the Auto row
+            // repeats the pick and adds only noise).
+            let pick = p.time(&p.auto).unwrap_or(f64::NAN);
+            let ok = pick <= 1.10 * best;
+            let _ = writeln!(
+                targets,
+                "{} auto {} {op} {}: picks {} ({pick:.0} µs), best {best_name} ({best:.0} µs): within 10 %",
+                if ok { "met   " } else { "MISSED" },
+                if single_node { "one node" } else { "nodes" },
+                human(p.bytes),
+                p.auto,
+            );
+        }
+    }
+    if !single_node {
+        let at =
+            |op: &str, name: &str| points.iter().find(|p| p.op == op && p.bytes == 64 << 20).and_then(|p| p.time(name));
+        let mut check = |what: &str, ratio: Option<f64>, ok: fn(f64) -> bool| {
+            if let Some(r) = ratio {
+                let _ = writeln!(targets, "{} {what}: {r:.2}", if ok(r) { "met   " } else { "MISSED" });
+            }
+        };
+        let ring = at("allreduce", "ring").zip(at("allreduce", "hierarchical")).map(|(r, h)| r / h);
+        check("hierarchical allreduce 64 MiB, speed-up over the flat ring (>= 1.5)", ring, |r| r >= 1.5);
+        let native = at("allreduce", "hierarchical").zip(at("allreduce", "native")).map(|(h, n)| h / n);
+        check("hierarchical allreduce 64 MiB, time / native (< 1)", native, |r| r < 1.0);
+        let bcast = at("bcast", "hierarchical").zip(at("bcast", "native")).map(|(h, n)| h / n);
+        check("hierarchical bcast 64 MiB, time / native (<= 0.7)", bcast, |r| r <= 0.7);
+    }
+    println!("\n-- targets --\n{targets}");
+}

@@ -1,0 +1,403 @@
+//! Two-level (hierarchical) collectives: a node-local phase over shared memory and a cross-node
+//! phase over the network, so the slow links carry as little as possible. Design and measured
+//! numbers: `docs/topology.md`.
+//!
+//! Every node's first `lanes` ranks (`lanes` = the fewest ranks any node has) each own one
+//! *lane*: a slice of the data. Rank `l` of every node forms lane group `l` with the rank `l`s of
+//! the other nodes, and the cross-node phase runs in all lane groups at once, so every rank that
+//! owns a lane drives the network rather than one leader per node. Ranks beyond `lanes` (on nodes
+//! with more ranks than the smallest) take part in the node-local phases only. Phases run on
+//! [`Group`]s of the operation's transport.
+//!
+//! All of them need a commutative operator (the node phase combines ranks out of rank order);
+//! callers fall back to another algorithm otherwise. Safety contract: see [`crate::algorithms`].
+
+use super::reduce_scatter::{self, Partials, RingLayout};
+use super::{allreduce, bcast, block_range, exchange};
+use crate::buffer::RawBuf;
+use crate::error::Result;
+use crate::reducer::Reducer;
+use crate::topology::Topology;
+use crate::transport::{Group, Transport};
+
+/// This rank's view of the two levels.
+#[derive(Debug)]
+pub(crate) struct Levels {
+    /// Every node's ranks, in rank order; nodes in the topology's order.
+    nodes: Vec<Vec<usize>>,
+    /// This rank's node, and its index there.
+    node: usize,
+    local: usize,
+    /// The number of lanes: the fewest ranks any node has.
+    lanes: usize,
+    /// This rank's lane group (rank `local` of every node), if `local < lanes`.
+    lane: Option<Vec<usize>>,
+}
+
+impl Levels {
+    pub(crate) fn new(topology: &Topology, rank: usize) -> Self {
+        let nodes: Vec<Vec<usize>> = (0..topology.node_count()).map(|k| topology.ranks_on(k).to_vec()).collect();
+        let (node, local) = (topology.node_of(rank), topology.local_index(rank));
+        let lanes = nodes.iter().map(Vec::len).min().unwrap_or(1).max(1);
+        let lane = (local < lanes).then(|| nodes.iter().map(|ranks| ranks[local]).collect());
+        Levels { nodes, node, local, lanes, lane }
+    }
+
+    fn node_group<'a, X>(&'a self, x: &'a X) -> Group<'a, X> {
+        Group::new(x, &self.nodes[self.node], self.local)
+    }
+
+    fn lane_group<'a, X>(&'a self, x: &'a X) -> Option<Group<'a, X>> {
+        self.lane.as_deref().map(|lane| Group::new(x, lane, self.node))
+    }
+
+    /// `(start, len)` of node rank `b`'s slice when `len` elements are cut into lanes: ranks
+    /// beyond the lanes own an empty slice at the end.
+    fn lane_blocks(&self, len: usize) -> Vec<(usize, usize)> {
+        let m = self.nodes[self.node].len();
+        (0..m).map(|b| if b < self.lanes { block_range(len, self.lanes, b) } else { (len, 0) }).collect()
+    }
+}
+
+/// Hierarchical allreduce: node-local ring reduce-scatter into lanes, a ring allreduce of each
+/// lane's slice across nodes (all lane groups at once), then a node-local ring allgather. Each
+/// node sends `2 (nodes-1)/nodes` of the buffer over the network in total, against the flat
+/// ring's `2 (n-1)/n` per rank crossing wherever the ring crosses nodes.
+///
+/// `input`: as for [`allreduce::ring`]. `scratch` holds at least `2 * seg` elements (or the
+/// whole buffer, if smaller).
+///
+/// # Safety
+/// See [`crate::algorithms`].
+pub(crate) async unsafe fn allreduce<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    lv: &Levels,
+    input: Option<RawBuf<T>>,
+    buf: RawBuf<T>,
+    scratch: RawBuf<T>,
+    seg: usize,
+) -> Result<()> {
+    let blocks = lv.lane_blocks(buf.len());
+    let mine = buf.block(blocks[lv.local].0, blocks[lv.local].1);
+    let node = lv.node_group(x);
+    let layout = RingLayout {
+        blocks: &blocks,
+        input: input.unwrap_or(buf),
+        shift: 0,
+        out: mine,
+        partials: Partials::InBuffer(buf),
+    };
+    // SAFETY: forwarded from the caller; partial sums live in `buf`'s own blocks, the result in
+    // this rank's block of it.
+    unsafe { reduce_scatter::ring(&node, r, layout, scratch, seg) }.await?;
+    if let Some(lane) = lv.lane_group(x) {
+        // SAFETY: this rank's slice of `buf` and the scratch, both exclusive to the operation.
+        unsafe { allreduce::ring(&lane, r, None, mine, scratch, seg) }.await?;
+    }
+    let slices: Vec<_> = blocks.iter().map(|&(s, l)| buf.block(s, l)).collect();
+    // SAFETY: the slices partition `buf`; this rank's own is complete.
+    unsafe { exchange::ring_allgather(&node, &slices) }.await
+}
+
+/// Hierarchical broadcast, pipelined over a two-level tree: the root's node first, the chunks
+/// flow down a chain of node leaders (the root on its node, the lowest rank on the others),
+/// and each leader forwards every chunk to its next leader and down a chain through its own
+/// node at once. The network carries the buffer once per node.
+///
+/// # Safety
+/// See [`crate::algorithms`]: `buf` valid and exclusive until the future completes.
+pub(crate) async unsafe fn bcast<T: Copy, X: Transport<T>>(
+    x: &X,
+    topology: &Topology,
+    buf: RawBuf<T>,
+    root: usize,
+    chunk: usize,
+) -> Result<()> {
+    let count = topology.node_count();
+    let root_node = topology.node_of(root);
+    let leader = |k: usize| if k == root_node { root } else { topology.ranks_on(k).first().copied().unwrap_or(root) };
+    let me = x.rank();
+    let node = topology.node_of(me);
+    let rel = (node + count - root_node) % count;
+    // The node's chain: its leader, then its other ranks in rank order.
+    let chain: Vec<usize> = std::iter::once(leader(node))
+        .chain(topology.ranks_on(node).iter().copied().filter(|&r| r != leader(node)))
+        .collect();
+    let pos = chain.iter().position(|&r| r == me).unwrap_or(0);
+    let parent = match (pos, rel) {
+        (0, 0) => None,
+        (0, _) => Some(leader((node + count - 1) % count)),
+        _ => Some(chain[pos - 1]),
+    };
+    let mut children = Vec::with_capacity(2);
+    if pos == 0 && rel + 1 < count {
+        // The cross-node link first: it is the slow one.
+        children.push(leader((node + 1) % count));
+    }
+    if let Some(&next) = chain.get(pos + 1) {
+        children.push(next);
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { bcast::pipeline(x, buf, parent, &children, chunk) }.await
+}
+
+/// Where the data of a two-level reduce-scatter or allgather of `count` elements per rank lives
+/// in the lane-major scratch layout: node `k`'s data (its ranks' blocks in rank order) is cut
+/// into lanes, and lane `l` of every node comes together, so each phase works on contiguous
+/// ranges: lane `l` is `lane_range(l)`, and node `k`'s part of it is `part(l, k)`.
+struct LaneLayout<'a> {
+    lv: &'a Levels,
+    count: usize,
+    /// `starts[l][k]`: where lane `l` of node `k` begins in the layout.
+    starts: Vec<Vec<usize>>,
+}
+
+impl<'a> LaneLayout<'a> {
+    fn new(lv: &'a Levels, count: usize) -> Self {
+        let mut at = 0;
+        let starts = (0..lv.lanes)
+            .map(|l| {
+                (0..lv.nodes.len())
+                    .map(|k| {
+                        let start = at;
+                        at += block_range(lv.nodes[k].len() * count, lv.lanes, l).1;
+                        start
+                    })
+                    .collect()
+            })
+            .collect();
+        LaneLayout { lv, count, starts }
+    }
+
+    /// `(start, len)` of lane `l` of node `k`'s data, relative to the node's data.
+    fn in_node(&self, l: usize, k: usize) -> (usize, usize) {
+        block_range(self.lv.nodes[k].len() * self.count, self.lv.lanes, l)
+    }
+
+    /// `(start, len)` of lane `l` of node `k` in the layout.
+    fn part(&self, l: usize, k: usize) -> (usize, usize) {
+        (self.starts[l][k], self.in_node(l, k).1)
+    }
+
+    /// `(start, len)` of lane `l` (every node's part of it) in the layout.
+    fn lane_range(&self, l: usize) -> (usize, usize) {
+        let start = self.starts[l][0];
+        (start, (0..self.lv.nodes.len()).map(|k| self.in_node(l, k).1).sum())
+    }
+
+    /// The node-local slices of the layout: lane `b` for node rank `b`, empty beyond the lanes.
+    fn lane_blocks(&self) -> Vec<(usize, usize)> {
+        let total = self.lv.nodes.iter().map(Vec::len).sum::<usize>() * self.count;
+        (0..self.lv.nodes[self.lv.node].len())
+            .map(|b| if b < self.lv.lanes { self.lane_range(b) } else { (total, 0) })
+            .collect()
+    }
+
+    /// The pieces where lane `l` of node `k` meets the blocks of the node's ranks: `(offset in
+    /// the layout, node rank j, offset in rank j's block, len)`, in order, none empty.
+    fn pieces(&self, l: usize, k: usize) -> Vec<(usize, usize, usize, usize)> {
+        let (lane_start, lane_len) = self.in_node(l, k);
+        let at = self.part(l, k).0;
+        let mut out = Vec::new();
+        let mut i = lane_start;
+        while i < lane_start + lane_len {
+            let (j, off) = (i / self.count, i % self.count);
+            let len = (self.count - off).min(lane_start + lane_len - i);
+            out.push((at + (i - lane_start), j, off, len));
+            i += len;
+        }
+        out
+    }
+
+    /// Copies between the layout and the rank-ordered buffer `full` (`count` per rank), every
+    /// piece of every lane and node: `into_layout` gathers, otherwise scatters back.
+    ///
+    /// # Safety
+    /// Both buffers valid, exclusive to the caller and disjoint.
+    unsafe fn permute<T: Copy>(&self, layout: RawBuf<T>, full: RawBuf<T>, into_layout: bool) {
+        for l in 0..self.lv.lanes {
+            for k in 0..self.lv.nodes.len() {
+                for (at, j, off, len) in self.pieces(l, k) {
+                    let (a, b) = (layout.block(at, len), full.block(self.lv.nodes[k][j] * self.count + off, len));
+                    // SAFETY: distinct buffers, guaranteed by the caller.
+                    unsafe {
+                        if into_layout {
+                            a.copy_from(b);
+                        } else {
+                            b.copy_from(a);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Hierarchical reduce-scatter of `count` elements per rank: the input (`n * count`, rank
+/// order) is laid out lane-major in `scratch`; a node-local ring reduce-scatter gives each lane
+/// rank its lane summed over the node; a ring reduce-scatter in each lane group gives every
+/// node its own part of the lane; the lane ranks then hand each rank of their node its pieces,
+/// straight into `out` (`count` elements).
+///
+/// `scratch` holds at least `n * count + 2 * seg` elements.
+///
+/// # Safety
+/// See [`crate::algorithms`]; `out` may lie inside `input` (in place) since the input is read
+/// only before the first write to `out`.
+pub(crate) async unsafe fn reduce_scatter<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    lv: &Levels,
+    input: RawBuf<T>,
+    out: RawBuf<T>,
+    scratch: RawBuf<T>,
+    seg: usize,
+) -> Result<()> {
+    let ll = LaneLayout::new(lv, out.len());
+    let (layout, ring_scratch) =
+        (scratch.block(0, input.len()), scratch.block(input.len(), scratch.len() - input.len()));
+    // SAFETY: scratch and the caller's input are disjoint.
+    unsafe { ll.permute(layout, input, true) };
+    let blocks = ll.lane_blocks();
+    let lane_out = layout.block(blocks[lv.local].0, blocks[lv.local].1);
+    let node = lv.node_group(x);
+    let by_node =
+        RingLayout { blocks: &blocks, input: layout, shift: 0, out: lane_out, partials: Partials::InBuffer(layout) };
+    // SAFETY: all in this operation's scratch, reduced in place.
+    unsafe { reduce_scatter::ring(&node, r, by_node, ring_scratch, seg) }.await?;
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    if let Some(lane) = lv.lane_group(x) {
+        let parts: Vec<_> = (0..lv.nodes.len())
+            .map(|k| {
+                let (s, l) = ll.part(lv.local, k);
+                (s - ll.lane_range(lv.local).0, l)
+            })
+            .collect();
+        let mine = lane_out.block(parts[lv.node].0, parts[lv.node].1);
+        let across =
+            RingLayout { blocks: &parts, input: lane_out, shift: 0, out: mine, partials: Partials::InBuffer(lane_out) };
+        // SAFETY: as above.
+        unsafe { reduce_scatter::ring(&lane, r, across, ring_scratch, seg) }.await?;
+        for (at, j, off, len) in ll.pieces(lv.local, lv.node) {
+            sends.push((layout.block(at, len), j, out.block(off, len)));
+        }
+    }
+    for l in 0..lv.lanes {
+        for (_, j, off, len) in ll.pieces(l, lv.node) {
+            if j == lv.local && l != lv.local {
+                recvs.push((out.block(off, len), l));
+            }
+        }
+    }
+    let mut to = Vec::new();
+    for (piece, j, dst) in sends {
+        if j == lv.local {
+            // SAFETY: scratch into this rank's own output, disjoint.
+            unsafe { dst.copy_from(piece) };
+        } else {
+            to.push((piece, j));
+        }
+    }
+    // SAFETY: sends read scratch, receives write disjoint pieces of `out`.
+    unsafe { node.post(&to, &recvs) }?.await
+}
+
+/// Hierarchical allgather of `count` elements per rank into `full` (`n * count`, rank order;
+/// this rank's block already in place): the ranks of each node hand their pieces to the lane
+/// ranks, each lane group runs a ring allgather across nodes, a node-local ring allgather shares
+/// the lanes, and the lane-major layout is copied back into rank order.
+///
+/// `scratch` holds at least `full.len()` elements.
+///
+/// # Safety
+/// See [`crate::algorithms`].
+pub(crate) async unsafe fn allgather<T: Copy, X: Transport<T>>(
+    x: &X,
+    lv: &Levels,
+    full: RawBuf<T>,
+    count: usize,
+    scratch: RawBuf<T>,
+) -> Result<()> {
+    let ll = LaneLayout::new(lv, count);
+    let layout = scratch.block(0, full.len());
+    let node = lv.node_group(x);
+    let me = lv.nodes[lv.node][lv.local];
+    let own = full.block(me * count, count);
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    for l in 0..lv.lanes {
+        for (at, j, off, len) in ll.pieces(l, lv.node) {
+            let (piece, dst) = (own.block(off, len), layout.block(at, len));
+            match (j == lv.local, l == lv.local) {
+                // SAFETY: this rank's block into the scratch, disjoint.
+                (true, true) => unsafe { dst.copy_from(piece) },
+                (true, false) => sends.push((piece, l)),
+                (false, true) => recvs.push((dst, j)),
+                (false, false) => {}
+            }
+        }
+    }
+    // SAFETY: sends read this rank's block, receives write disjoint pieces of scratch.
+    unsafe { node.post(&sends, &recvs) }?.await?;
+    if let Some(lane) = lv.lane_group(x) {
+        let parts: Vec<_> = (0..lv.nodes.len())
+            .map(|k| {
+                let (s, l) = ll.part(lv.local, k);
+                layout.block(s, l)
+            })
+            .collect();
+        // SAFETY: the parts are disjoint ranges of scratch; this node's is complete.
+        unsafe { exchange::ring_allgather(&lane, &parts) }.await?;
+    }
+    let lanes: Vec<_> = ll.lane_blocks().iter().map(|&(s, l)| layout.block(s, l)).collect();
+    // SAFETY: as above, over the node.
+    unsafe { exchange::ring_allgather(&node, &lanes) }.await?;
+    // SAFETY: scratch and the receive buffer are disjoint.
+    unsafe { ll.permute(layout, full, false) };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn levels(leaders: &[usize], rank: usize) -> Levels {
+        Levels::new(&Topology::from_leaders(leaders), rank)
+    }
+
+    #[test]
+    fn lanes_are_set_by_the_smallest_node() {
+        // Nodes {0, 2, 3} and {1}: one lane, so ranks 2 and 3 have none.
+        let lv = levels(&[0, 1, 0, 0], 2);
+        assert_eq!((lv.node, lv.local, lv.lanes), (0, 1, 1));
+        assert!(lv.lane.is_none());
+        assert_eq!(levels(&[0, 1, 0, 0], 0).lane, Some(vec![0, 1]));
+        assert_eq!(lv.lane_blocks(10), vec![(0, 10), (10, 0), (10, 0)]);
+    }
+
+    #[test]
+    fn the_lane_layout_is_a_permutation() {
+        for (leaders, count) in
+            [(vec![0, 0, 2, 2], 3), (vec![0, 1, 0, 1, 0], 5), (vec![0, 1, 2], 4), (vec![0, 0, 0], 1)]
+        {
+            let lv = levels(&leaders, 0);
+            let ll = LaneLayout::new(&lv, count);
+            let n = leaders.len() * count;
+            let mut seen = vec![0; n];
+            let mut covered = vec![0; n];
+            for l in 0..lv.lanes {
+                for k in 0..lv.nodes.len() {
+                    let (s, len) = ll.part(l, k);
+                    assert!(s >= ll.lane_range(l).0 && s + len <= ll.lane_range(l).0 + ll.lane_range(l).1);
+                    for (at, j, off, len) in ll.pieces(l, k) {
+                        for i in 0..len {
+                            seen[at + i] += 1;
+                            covered[lv.nodes[k][j] * count + off + i] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().chain(&covered).all(|&c| c == 1), "{leaders:?} {count}");
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! Allreduce inside one node through an MPI-3 shared-memory window
+//! ([`AllreduceAlgorithm::SharedMemory`](super::AllreduceAlgorithm::SharedMemory)).
+//!
+//! Each communicator whose ranks share a node owns a [`NodeWindow`]: its own node-local
+//! communicator and one `MPI_Win_allocate_shared` window in which every rank owns a part of
+//! [`PART_BYTES`], two buffers of [`BUFFER_BYTES`]. The window is made by the first operation
+//! that uses it, so memory does not grow with the message: messages are pipelined through it
+//! one chunk of at most a buffer at a time, the buffers alternating.
+//!
+//! Per chunk `c` (slices cut as [`block_range`] cuts a ring's blocks):
+//! 1. every rank copies the slices of its input the others reduce into its buffer, each at
+//!    its place in a full chunk (its own slice stays in its input);
+//! 2. barrier `X_c`;
+//! 3. rank `i` reduces slice `i` in rank order `0..n` (so non-commutative operators work)
+//!    straight from the peers' buffers and its own input, applies the operator's finishing
+//!    step, and writes the result into its own buffer at slice `i`; then it stages chunk `c+1`
+//!    into the other buffer;
+//! 4. barrier `X_{c+1}`, after which every rank copies the `n` result slices of chunk `c` into
+//!    its output (and reduces chunk `c+1`...).
+//!
+//! One barrier per chunk, plus one: between `X_c` and `X_{c+1}` ranks only read the staged
+//! data of chunk `c` and the results of chunk `c-1`, which sit in different buffers from what
+//! they write (results of `c`, staging of `c+1`), and a buffer is written again only after the
+//! next barrier, which every rank passes after its reads. Operations continue the buffer
+//! alternation where the previous one stopped, so no barrier is needed between them either.
+//!
+//! Barriers are dissemination barriers of zero-length messages on the node communicator, so a
+//! non-blocking operation waits on `MPI_Test` like every other algorithm and never blocks the
+//! progress engine; `MPI_Win_sync` (plus a fence for the compiler) on both sides of each barrier
+//! orders the window accesses (the window stays in one `MPI_Win_lock_all` epoch).
+//!
+//! Operations on one communicator take the window in issue order, the same on every rank: a
+//! turn (ticket) is taken when the operation is planned and served in order; a turn dropped
+//! unused passes to the next one.
+
+use std::collections::BTreeSet;
+use std::ffi::c_int;
+use std::future::poll_fn;
+use std::sync::atomic::{self, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::task::Poll;
+
+use duralumin_kernels::{Element, ReduceOp};
+
+use super::job::{Job, Mode};
+use super::{Core, MpiCommunicator};
+use crate::algorithms::block_range;
+use crate::buffer::RawBuf;
+use crate::datatype::datatype;
+use crate::error::{Error, Result};
+use crate::ffi::win::{self, RawWin};
+use crate::ffi::{self, RawComm, c_rank, u32_rank};
+use crate::reducer::{HostReducer, Reducer};
+use crate::transport::{MpiTransport, Transport};
+
+/// Bytes of one of a rank's two buffers: the most a rank stages (and the chunk length) per
+/// step. Small enough that a chunk stays in the caches between being staged by one rank and
+/// reduced by another, large enough that the per-chunk barrier is cheap next to the copies
+/// (128 KiB, 256 KiB and 1 MiB were within 7 % of each other at 64 MiB, 2 ranks, here).
+pub(crate) const BUFFER_BYTES: usize = 1 << 20;
+
+/// Bytes of each rank's part of the window: two buffers.
+const PART_BYTES: usize = 2 * BUFFER_BYTES;
+
+/// The alignment of every part of the window (each starts at the first such address of the
+/// memory MPI gave), so any element of at most this alignment can be placed at any element
+/// offset.
+const ALIGN: usize = 64;
+
+const ALGORITHM: &str = "shared memory";
+
+/// A communicator's shared-memory window, made by the first operation that uses it.
+///
+/// Dropped with the communicator's core: `MPI_Win_free` is collective over the node, so it
+/// returns only once every rank of the node drops its communicator too (Open MPI synchronises
+/// there). The window and its communicator are left alone if MPI is finalized, and leaked if
+/// the communicator was given up ([`NodeWindow::abandon`]), since the other ranks may never
+/// come to free them.
+#[derive(Debug, Default)]
+pub(crate) struct NodeWindow {
+    window: OnceLock<Window>,
+    /// Held while the window is made, so two threads planning at once make one.
+    making: Mutex<()>,
+    turns: Mutex<Turns>,
+    abandoned: AtomicBool,
+}
+
+/// Who may use the window: turns are handed out in issue order and served in that order.
+#[derive(Debug, Default)]
+struct Turns {
+    next: u64,
+    serving: u64,
+    /// Turns given back before they came up.
+    dropped: BTreeSet<u64>,
+    /// The buffer the next operation starts in (0 or 1): the one the last operation did not
+    /// finish in.
+    buffer: usize,
+}
+
+/// A window made: the node communicator, the window and where every rank's part lies here.
+#[derive(Debug)]
+struct Window {
+    node: RawComm,
+    win: RawWin,
+    rank: usize,
+    size: usize,
+    parts: Vec<*mut u8>,
+}
+
+// SAFETY: the part addresses point into MPI-allocated shared memory that lives as long as the
+// window (freed only when the `NodeWindow` drops, after every operation using it completed);
+// which thread uses them is governed by the turns, one operation at a time.
+unsafe impl Send for Window {}
+// SAFETY: see the `Send` impl; shared references only read the handles and addresses.
+unsafe impl Sync for Window {}
+
+impl Window {
+    /// Makes the node communicator and the window; collective over `parent`.
+    fn make(parent: RawComm, rank: usize) -> Result<Window> {
+        let node = ffi::comm::split_shared(parent, c_rank(rank))?;
+        let made = Self::make_on(node);
+        if made.is_err() {
+            // SAFETY: `node` was made above for this window alone and nobody else uses it.
+            unsafe { ffi::comm::free(node) };
+        }
+        made
+    }
+
+    fn make_on(node: RawComm) -> Result<Window> {
+        let (rank, size) = ffi::comm::rank_size(node)?;
+        // Open MPI places the parts 8 bytes past a page boundary: each part gets `ALIGN` bytes
+        // more and starts at its first `ALIGN`-aligned address.
+        let (win, _) = win::allocate_shared(node, PART_BYTES + ALIGN)?;
+        let ready = (|| {
+            let parts = (0..size)
+                .map(|j| {
+                    let (base, bytes) = win::shared_query(win, c_rank(j))?;
+                    let skip = (ALIGN - base.addr() % ALIGN) % ALIGN;
+                    if base.is_null() || bytes < PART_BYTES + skip {
+                        return Err(Error::AlgorithmUnsupported {
+                            algorithm: ALGORITHM,
+                            reason: "the MPI library gave a window part too small",
+                        });
+                    }
+                    // SAFETY: `skip < ALIGN` and the part holds `bytes >= skip` bytes.
+                    Ok(unsafe { base.add(skip) })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            win::lock_all(win)?;
+            Ok(parts)
+        })();
+        match ready {
+            Ok(parts) => Ok(Window { node, win, rank, size, parts }),
+            Err(e) => {
+                // SAFETY: the window was made above, is not locked and nobody uses its memory;
+                // the failure (a property of what the library gave) is the same on every rank,
+                // so every rank frees it.
+                unsafe { win::free(win) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Buffer `b` (0 or 1) of rank `j`'s part, as `len` elements of `T`.
+    fn buffer<T>(&self, j: usize, b: usize, len: usize) -> RawBuf<T> {
+        // SAFETY: `b < 2` and each part holds two buffers, so the offset stays inside the part.
+        RawBuf::from_raw(unsafe { self.parts[j].add((b % 2) * BUFFER_BYTES) }.cast(), len)
+    }
+
+    /// Orders this process's window accesses before (and after) a barrier.
+    fn fence(&self) -> Result<()> {
+        atomic::fence(Ordering::SeqCst);
+        win::sync(self.win)
+    }
+}
+
+impl NodeWindow {
+    /// The window, made now if no earlier operation made it (collective over the ranks of
+    /// `parent`: every rank must make it at the same operation).
+    fn get_or_make(&self, parent: RawComm, rank: usize) -> Result<&Window> {
+        if let Some(w) = self.window.get() {
+            return Ok(w);
+        }
+        let _making = self.making.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(w) = self.window.get() {
+            return Ok(w);
+        }
+        let w = Window::make(parent, rank)?;
+        Ok(self.window.get_or_init(|| w))
+    }
+
+    fn turns(&self) -> MutexGuard<'_, Turns> {
+        self.turns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Leaves the window and its communicator unfreed when the core drops: for a
+    /// communicator given up, whose other ranks may never reach the collective free.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for NodeWindow {
+    fn drop(&mut self) {
+        let Some(w) = self.window.take() else { return };
+        if self.abandoned.load(Ordering::Relaxed) || ffi::is_finalized() {
+            return;
+        }
+        // Teardown errors have no one to be reported to.
+        let _ = win::unlock_all(w.win);
+        // SAFETY: the core is dropping, so every operation that used the window has completed
+        // and no pointer into it is left; the epoch was closed just above. Every rank of the
+        // node drops its communicator (the program frees communicators collectively), so every
+        // rank reaches the collective free.
+        unsafe { win::free(w.win) };
+        // SAFETY: made by `Window::make` for this window alone; the window over it is freed.
+        unsafe { ffi::comm::free(w.node) };
+    }
+}
+
+/// An operation's turn at the window; given back when dropped, used or not.
+struct Turn {
+    core: Arc<Core>,
+    ticket: u64,
+}
+
+impl Turn {
+    fn take(core: Arc<Core>) -> Turn {
+        let ticket = {
+            let mut t = core.shm.turns();
+            t.next += 1;
+            t.next - 1
+        };
+        Turn { core, ticket }
+    }
+
+    /// Completes when every earlier turn was given back; returns the buffer to start in.
+    async fn come_up(&self) -> usize {
+        poll_fn(|_| {
+            let t = self.core.shm.turns();
+            if t.serving == self.ticket { Poll::Ready(t.buffer) } else { Poll::Pending }
+        })
+        .await
+    }
+
+    /// Records the buffer the next operation starts in (while this turn is being served).
+    fn continue_at(&self, buffer: usize) {
+        self.core.shm.turns().buffer = buffer % 2;
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut t = self.core.shm.turns();
+        if t.serving == self.ticket {
+            t.serving += 1;
+            loop {
+                let next = t.serving;
+                if !t.dropped.remove(&next) {
+                    break;
+                }
+                t.serving += 1;
+            }
+        } else {
+            t.dropped.insert(self.ticket);
+        }
+    }
+}
+
+/// Plans an allreduce through the node window: `out` receives the reduction of every rank's
+/// `send` (or of `out` itself, in place). The caller checked the lengths and that `O` may be
+/// used (any operator: the reduction keeps rank order).
+///
+/// Fails with [`Error::AlgorithmUnsupported`] when the communicator's ranks are not all on one
+/// node. The first call on a communicator makes the window: collective over the node (it
+/// returns once every rank reached the same operation), even for a non-blocking operation.
+pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
+    comm: &MpiCommunicator,
+    send: Option<&[T]>,
+    out: RawBuf<T>,
+    mode: Mode,
+) -> Result<Job<T>> {
+    if comm.local_size() != comm.size() {
+        return Err(Error::AlgorithmUnsupported {
+            algorithm: ALGORITHM,
+            reason: "the ranks of the communicator are not all on one node",
+        });
+    }
+    if align_of::<T>() > ALIGN || size_of::<T>() > BUFFER_BYTES {
+        return Err(Error::AlgorithmUnsupported { algorithm: ALGORITHM, reason: "the element is too large" });
+    }
+    let input = send.map(RawBuf::from_ref);
+    let n = comm.size();
+    if n == 1 || out.len() == 0 {
+        // Nothing to exchange (every rank has the same count).
+        return Ok(Job::Future(Box::pin(async move {
+            if let Some(input) = input {
+                // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
+                // whole operation.
+                unsafe { out.copy_from(input) };
+            }
+            // SAFETY: as above.
+            HostReducer::<O>::new().finish(unsafe { out.as_mut_slice() }, u32_rank(n));
+            Ok(())
+        })));
+    }
+    let core = &comm.core;
+    let w = core.shm.get_or_make(core.coll, core.rank)?;
+    if w.size != n {
+        return Err(Error::AlgorithmUnsupported {
+            algorithm: ALGORITHM,
+            reason: "the ranks of the communicator are not all on one node",
+        });
+    }
+    let x = MpiTransport {
+        comm: w.node,
+        dt: datatype::<u8>()?,
+        tag: comm.next_tag(),
+        rank: w.rank,
+        size: w.size,
+        max_count: c_int::MAX as usize,
+        blocking: mode == Mode::Blocking,
+    };
+    let turn = Turn::take(Arc::clone(core));
+    Ok(Job::Future(Box::pin(async move {
+        let first = turn.come_up().await;
+        let w = turn.core.shm.window.get().ok_or(Error::Progress("shared-memory window missing"))?;
+        let r = HostReducer::<O>::new();
+        // SAFETY: the public method borrows `send` and `out` for the whole operation (the
+        // same slice in place); this operation holds the window's turn.
+        let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first) }.await?;
+        turn.continue_at(first + chunks);
+        Ok(())
+    })))
+}
+
+/// The chunk pipeline (see the module docs); returns the number of chunks (buffers used).
+///
+/// # Safety
+/// `input` (only read) and `out` have equal lengths, are valid and not otherwise accessed until
+/// the future completes; they are the same buffer or do not overlap. The caller holds the
+/// window's turn and `first` is the buffer it starts in; every rank of the node runs the same
+/// operation with the same `first`.
+async unsafe fn pipeline<T: Element, R: Reducer<T>>(
+    w: &Window,
+    x: &MpiTransport,
+    r: &R,
+    input: RawBuf<T>,
+    out: RawBuf<T>,
+    first: usize,
+) -> Result<usize> {
+    let (n, me) = (w.size, w.rank);
+    let k = (BUFFER_BYTES / size_of::<T>().max(1)).max(1);
+    let len = out.len();
+    let chunks = len.div_ceil(k);
+    let span = |c: usize| (c * k, k.min(len - c * k));
+    // Slice `j` of a chunk of `l` elements: `(where it starts in the chunk, where it starts in
+    // a buffer, its length)`. In a buffer it sits where it would in a full chunk, so slots of
+    // chunks of different lengths (the last one) never overlap: staging the last chunk cannot
+    // touch the result slot of the chunk before it that the others may still be reading.
+    let slice = |l: usize, j: usize| {
+        let (s, sl) = block_range(l, n, j);
+        (s, block_range(k, n, j).0, sl)
+    };
+    let buffer = |j: usize, c: usize| w.buffer::<T>(j, first + c, k);
+    let ranks = u32_rank(n);
+    let stage = |c: usize| {
+        let (off, l) = span(c);
+        let mine = buffer(me, c);
+        for j in (0..n).filter(|&j| j != me) {
+            let (s, at, sl) = slice(l, j);
+            // SAFETY: this rank's buffer for chunk `c` is written by it alone, and no rank
+            // reads these slots before the next barrier (see the module docs); `input` is
+            // readable.
+            unsafe { mine.block(at, sl).copy_from(input.block(off + s, sl)) };
+        }
+    };
+    let reduce = |c: usize| {
+        let (off, l) = span(c);
+        let (s, at, sl) = slice(l, me);
+        let src = |j: usize| if j == me { input.block(off + s, sl) } else { buffer(j, c).block(at, sl) };
+        let dst = buffer(me, c).block(at, sl);
+        // SAFETY: past the barrier every rank staged chunk `c`, and nobody writes the staged
+        // slots until the next one; `dst` (this rank's own slot of its buffer) is read by the
+        // others only after the next barrier, and lies apart from every source.
+        unsafe {
+            let d = dst.as_mut_slice();
+            r.reduce_into(d, src(0).as_slice(), src(1).as_slice());
+            for j in 2..n {
+                r.reduce(d, src(j).as_slice());
+            }
+            r.finish(d, ranks);
+        }
+    };
+    let copy_out = |c: usize| {
+        let (off, l) = span(c);
+        for j in 0..n {
+            let (s, at, sl) = slice(l, j);
+            // SAFETY: past the barrier every rank's result slot of chunk `c` is final, and
+            // nobody writes it until the barrier after next; `out` is this operation's.
+            unsafe { out.block(off + s, sl).copy_from(buffer(j, c).block(at, sl)) };
+        }
+    };
+    stage(0);
+    for c in 0..=chunks {
+        w.fence()?;
+        barrier(x).await?;
+        w.fence()?;
+        if c > 0 {
+            copy_out(c - 1);
+        }
+        if c < chunks {
+            reduce(c);
+            if c + 1 < chunks {
+                stage(c + 1);
+            }
+        }
+    }
+    Ok(chunks)
+}
+
+/// Dissemination barrier of zero-length messages: `ceil(log2 n)` rounds; in round `k` each rank
+/// signals `rank + 2^k` and waits for `rank - 2^k`. The sources of one barrier's rounds are
+/// distinct and messages between two ranks do not overtake, so consecutive barriers with one
+/// tag cannot mix.
+async fn barrier(x: &MpiTransport) -> Result<()> {
+    let (n, me) = (x.size, x.rank);
+    let empty = RawBuf::<u8>::from_raw(std::ptr::null_mut(), 0);
+    let mut dist = 1;
+    while dist < n {
+        // SAFETY: zero-length messages: no memory is read or written.
+        unsafe { Transport::<u8>::post(x, &[(empty, (me + dist) % n)], &[(empty, (me + n - dist) % n)]) }?.await?;
+        dist *= 2;
+    }
+    Ok(())
+}
