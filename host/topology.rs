@@ -2,8 +2,8 @@
 //!
 //! Learned once, when a communicator is made: `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)` groups
 //! the ranks that share memory, and an allgather of each group's lowest rank names the nodes.
-//! The hierarchical algorithms ([`crate::algorithms::hierarchical`]) and the automatic algorithm
-//! choice ([`crate::Tuning`]) read it; `docs/topology.md` explains both.
+//! The hierarchical algorithms (`AllreduceAlgorithm::Hierarchical` and friends) and the
+//! automatic algorithm choice ([`crate::Tuning`]) read it; `docs/topology.md` explains both.
 
 /// The nodes of a communicator and the ranks on each.
 ///

@@ -6,7 +6,7 @@ use duralumin::device::DeviceSliceMut;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::*;
 
-use crate::backend::{ALL_ALLREDUCE, ALL_BCAST, Backend, TestDevice, small_chunks};
+use crate::backend::{ALL_ALLREDUCE, ALL_BCAST, Backend, TestDevice, allreduce_algorithms_for, small_chunks};
 use crate::mpirun::rank_case::within;
 
 /// How a test moves host vectors in and out of a backend's buffers.
@@ -89,12 +89,16 @@ pub struct Generic<'c, C, S> {
     stage: S,
     /// The backend runs only its own algorithms (`Auto`): NCCL.
     native_only: bool,
+    /// The allreduce algorithms for the communicator's topology.
+    allreduce: &'static [AllreduceAlgorithm],
 }
 
 /// The sweep's reductions, data movement and non-commutative checks through the trait, on the
 /// Mpi communicator `c` and on HostTransfer on the host device.
 pub fn run(c: &MpiCommunicator, world: &SimpleCommunicator) {
-    within("Collectives on Mpi", || subset(&Generic { comm: c, stage: Host, native_only: false }));
+    within("Collectives on Mpi", || {
+        subset(&Generic { comm: c, stage: Host, native_only: false, allreduce: allreduce_algorithms_for(c.topology()) })
+    });
     let dev = duralumin::device::host::HostDevice::new(0);
     let stream = dev.stream().expect("stream");
     on_device(world, dev, stream);
@@ -106,7 +110,8 @@ pub fn on_device<D: TestDevice>(world: &SimpleCommunicator, dev: D, stream: D::S
         .expect("communicator");
     ht.set_tuning(crate::small_thresholds());
     within(format!("Collectives on HostTransfer<{}>", dev.name()), || {
-        subset(&Generic { comm: &ht, stage: OnDevice { dev, stream }, native_only: false })
+        let allreduce = allreduce_algorithms_for(&ht.topology());
+        subset(&Generic { comm: &ht, stage: OnDevice { dev, stream }, native_only: false, allreduce })
     });
     Collectives::synchronize(&ht).expect("synchronize");
 }
@@ -117,7 +122,7 @@ pub fn on_device<D: TestDevice>(world: &SimpleCommunicator, dev: D, stream: D::S
 pub fn on_nccl<D: TestDevice + duralumin::NcclDevice>(world: &SimpleCommunicator, dev: D, stream: D::Stream) {
     let comm = NcclCommunicator::new(world, dev.clone(), stream.clone()).expect("NCCL communicator");
     within(format!("Collectives on Nccl<{}>", dev.name()), || {
-        let g = Generic { comm: &comm, stage: OnDevice { dev, stream }, native_only: true };
+        let g = Generic { comm: &comm, stage: OnDevice { dev, stream }, native_only: true, allreduce: ALL_ALLREDUCE };
         common_subset(&g);
         within("point-to-point around the ring", || point_to_point(&g));
     });
@@ -207,7 +212,7 @@ impl<C: Collectives, S: Stage<C>> Backend for Generic<'_, C, S> {
         self.comm.size()
     }
     fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        if self.native_only { &ALL_ALLREDUCE[..1] } else { ALL_ALLREDUCE }
+        if self.native_only { &ALL_ALLREDUCE[..1] } else { self.allreduce }
     }
     fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
         if self.native_only { &ALL_BCAST[..1] } else { ALL_BCAST }

@@ -124,9 +124,9 @@ impl Tuning {
         Tuning {
             shared_memory_allreduce_bytes: 2 << 20,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
-            hierarchical_bcast_bytes: 256 << 10,
-            hierarchical_reduce_scatter_bytes: 256 << 10,
-            hierarchical_allgather_bytes: 256 << 10,
+            hierarchical_bcast_bytes: 4 << 10,
+            hierarchical_reduce_scatter_bytes: 16 << 10,
+            hierarchical_allgather_bytes: 16 << 10,
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
             reduce_ring_bytes: 256 << 10,
