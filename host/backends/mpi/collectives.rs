@@ -1106,9 +1106,9 @@ impl MpiCommunicator {
         let t = &self.tuning;
         if !O::COMMUTATIVE || self.size() == 1 {
             AllreduceAlgorithm::Native
-        } else if !self.shape.single_node() && bytes >= t.hierarchical_allreduce_bytes {
+        } else if !self.topology.shape().single_node() && bytes >= t.hierarchical_allreduce_bytes {
             AllreduceAlgorithm::Hierarchical
-        } else if self.shape.single_node() && bytes >= t.shared_memory_allreduce_bytes {
+        } else if self.topology.shape().single_node() && bytes >= t.shared_memory_allreduce_bytes {
             AllreduceAlgorithm::SharedMemory
         } else if bytes >= t.allreduce_ring_bytes {
             AllreduceAlgorithm::Ring
@@ -1120,9 +1120,9 @@ impl MpiCommunicator {
     /// What `Auto` runs for a broadcast of `bytes`.
     fn auto_bcast(&self, bytes: usize) -> BcastAlgorithm {
         let t = &self.tuning;
-        if !self.shape.single_node() && bytes >= t.hierarchical_bcast_bytes {
+        if !self.topology.shape().single_node() && bytes >= t.hierarchical_bcast_bytes {
             BcastAlgorithm::Hierarchical
-        } else if self.shape.single_node() && self.size() > 2 && bytes >= t.bcast_chain_bytes {
+        } else if self.topology.shape().single_node() && self.size() > 2 && bytes >= t.bcast_chain_bytes {
             BcastAlgorithm::Chain
         } else {
             BcastAlgorithm::Native
@@ -1132,7 +1132,7 @@ impl MpiCommunicator {
     /// Whether a collective of `bytes` in total runs a two-level algorithm from `threshold` up:
     /// several nodes, and a commutative operator where it reduces.
     fn use_two_level(&self, bytes: usize, threshold: usize, commutative: bool) -> bool {
-        commutative && !self.shape.single_node() && bytes >= threshold
+        commutative && !self.topology.shape().single_node() && bytes >= threshold
     }
 
     /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:

@@ -199,8 +199,6 @@ pub struct MpiCommunicator {
     local_size: usize,
     seq: Cell<u32>,
     tuning: Tuning,
-    /// `topology`'s shape, which `Auto` keys on.
-    shape: Shape,
     topology: Arc<Topology>,
     engine: OnceCell<Arc<Engine>>,
     _not_sync: PhantomData<Cell<()>>,
@@ -263,7 +261,6 @@ impl MpiCommunicator {
             local_size,
             seq: Cell::new(0),
             tuning: Tuning::for_shape(topology.shape()),
-            shape: topology.shape(),
             topology: Arc::new(topology),
             engine: OnceCell::new(),
             _not_sync: PhantomData,
