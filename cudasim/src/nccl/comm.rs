@@ -496,10 +496,15 @@ fn split_job(parent: &Comm, child: Option<&Comm>, seq: u64, color: c_int, key: c
     child.connect(deadline, timeout)
 }
 
-/// `ncclCommSplit`.
+/// `ncclCommSplit`. Non-blocking, it does what NCCL 2.28 does: the call returns
+/// `ncclSuccess` (its group's `ncclInProgress` is not passed on) with `*newcomm` still null,
+/// and the split's own thread writes the new handle as it finishes, before the parent's
+/// `ncclCommGetAsyncError` stops answering `ncclInProgress`. A caller that reads the handle
+/// at once gets null, and one whose slot is gone by then has its memory written.
 ///
 /// # Safety
-/// `newcomm` is null or valid for a write.
+/// `newcomm` is null or valid for a write, non-blocking until the parent's poll reports the
+/// split complete.
 pub(crate) unsafe fn split(
     parent: &Arc<Comm>,
     color: c_int,
@@ -542,16 +547,23 @@ pub(crate) unsafe fn split(
         None => std::ptr::null_mut(),
     };
     let (p, c) = (Arc::clone(parent), child.clone());
+    // SAFETY: the caller's out-pointer (non-null, checked).
+    unsafe { out(newcomm, std::ptr::null_mut()) }?;
+    // The address crosses to the split's thread as an integer (raw pointers are not `Send`).
+    let (slot, handle) = (newcomm as usize, h as usize);
     spawn(&job, move || match split_job(&p, c.as_deref(), seq, color, key) {
-        Ok(()) => SUCCESS,
+        Ok(()) => {
+            // SAFETY: valid for a write until the parent's poll reports this job done (the
+            // caller's contract); the job's result is published after this write.
+            unsafe { (slot as *mut *mut c_void).write(handle as *mut c_void) };
+            SUCCESS
+        }
         Err(e) => {
             report(&e.message);
             e.code
         }
     })?;
-    // SAFETY: the caller's out-pointer (non-null, checked).
-    unsafe { out(newcomm, h) }?;
-    Ok(IN_PROGRESS)
+    Ok(SUCCESS)
 }
 
 /// `ncclCommFinalize`: waits for (blocking) or leaves to polls (non-blocking) the

@@ -525,11 +525,21 @@ fn non_blocking_communicators_need_polling() {
         assert_eq!(poll(r.comm), SUCCESS);
         r.sync();
 
-        // A split inherits non-blocking from its parent.
+        // A split inherits non-blocking from its parent and (as in NCCL 2.28) returns success
+        // at once, writing the new handle only when it completes, which the parent's poll
+        // reports.
         let mut child: NcclComm = std::ptr::null_mut();
-        // SAFETY: a live communicator; an out-pointer to a local.
+        // SAFETY: a live communicator; an out-pointer to a local, which outlives the split.
         let s = unsafe { ncclCommSplit(r.comm, 0, 0, &mut child, std::ptr::null_mut()) };
-        assert_eq!(s, IN_PROGRESS);
+        assert_eq!(s, SUCCESS);
+        assert!(child.is_null(), "no handle before the split completes");
+        let start = Instant::now();
+        while async_error(r.comm) == IN_PROGRESS {
+            assert!(start.elapsed() < Duration::from_secs(20), "split still in progress after 20 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(async_error(r.comm), SUCCESS);
+        assert!(!child.is_null(), "the handle once the parent's poll says the split is done");
         assert_eq!(poll(child), SUCCESS);
         assert_eq!(count_of(child), (2, c_int::try_from(r.rank).unwrap()));
         // SAFETY: live communicators of this test.

@@ -7,6 +7,7 @@ pub(crate) mod sys;
 
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::time::{Duration, Instant};
 
 pub(crate) use sys::{Comm, Flavor, Stream, UniqueId};
@@ -172,21 +173,44 @@ impl Nccl {
     }
 
     /// `ncclCommSplit` into a non-blocking communicator (`None` for `color == None`), which may
-    /// still be initializing.
+    /// still be initializing. The parent is non-blocking, so the split runs on NCCL's own
+    /// thread, which writes the new handle only as it finishes (NCCL 2.28, whose
+    /// `ncclCommSplit` then returns `ncclSuccess` all the same): this waits, up to
+    /// `deadline`, until the parent's `ncclCommGetAsyncError` reports the split done and, with
+    /// a color, the handle is there.
     ///
     /// # Safety
     /// `comm` is a live, ready communicator, used by no other thread.
-    pub(crate) unsafe fn split(&self, comm: Comm, color: Option<u32>, key: i32) -> Result<Option<Comm>> {
+    pub(crate) unsafe fn split(
+        &self,
+        comm: Comm,
+        color: Option<u32>,
+        key: i32,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Comm>> {
         let f = self.entry(self.lib.comm_split, "ncclCommSplit")?;
+        let colored = color.is_some();
         let color = match color {
             Some(c) => c_int::try_from(c).map_err(|_| Error::InvalidConfig("split color above i32::MAX"))?,
             None => sys::SPLIT_NOCOLOR,
         };
         let mut config = sys::Config::new(false);
-        let mut new: Comm = std::ptr::null_mut();
-        // SAFETY: a live communicator (caller); out-pointers to locals.
-        let code = unsafe { f(comm, color, key, &mut new, &mut config) };
-        self.check("ncclCommSplit", code, Some(comm))?;
+        // NCCL's thread stores the handle through this pointer (a release store) after the
+        // call returns: it lives on the heap until the split is known to be over, and is
+        // leaked when that is not known.
+        let slot: *mut AtomicPtr<c_void> = Box::into_raw(Box::new(AtomicPtr::new(std::ptr::null_mut())));
+        // SAFETY: a live communicator (caller); the slot (an AtomicPtr, laid out as the
+        // `ncclComm_t` NCCL writes) is valid until reclaimed below; NCCL copies the config.
+        let code = unsafe { f(comm, color, key, slot.cast(), &mut config) };
+        // SAFETY: the slot is valid (leaked on every early return); a live communicator.
+        let over = self.check("ncclCommSplit", code, Some(comm)).and_then(|_| unsafe {
+            self.wait_until(comm, "ncclCommSplit", deadline, || !colored || !(*slot).load(Ordering::Acquire).is_null())
+        });
+        // An error while NCCL may still run the split: the slot stays NCCL's (leaked).
+        over?;
+        // SAFETY: from Box::into_raw above; NCCL's thread has finished with it (the parent's
+        // poll reported the split's job done, which follows its store), and nothing else holds it.
+        let new = unsafe { Box::from_raw(slot) }.into_inner();
         Ok((!new.is_null()).then_some(new))
     }
 
@@ -197,12 +221,27 @@ impl Nccl {
     /// # Safety
     /// `comm` is a live communicator.
     pub(crate) unsafe fn wait_ready(&self, comm: Comm, call: &'static str, deadline: Option<Instant>) -> Result<()> {
+        // SAFETY: a live communicator (caller).
+        unsafe { self.wait_until(comm, call, deadline, || true) }
+    }
+
+    /// [`wait_ready`](Self::wait_ready) until `also` holds as well.
+    ///
+    /// # Safety
+    /// `comm` is a live communicator.
+    unsafe fn wait_until(
+        &self,
+        comm: Comm,
+        call: &'static str,
+        deadline: Option<Instant>,
+        also: impl Fn() -> bool,
+    ) -> Result<()> {
         let mut spins = 0u32;
         loop {
             // SAFETY: a live communicator (caller).
             match unsafe { self.async_error(comm) }? {
-                Progress::Done => return Ok(()),
-                Progress::InProgress => {}
+                Progress::Done if also() => return Ok(()),
+                Progress::Done | Progress::InProgress => {}
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::nccl(
