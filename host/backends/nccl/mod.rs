@@ -298,9 +298,8 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     fn split_with(&self, color: Option<u32>, key: i32) -> Result<Option<Self>> {
         let live = self.live()?;
         self.device.bind()?;
-        let deadline = Instant::now() + self.timeout.unwrap_or(DEFAULT_INIT_DEADLINE);
         // SAFETY: a live, ready communicator, locked.
-        let raw = unsafe { self.nccl.split(live.comm(), color, key, Some(deadline)) }?;
+        let raw = unsafe { self.nccl.split(live.comm(), color, key, Some(self.deadline())) }?;
         drop(live);
         let mpi = self.mpi.split(color, key)?;
         match (raw, mpi) {
