@@ -9,6 +9,7 @@
 use std::ffi::c_int;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use duralumin_kernels::Element;
@@ -16,6 +17,7 @@ use duralumin_kernels::Element;
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
 use crate::ffi::{RawComm, RawDatatype, RawRequest, c_rank, p2p};
+use crate::topology::Topology;
 
 /// A point-to-point transport between the ranks of one communicator.
 pub(crate) trait Transport<T>: Send + Sync {
@@ -78,7 +80,7 @@ impl<T, X: Transport<T>> Transport<T> for Group<'_, X> {
 
 /// MPI point-to-point on a communicator reserved for Duralumin's algorithms, one tag per
 /// operation.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct MpiTransport {
     pub(crate) comm: RawComm,
     pub(crate) dt: RawDatatype,
@@ -87,6 +89,10 @@ pub(crate) struct MpiTransport {
     pub(crate) size: usize,
     /// The most elements one MPI message carries.
     pub(crate) max_count: usize,
+    /// Where the ranks run and the most elements one message to a rank on another node
+    /// carries ([`Tuning::network_message_bytes`](crate::Tuning::network_message_bytes)).
+    /// `None`: every peer gets `max_count`.
+    pub(crate) network: Option<(Arc<Topology>, usize)>,
     /// Complete with `MPI_Wait` (a blocking call on the caller's thread) rather than by
     /// polling `MPI_Test` (an operation on the progress engine).
     pub(crate) blocking: bool,
@@ -115,10 +121,9 @@ impl<T: Element> Transport<T> for MpiTransport {
 
     unsafe fn post(&self, sends: &[(RawBuf<T>, usize)], recvs: &[(RawBuf<T>, usize)]) -> Result<MpiPending> {
         let mut pending = MpiPending { reqs: Vec::new(), recvs: Vec::new(), dt: self.dt, blocking: self.blocking };
-        let max = self.max_count.clamp(1, c_int::MAX as usize);
         // Receives first, so a message arriving early finds its buffer.
         for &(buf, from) in recvs {
-            for (start, len) in pieces(buf.len(), max) {
+            for (start, len) in pieces(buf.len(), self.max_to(from)) {
                 let piece = buf.block(start, len);
                 let count = count(len)?;
                 // SAFETY: the caller keeps the block valid and untouched until `pending`
@@ -129,7 +134,7 @@ impl<T: Element> Transport<T> for MpiTransport {
             }
         }
         for &(buf, to) in sends {
-            for (start, len) in pieces(buf.len(), max) {
+            for (start, len) in pieces(buf.len(), self.max_to(to)) {
                 let piece = buf.block(start, len);
                 let count = count(len)?;
                 // SAFETY: as above, for reads.
@@ -138,6 +143,18 @@ impl<T: Element> Transport<T> for MpiTransport {
             }
         }
         Ok(pending)
+    }
+}
+
+impl MpiTransport {
+    /// The most elements one message to or from `peer` carries. Both ends of a pair compute
+    /// the same value, so they cut a buffer into the same messages.
+    fn max_to(&self, peer: usize) -> usize {
+        let max = self.max_count.clamp(1, c_int::MAX as usize);
+        match &self.network {
+            Some((topology, net)) if topology.node_of(peer) != topology.node_of(self.rank) => max.min((*net).max(1)),
+            _ => max,
+        }
     }
 }
 

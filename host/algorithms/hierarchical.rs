@@ -12,8 +12,13 @@
 //! All of them need a commutative operator (the node phase combines ranks out of rank order);
 //! callers fall back to another algorithm otherwise. Safety contract: see [`crate::algorithms`].
 
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
+
 use super::reduce_scatter::{self, Partials, RingLayout};
-use super::{allreduce, bcast, block_range, exchange};
+use super::{allreduce, bcast, block_range, exchange, segments};
 use crate::buffer::RawBuf;
 use crate::error::Result;
 use crate::reducer::Reducer;
@@ -64,12 +69,61 @@ impl Levels {
 /// node sends `2 (nodes-1)/nodes` of the buffer over the network in total, against the flat
 /// ring's `2 (n-1)/n` per rank crossing wherever the ring crosses nodes.
 ///
-/// `input`: as for [`allreduce::ring`]. `scratch` holds at least `2 * seg` elements (or the
-/// whole buffer, if smaller).
+/// The buffer is cut into chunks of `chunk` elements that run as a [`pipeline`] over the
+/// transports `xs` (one per chunk in flight, each with its own tag): chunk `c` starts its
+/// node-local reduce-scatter once chunk `c-1` has finished its own, so the node phases of one
+/// chunk overlap the network phase of the one before.
+///
+/// `input`: as for [`allreduce::ring`]. `scratch` holds `xs.len()` equal slots of at least
+/// `2 * seg` elements each (or the chunk, if smaller).
 ///
 /// # Safety
 /// See [`crate::algorithms`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) async unsafe fn allreduce<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    xs: &[X],
+    r: &R,
+    lv: &Levels,
+    input: Option<RawBuf<T>>,
+    buf: RawBuf<T>,
+    scratch: RawBuf<T>,
+    seg: usize,
+    chunk: usize,
+) -> Result<()> {
+    let chunks: Vec<_> = segments(buf.len(), chunk).collect();
+    let depth = xs.len().max(1);
+    let slot = scratch.len() / depth;
+    let heads = AtomicUsize::new(0);
+    let run = |c: usize| {
+        let (start, len) = chunks[c];
+        let heads = &heads;
+        let x = &xs[c % xs.len()];
+        let scratch = scratch.block((c % depth) * slot, slot);
+        let (input, buf) = (input.map(|i| i.block(start, len)), buf.block(start, len));
+        async move {
+            // SAFETY: the chunk's ranges of the caller's buffers and its own scratch slot: valid
+            // and exclusive (chunks are disjoint), as the caller guarantees for the whole.
+            let mine = unsafe { node_reduce_scatter(x, r, lv, input, buf, scratch, seg) }.await;
+            heads.fetch_max(c + 1, Ordering::Release);
+            let mine = mine?;
+            if let Some(lane) = lv.lane_group(x) {
+                // SAFETY: this rank's slice of the chunk and the chunk's scratch slot, both
+                // exclusive to the chunk.
+                unsafe { allreduce::ring(&lane, r, None, mine, scratch, seg) }.await?;
+            }
+            // SAFETY: as above; this rank's slice of the chunk is complete.
+            unsafe { node_allgather(x, lv, buf) }.await
+        }
+    };
+    pipeline(chunks.len(), depth, &heads, run).await
+}
+
+/// The node phase before the network: a node-local ring reduce-scatter of `buf` (read from
+/// `input` out of place) into the lane slices. Returns this rank's slice, reduced over its node.
+///
+/// # Safety
+/// As for [`allreduce`], on one chunk.
+async unsafe fn node_reduce_scatter<T: Copy, X: Transport<T>, R: Reducer<T>>(
     x: &X,
     r: &R,
     lv: &Levels,
@@ -77,10 +131,9 @@ pub(crate) async unsafe fn allreduce<T: Copy, X: Transport<T>, R: Reducer<T>>(
     buf: RawBuf<T>,
     scratch: RawBuf<T>,
     seg: usize,
-) -> Result<()> {
+) -> Result<RawBuf<T>> {
     let blocks = lv.lane_blocks(buf.len());
     let mine = buf.block(blocks[lv.local].0, blocks[lv.local].1);
-    let node = lv.node_group(x);
     let layout = RingLayout {
         blocks: &blocks,
         input: input.unwrap_or(buf),
@@ -88,16 +141,70 @@ pub(crate) async unsafe fn allreduce<T: Copy, X: Transport<T>, R: Reducer<T>>(
         out: mine,
         partials: Partials::InBuffer(buf),
     };
+    let node = lv.node_group(x);
     // SAFETY: forwarded from the caller; partial sums live in `buf`'s own blocks, the result in
     // this rank's block of it.
     unsafe { reduce_scatter::ring(&node, r, layout, scratch, seg) }.await?;
-    if let Some(lane) = lv.lane_group(x) {
-        // SAFETY: this rank's slice of `buf` and the scratch, both exclusive to the operation.
-        unsafe { allreduce::ring(&lane, r, None, mine, scratch, seg) }.await?;
-    }
-    let slices: Vec<_> = blocks.iter().map(|&(s, l)| buf.block(s, l)).collect();
+    Ok(mine)
+}
+
+/// The node phase after the network: a node-local ring allgather of the lane slices of `buf`.
+///
+/// # Safety
+/// As for [`allreduce`], on one chunk whose own slice is complete.
+async unsafe fn node_allgather<T: Copy, X: Transport<T>>(x: &X, lv: &Levels, buf: RawBuf<T>) -> Result<()> {
+    let slices: Vec<_> = lv.lane_blocks(buf.len()).iter().map(|&(s, l)| buf.block(s, l)).collect();
+    let node = lv.node_group(x);
     // SAFETY: the slices partition `buf`; this rank's own is complete.
     unsafe { exchange::ring_allgather(&node, &slices) }.await
+}
+
+/// Runs chunks `0..count` of one operation, `run(c)` each, with at most `depth` in flight:
+/// chunk `c` starts once `heads` has reached `c` (chunk `c-1` has finished its first phase and
+/// said so) and chunk `c - depth`, whose slot (scratch, transport) it takes, has finished. The
+/// first error ends the operation; chunks still in flight are dropped, which cancels their
+/// messages.
+///
+/// Every rank starts the chunks in the same order, and chunk `c` posts a message on its slot's
+/// tag only after chunk `c - depth` has completed all of its own on that rank, so the messages
+/// of one tag match in the same order on both sides of every pair.
+async fn pipeline<F: Future<Output = Result<()>>>(
+    count: usize,
+    depth: usize,
+    heads: &AtomicUsize,
+    mut run: impl FnMut(usize) -> F,
+) -> Result<()> {
+    let depth = depth.max(1);
+    let mut slots: Vec<Option<Pin<Box<F>>>> = (0..depth).map(|_| None).collect();
+    let mut next = 0;
+    poll_fn(|cx| {
+        loop {
+            while next < count && heads.load(Ordering::Acquire) >= next && slots[next % depth].is_none() {
+                slots[next % depth] = Some(Box::pin(run(next)));
+                next += 1;
+            }
+            let mut finished = false;
+            for slot in slots.iter_mut() {
+                let Some(fut) = slot.as_mut() else { continue };
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(Ok(())) => {
+                        *slot = None;
+                        finished = true;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {}
+                }
+            }
+            if next == count && slots.iter().all(Option::is_none) {
+                return Poll::Ready(Ok(()));
+            }
+            let can_start = next < count && heads.load(Ordering::Acquire) >= next && slots[next % depth].is_none();
+            if !finished && !can_start {
+                return Poll::Pending;
+            }
+        }
+    })
+    .await
 }
 
 /// Hierarchical broadcast, pipelined over a two-level tree: the root's node first, the chunks
@@ -359,7 +466,85 @@ pub(crate) async unsafe fn allgather<T: Copy, X: Transport<T>>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+    use crate::error::Error;
+    use crate::progress::block_on;
+
+    /// Pending `n` times, then ready: lets the pipeline interleave its chunks.
+    async fn pending_for(mut n: usize) {
+        poll_fn(|_| {
+            if n == 0 {
+                return Poll::Ready(());
+            }
+            n -= 1;
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// Runs `count` chunks `depth` deep, chunk `fail` (if any) failing after its head, and
+    /// returns the result with the log of `(chunk, event)`.
+    fn run_pipeline(count: usize, depth: usize, fail: Option<usize>) -> (Result<()>, Vec<(usize, &'static str)>) {
+        let log = Mutex::new(Vec::new());
+        let heads = AtomicUsize::new(0);
+        let push = |c: usize, what: &'static str| log.lock().unwrap().push((c, what));
+        let run = |c: usize| {
+            let (heads, push) = (&heads, &push);
+            async move {
+                push(c, "start");
+                pending_for((c * 7) % 5).await;
+                heads.fetch_max(c + 1, Ordering::Release);
+                push(c, "head");
+                if fail == Some(c) {
+                    return Err(Error::Progress("chunk failed"));
+                }
+                pending_for((c * 3) % 7).await;
+                push(c, "end");
+                Ok(())
+            }
+        };
+        let result = block_on(pipeline(count, depth, &heads, run));
+        (result, log.into_inner().unwrap())
+    }
+
+    #[test]
+    fn the_pipeline_starts_chunks_in_order_and_keeps_its_depth() {
+        for (count, depth) in [(0, 3), (1, 3), (7, 1), (7, 3), (9, 4)] {
+            let (result, log) = run_pipeline(count, depth, None);
+            result.unwrap();
+            let at = |c: usize, what: &str| log.iter().position(|&e| e == (c, what)).unwrap();
+            for c in 0..count {
+                assert!(at(c, "start") < at(c, "head") && at(c, "head") < at(c, "end"));
+                if c >= 1 {
+                    assert!(at(c - 1, "head") < at(c, "start"), "chunk {c} before its predecessor's head");
+                }
+                if c >= depth {
+                    assert!(at(c - depth, "end") < at(c, "start"), "chunk {c} took a busy slot");
+                }
+            }
+            let mut open = 0usize;
+            let mut most = 0;
+            for &(_, what) in &log {
+                match what {
+                    "start" => open += 1,
+                    "end" => open -= 1,
+                    _ => {}
+                }
+                most = most.max(open);
+            }
+            assert!(most <= depth && (count < 2 || depth < 2 || most >= 2), "{most} in flight at depth {depth}");
+        }
+    }
+
+    #[test]
+    fn the_first_error_ends_the_pipeline() {
+        let (result, log) = run_pipeline(8, 3, Some(2));
+        assert!(matches!(result, Err(Error::Progress("chunk failed"))));
+        assert!(!log.contains(&(2, "end")));
+        assert!(log.iter().all(|&(c, _)| c <= 5), "chunks started after the failure: {log:?}");
+    }
 
     fn levels(leaders: &[usize], rank: usize) -> Levels {
         Levels::new(&Topology::from_leaders(leaders), rank)

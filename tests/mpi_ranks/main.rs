@@ -36,7 +36,8 @@ use duralumin::{MpiCommunicator, Tuning};
 
 /// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
 /// every algorithm, pipelines through several segments and chunks, and is split into several
-/// MPI messages (the large-count path), while counts 0, 1 and 7 take the native paths.
+/// MPI messages (the large-count path; messages to other nodes in smaller pieces still), while
+/// counts 0, 1 and 7 take the native paths.
 pub fn small_thresholds() -> Tuning {
     Tuning::default()
         .with_allreduce_ring_bytes(256)
@@ -50,6 +51,8 @@ pub fn small_thresholds() -> Tuning {
         .with_hierarchical_bcast_bytes(256)
         .with_hierarchical_reduce_scatter_bytes(256)
         .with_hierarchical_allgather_bytes(256)
+        .with_hierarchical_chunk_bytes(256)
+        .with_network_message_bytes(64)
 }
 
 /// Counts every operation is tested with: empty, one, odd, and above every threshold.

@@ -30,7 +30,13 @@ use crate::reducer::{HostReducer, Reducer};
 use crate::reliability::crosscheck::Pairs;
 use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::{Request, Scope};
+use crate::topology::Topology;
 use crate::transport::MpiTransport;
+
+/// The most chunks of one hierarchical allreduce in flight at once (see
+/// `hierarchical::allreduce`): one in its node-local reduce-scatter, the others on the network or
+/// in their allgather.
+const HIERARCHICAL_DEPTH: usize = 3;
 
 /// Allreduce algorithms. `Auto` picks by operator, message size and the communicator's shape
 /// (see [`super::Tuning`]).
@@ -252,8 +258,15 @@ impl MpiCommunicator {
             rank: self.core.rank,
             size: self.core.size,
             max_count: self.tuning.max_message_elements,
+            network: self.network_pieces::<T>(),
             blocking: mode == Mode::Blocking,
         })
+    }
+
+    /// What [`MpiTransport::network`] needs: `None` on one node.
+    fn network_pieces<T>(&self) -> Option<(Arc<Topology>, usize)> {
+        let elements = self.tuning.network_message_bytes / size_of::<T>().max(1);
+        (self.topology.node_count() > 1).then(|| (Arc::clone(&self.topology), elements.max(1)))
     }
 
     blocking_and_nonblocking! {
@@ -501,6 +514,16 @@ impl MpiCommunicator {
         let seg = (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1);
         let reads_input = matches!(algorithm, AllreduceAlgorithm::Ring | AllreduceAlgorithm::Hierarchical);
         let levels = (algorithm == AllreduceAlgorithm::Hierarchical).then(|| Levels::new(&self.topology, self.rank()));
+        // The hierarchical pipeline's chunks, and one transport (tag) per chunk in flight.
+        let chunk = (self.tuning.hierarchical_chunk_bytes / size_of::<T>().max(1)).max(1);
+        let mut xs = vec![x.clone()];
+        if levels.is_some() {
+            xs.extend(
+                (1..n.div_ceil(chunk).clamp(1, HIERARCHICAL_DEPTH))
+                    .map(|_| self.transport::<T>(mode))
+                    .collect::<Result<Vec<_>>>()?,
+            );
+        }
         Ok(Job::Future(Box::pin(async move {
             if let (Some(input), false) = (input, reads_input) {
                 // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
@@ -508,14 +531,14 @@ impl MpiCommunicator {
                 unsafe { out.copy_from(input) };
             }
             let r = HostReducer::<O>::new();
-            let scratch_len = if reads_input { n.min(2 * seg) } else { n };
+            let scratch_len = if reads_input { n.min(chunk).min(2 * seg) * xs.len() } else { n };
             let mut scratch = core.scratch.take::<T>(scratch_len)?;
             let tmp = scratch.raw();
             // SAFETY: `out` is borrowed by the operation and `tmp` is its own scratch: valid,
             // exclusive and disjoint until completion.
             unsafe {
                 match (algorithm, &levels) {
-                    (_, Some(lv)) => hierarchical::allreduce(&x, &r, lv, input, out, tmp, seg).await?,
+                    (_, Some(lv)) => hierarchical::allreduce(&xs, &r, lv, input, out, tmp, seg, chunk).await?,
                     (AllreduceAlgorithm::Ring, _) => allreduce::ring(&x, &r, input, out, tmp, seg).await?,
                     (AllreduceAlgorithm::RecursiveDoubling, _) => {
                         allreduce::recursive_doubling(&x, &r, out, tmp).await?

@@ -90,6 +90,16 @@ pub struct Tuning {
     /// On several nodes, allgathers of at least this many bytes in total run the two-level
     /// algorithm.
     pub hierarchical_allgather_bytes: usize,
+    /// Messages of Duralumin's own algorithms to a rank on another node are cut into pieces of
+    /// at most this many bytes, all posted at once. Open MPI's TCP transport sends a message
+    /// above its eager limit (64 KiB with headers) through a rendezvous that runs a pair's two
+    /// directions one at a time: two ranks exchanging 32 MiB reach half the link rate each way,
+    /// and eager-sized pieces reach all of it (`docs/topology.md`). Raise it to `usize::MAX` on
+    /// networks whose transport has no such limit (RDMA).
+    pub network_message_bytes: usize,
+    /// The hierarchical allreduce runs in chunks of this many bytes, pipelined so that one
+    /// chunk's node-local phases overlap another's network phase.
+    pub hierarchical_chunk_bytes: usize,
 }
 
 with_setters!(Tuning {
@@ -105,6 +115,8 @@ with_setters!(Tuning {
     hierarchical_bcast_bytes: usize => with_hierarchical_bcast_bytes,
     hierarchical_reduce_scatter_bytes: usize => with_hierarchical_reduce_scatter_bytes,
     hierarchical_allgather_bytes: usize => with_hierarchical_allgather_bytes,
+    network_message_bytes: usize => with_network_message_bytes,
+    hierarchical_chunk_bytes: usize => with_hierarchical_chunk_bytes,
 });
 
 impl Default for Tuning {
@@ -134,6 +146,8 @@ impl Tuning {
             bcast_chain_bytes: 1 << 20,
             bcast_chunk_bytes: 1 << 20,
             max_message_elements: c_int::MAX as usize,
+            network_message_bytes: 60 << 10,
+            hierarchical_chunk_bytes: 2 << 20,
         }
     }
 }

@@ -45,6 +45,7 @@ impl MpiCommunicator {
             rank: self.core.rank,
             size: self.core.size,
             max_count: self.tuning.max_message_elements,
+            network: None,
             blocking: mode == Mode::Blocking,
         })
     }

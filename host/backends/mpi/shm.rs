@@ -319,6 +319,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         rank: w.rank,
         size: w.size,
         max_count: c_int::MAX as usize,
+        network: None,
         blocking: mode == Mode::Blocking,
     };
     let turn = Turn::take(Arc::clone(core));

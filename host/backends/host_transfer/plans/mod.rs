@@ -292,8 +292,8 @@ impl Tag {
     fn transport<T: Element>(&mut self, mpi: &crate::MpiCommunicator) -> Result<MpiTransport> {
         match self {
             Tag::User(tag) => mpi.p2p_transport::<T>(*tag, Mode::NonBlocking),
-            Tag::Operation(Some(x)) => Ok(*x),
-            Tag::Operation(taken) => Ok(*taken.insert(mpi.transport::<T>(Mode::NonBlocking)?)),
+            Tag::Operation(Some(x)) => Ok(x.clone()),
+            Tag::Operation(taken) => Ok(taken.insert(mpi.transport::<T>(Mode::NonBlocking)?).clone()),
         }
     }
 }
