@@ -531,7 +531,9 @@ impl MpiCommunicator {
                 unsafe { out.copy_from(input) };
             }
             let r = HostReducer::<O>::new();
-            let scratch_len = if reads_input { n.min(chunk).min(2 * seg) * xs.len() } else { n };
+            // The ring's two segment slots; the hierarchical pipeline's for each chunk in flight.
+            let slots = if levels.is_some() { n.min(chunk).min(2 * seg) * xs.len() } else { n.min(2 * seg) };
+            let scratch_len = if reads_input { slots } else { n };
             let mut scratch = core.scratch.take::<T>(scratch_len)?;
             let tmp = scratch.raw();
             // SAFETY: `out` is borrowed by the operation and `tmp` is its own scratch: valid,
