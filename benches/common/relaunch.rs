@@ -13,18 +13,20 @@ pub fn relaunch(np: usize, env: &[(&str, String)], args: &[String]) {
     let exe = std::env::current_exe().expect("current_exe");
     let mpirun = std::env::var("DURALUMIN_MPIRUN").unwrap_or_else(|_| "mpirun".into());
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let yield_when_idle = np >= cores && std::env::var_os("OMPI_MCA_mpi_yield_when_idle").is_none();
+    let yield_when_idle = np >= cores
+        && std::env::var_os("OMPI_MCA_mpi_yield_when_idle").is_none()
+        && !env.iter().any(|(k, _)| *k == "OMPI_MCA_mpi_yield_when_idle");
     let status = std::process::Command::new(&mpirun)
         .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
         .arg(&exe)
         .args(args)
         .env("DURALUMIN_BENCH_RANK", "1")
         .envs(env.iter().map(|(k, v)| (k, v)))
+        .envs(yield_when_idle.then_some(("OMPI_MCA_mpi_yield_when_idle", "1")))
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
         .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .envs(yield_when_idle.then_some(("OMPI_MCA_mpi_yield_when_idle", "1")))
         .status()
         .unwrap_or_else(|e| panic!("could not start {mpirun}: {e}"));
     assert!(status.success(), "benchmark at np={np} failed");

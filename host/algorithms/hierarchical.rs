@@ -97,7 +97,7 @@ pub(crate) async unsafe fn allreduce<T: Copy, X: Transport<T>, R: Reducer<T>>(
     let run = |c: usize| {
         let (start, len) = chunks[c];
         let heads = &heads;
-        let x = &xs[c % xs.len()];
+        let x = &xs[c % depth];
         let scratch = scratch.block((c % depth) * slot, slot);
         let (input, buf) = (input.map(|i| i.block(start, len)), buf.block(start, len));
         async move {

@@ -514,15 +514,15 @@ impl MpiCommunicator {
         let seg = (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1);
         let reads_input = matches!(algorithm, AllreduceAlgorithm::Ring | AllreduceAlgorithm::Hierarchical);
         let levels = (algorithm == AllreduceAlgorithm::Hierarchical).then(|| Levels::new(&self.topology, self.rank()));
-        // The hierarchical pipeline's chunks, and one transport (tag) per chunk in flight.
+        // The hierarchical pipeline's chunks, and one transport (tag) per chunk in flight. With
+        // several chunks they poll (`MPI_Test`) even in a blocking call: a transport that waits
+        // (`MPI_Wait`) would finish each chunk before the next could start.
         let chunk = (self.tuning.hierarchical_chunk_bytes / size_of::<T>().max(1)).max(1);
+        let depth = if levels.is_some() { n.div_ceil(chunk).clamp(1, HIERARCHICAL_DEPTH) } else { 1 };
         let mut xs = vec![x.clone()];
-        if levels.is_some() {
-            xs.extend(
-                (1..n.div_ceil(chunk).clamp(1, HIERARCHICAL_DEPTH))
-                    .map(|_| self.transport::<T>(mode))
-                    .collect::<Result<Vec<_>>>()?,
-            );
+        xs.extend((1..depth).map(|_| self.transport::<T>(mode)).collect::<Result<Vec<_>>>()?);
+        if depth > 1 {
+            xs.iter_mut().for_each(|x| x.blocking = false);
         }
         Ok(Job::Future(Box::pin(async move {
             if let (Some(input), false) = (input, reads_input) {
