@@ -177,9 +177,13 @@ async fn pipeline<F: Future<Output = Result<()>>>(
     let depth = depth.max(1);
     let mut slots: Vec<Option<Pin<Box<F>>>> = (0..depth).map(|_| None).collect();
     let mut next = 0;
+    // Chunk `next` may start: its predecessor has passed its head and its slot is free.
+    let startable = |next: usize, slots: &[Option<Pin<Box<F>>>]| {
+        next < count && heads.load(Ordering::Acquire) >= next && slots[next % depth].is_none()
+    };
     poll_fn(|cx| {
         loop {
-            while next < count && heads.load(Ordering::Acquire) >= next && slots[next % depth].is_none() {
+            while startable(next, &slots) {
                 slots[next % depth] = Some(Box::pin(run(next)));
                 next += 1;
             }
@@ -198,8 +202,7 @@ async fn pipeline<F: Future<Output = Result<()>>>(
             if next == count && slots.iter().all(Option::is_none) {
                 return Poll::Ready(Ok(()));
             }
-            let can_start = next < count && heads.load(Ordering::Acquire) >= next && slots[next % depth].is_none();
-            if !finished && !can_start {
+            if !finished && !startable(next, &slots) {
                 return Poll::Pending;
             }
         }

@@ -33,6 +33,11 @@ use crate::request::{Request, Scope};
 use crate::topology::Topology;
 use crate::transport::MpiTransport;
 
+/// Whole elements of `T` in a size given in bytes, at least one (a tuning's segment or chunk).
+fn elements<T>(bytes: usize) -> usize {
+    (bytes / size_of::<T>().max(1)).max(1)
+}
+
 /// The most chunks of one hierarchical allreduce in flight at once (see
 /// `hierarchical::allreduce`): one in its node-local reduce-scatter, the others on the network or
 /// in their allgather.
@@ -265,8 +270,8 @@ impl MpiCommunicator {
 
     /// What [`MpiTransport::network`] needs: `None` on one node.
     fn network_pieces<T>(&self) -> Option<(Arc<Topology>, usize)> {
-        let elements = self.tuning.network_message_bytes / size_of::<T>().max(1);
-        (self.topology.node_count() > 1).then(|| (Arc::clone(&self.topology), elements.max(1)))
+        let elements = elements::<T>(self.tuning.network_message_bytes);
+        (self.topology.node_count() > 1).then(|| (Arc::clone(&self.topology), elements))
     }
 
     blocking_and_nonblocking! {
@@ -511,13 +516,13 @@ impl MpiCommunicator {
         let input = send.map(RawBuf::from_ref);
         let x = self.transport::<T>(mode)?;
         let core = Arc::clone(&self.core);
-        let seg = (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1);
+        let seg = self.segment::<T>();
         let reads_input = matches!(algorithm, AllreduceAlgorithm::Ring | AllreduceAlgorithm::Hierarchical);
         let levels = (algorithm == AllreduceAlgorithm::Hierarchical).then(|| Levels::new(&self.topology, self.rank()));
         // The hierarchical pipeline's chunks, and one transport (tag) per chunk in flight. With
         // several chunks they poll (`MPI_Test`) even in a blocking call: a transport that waits
         // (`MPI_Wait`) would finish each chunk before the next could start.
-        let chunk = (self.tuning.hierarchical_chunk_bytes / size_of::<T>().max(1)).max(1);
+        let chunk = elements::<T>(self.tuning.hierarchical_chunk_bytes);
         let depth = if levels.is_some() { n.div_ceil(chunk).clamp(1, HIERARCHICAL_DEPTH) } else { 1 };
         let mut xs = vec![x.clone()];
         xs.extend((1..depth).map(|_| self.transport::<T>(mode)).collect::<Result<Vec<_>>>()?);
@@ -615,7 +620,7 @@ impl MpiCommunicator {
             return Ok(Job::Native { dt: datatype::<T>()?, calls, post: Vec::new() });
         }
         let x = self.transport::<T>(mode)?;
-        let chunk = (self.tuning.bcast_chunk_bytes / size_of::<T>().max(1)).max(1);
+        let chunk = elements::<T>(self.tuning.bcast_chunk_bytes);
         if algorithm == BcastAlgorithm::Hierarchical {
             let topology = Arc::clone(&self.topology);
             return Ok(Job::Future(Box::pin(async move {
@@ -1168,7 +1173,7 @@ impl MpiCommunicator {
     }
 
     fn segment<T>(&self) -> usize {
-        (self.tuning.ring_segment_bytes / size_of::<T>().max(1)).max(1)
+        elements::<T>(self.tuning.ring_segment_bytes)
     }
 
     /// Reduce-scatter(v) over the ring. Out of place the partial sums live in two block-sized
