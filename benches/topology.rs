@@ -65,7 +65,8 @@ struct Bench<'a> {
 impl Bench<'_> {
     /// The slowest rank's median µs per call of `f`.
     fn time(&self, bytes: usize, mut f: impl FnMut(&MpiCommunicator)) -> f64 {
-        let reps = ((8 << 20) / bytes.max(1)).clamp(1, 50);
+        // Enough calls per round that a small point is not one descheduling away from another.
+        let reps = ((8 << 20) / bytes.max(1)).clamp(1, 400);
         let comm = &*self.comm;
         f(comm);
         let mut t: Vec<f64> = (0..ROUNDS).map(|_| timing::time_us(self.world, reps, || f(comm), || ())).collect();

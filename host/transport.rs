@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 
 use duralumin_kernels::Element;
 
+use crate::algorithms::segments;
 use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
 use crate::ffi::{RawComm, RawDatatype, RawRequest, c_rank, p2p};
@@ -101,9 +102,9 @@ pub(crate) struct MpiTransport {
 /// Messages posted by [`MpiTransport`].
 #[derive(Debug)]
 pub(crate) struct MpiPending {
-    reqs: Vec<RawRequest>,
-    /// For each request that is a receive: (request index, elements expected, source).
-    recvs: Vec<(usize, usize, usize)>,
+    /// Every message not yet complete: its request and, for a receive, `(elements expected,
+    /// source)` to check against its status.
+    reqs: Vec<(RawRequest, Option<(usize, usize)>)>,
     dt: RawDatatype,
     blocking: bool,
 }
@@ -120,26 +121,25 @@ impl<T: Element> Transport<T> for MpiTransport {
     }
 
     unsafe fn post(&self, sends: &[(RawBuf<T>, usize)], recvs: &[(RawBuf<T>, usize)]) -> Result<MpiPending> {
-        let mut pending = MpiPending { reqs: Vec::new(), recvs: Vec::new(), dt: self.dt, blocking: self.blocking };
+        let mut pending = MpiPending { reqs: Vec::new(), dt: self.dt, blocking: self.blocking };
         // Receives first, so a message arriving early finds its buffer.
         for &(buf, from) in recvs {
-            for (start, len) in pieces(buf.len(), self.max_to(from)) {
+            for (start, len) in segments(buf.len(), self.max_to(from)) {
                 let piece = buf.block(start, len);
                 let count = count(len)?;
                 // SAFETY: the caller keeps the block valid and untouched until `pending`
                 // completes or is dropped (Drop cancels and completes it).
                 let req = unsafe { p2p::irecv(piece.ptr().cast(), count, self.dt, c_rank(from), self.tag, self.comm) }?;
-                pending.recvs.push((pending.reqs.len(), len, from));
-                pending.reqs.push(req);
+                pending.reqs.push((req, Some((len, from))));
             }
         }
         for &(buf, to) in sends {
-            for (start, len) in pieces(buf.len(), self.max_to(to)) {
+            for (start, len) in segments(buf.len(), self.max_to(to)) {
                 let piece = buf.block(start, len);
                 let count = count(len)?;
                 // SAFETY: as above, for reads.
                 let req = unsafe { p2p::isend(piece.ptr().cast(), count, self.dt, c_rank(to), self.tag, self.comm) }?;
-                pending.reqs.push(req);
+                pending.reqs.push((req, None));
             }
         }
         Ok(pending)
@@ -147,6 +147,25 @@ impl<T: Element> Transport<T> for MpiTransport {
 }
 
 impl MpiTransport {
+    /// Messages of elements `dt` with `tag` on `comm`, whose ranks are `0..size` (this one
+    /// `rank`), at most `max_count` elements each whoever the peer; completed by waiting
+    /// (`blocking`) or by polling.
+    pub(crate) fn new(
+        comm: RawComm,
+        dt: RawDatatype,
+        tag: c_int,
+        (rank, size): (usize, usize),
+        max_count: usize,
+        blocking: bool,
+    ) -> Self {
+        MpiTransport { comm, dt, tag, rank, size, max_count, network: None, blocking }
+    }
+
+    /// Cuts messages to ranks on another node of `topology` at `elements`.
+    pub(crate) fn with_network(self, network: Option<(Arc<Topology>, usize)>) -> Self {
+        MpiTransport { network, ..self }
+    }
+
     /// The most elements one message to or from `peer` carries. Both ends of a pair compute
     /// the same value, so they cut a buffer into the same messages.
     fn max_to(&self, peer: usize) -> usize {
@@ -164,16 +183,10 @@ fn count(len: usize) -> Result<c_int> {
     c_int::try_from(len).map_err(|_| Error::CountOverflow { what: "MPI count", value: len as u128 })
 }
 
-/// Splits `len` elements into messages of at most `max`; an empty buffer is one empty message,
-/// so sender and receiver always agree on the number of messages.
-fn pieces(len: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
-    let n = len.div_ceil(max).max(1);
-    (0..n).map(move |i| (i * max, max.min(len - (i * max).min(len))))
-}
-
 impl MpiPending {
-    fn complete_one(&mut self, i: usize, status: &crate::ffi::sys::MPI_Status) -> Result<()> {
-        if let Some(&(_, expected, peer)) = self.recvs.iter().find(|r| r.0 == i) {
+    /// Checks a completed receive's length against what was expected.
+    fn check(&self, expected: Option<(usize, usize)>, status: &crate::ffi::sys::MPI_Status) -> Result<()> {
+        if let Some((expected, peer)) = expected {
             let received = p2p::received_count(status, self.dt)?;
             if received != expected {
                 return Err(Error::CountMismatch { what: "message", peer, expected, received });
@@ -182,23 +195,24 @@ impl MpiPending {
         Ok(())
     }
 
+    /// Completes what has arrived (or, blocking, everything); true once nothing is left. Each
+    /// call looks only at the messages still pending.
     fn poll_all(&mut self) -> Result<bool> {
-        let mut all = true;
-        for i in 0..self.reqs.len() {
-            if self.reqs[i].0 == RawRequest::null().0 {
-                continue;
-            }
-            let status =
-                if self.blocking { Some(p2p::wait(&mut self.reqs[i])?) } else { p2p::test(&mut self.reqs[i])? };
+        let mut i = 0;
+        while i < self.reqs.len() {
+            let (req, expected) = &mut self.reqs[i];
+            let expected = *expected;
+            let status = if self.blocking { Some(p2p::wait(req)?) } else { p2p::test(req)? };
             match status {
                 Some(status) => {
-                    self.complete_one(i, &status)?;
+                    self.reqs.swap_remove(i);
+                    self.check(expected, &status)?;
                     crate::progress::made_progress();
                 }
-                None => all = false,
+                None => i += 1,
             }
         }
-        Ok(all)
+        Ok(self.reqs.is_empty())
     }
 }
 
@@ -219,7 +233,7 @@ impl Drop for MpiPending {
     fn drop(&mut self) {
         // An error path can leave messages posted: make sure MPI no longer touches the buffers
         // before they are released.
-        for req in &mut self.reqs {
+        for (req, _) in &mut self.reqs {
             p2p::cancel_and_wait(req);
         }
     }
@@ -227,12 +241,35 @@ impl Drop for MpiPending {
 
 #[cfg(test)]
 mod tests {
-    use super::pieces;
+    use super::*;
+
+    fn transport(rank: usize, max_count: usize, leaders: &[usize], net: usize) -> MpiTransport {
+        let topology = Arc::new(Topology::from_leaders(leaders));
+        flat(rank, leaders.len(), max_count).with_network(Some((topology, net)))
+    }
+
+    /// A transport whose handles are never used: `max_to` reads only the limits.
+    fn flat(rank: usize, size: usize, max_count: usize) -> MpiTransport {
+        let dt = crate::datatype::datatype::<u8>().unwrap();
+        MpiTransport::new(crate::ffi::world(), dt, 0, (rank, size), max_count, true)
+    }
 
     #[test]
-    fn pieces_cover_the_buffer() {
-        assert_eq!(pieces(0, 4).collect::<Vec<_>>(), vec![(0, 0)]);
-        assert_eq!(pieces(4, 4).collect::<Vec<_>>(), vec![(0, 4)]);
-        assert_eq!(pieces(9, 4).collect::<Vec<_>>(), vec![(0, 4), (4, 4), (8, 1)]);
+    fn only_messages_to_other_nodes_are_cut_to_the_network_size() {
+        // Nodes {0, 1} and {2, 3}.
+        let leaders = [0, 0, 2, 2];
+        for rank in 0..4 {
+            let x = transport(rank, 1000, &leaders, 16);
+            for peer in 0..4 {
+                let same_node = leaders[peer] == leaders[rank];
+                assert_eq!(x.max_to(peer), if same_node { 1000 } else { 16 }, "{rank} -> {peer}");
+                // Both ends of a pair cut alike.
+                assert_eq!(x.max_to(peer), transport(peer, 1000, &leaders, 16).max_to(rank));
+            }
+        }
+        // The smaller limit wins, a zero limit means one element, and no topology cuts nothing.
+        assert_eq!(transport(0, 8, &leaders, 16).max_to(2), 8);
+        assert_eq!(transport(0, 8, &leaders, 0).max_to(2), 1);
+        assert_eq!(flat(0, 4, usize::MAX).max_to(3), c_int::MAX as usize);
     }
 }

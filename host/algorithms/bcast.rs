@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::segments;
+use super::{segment, segment_count};
 use crate::buffer::RawBuf;
 use crate::error::Result;
 use crate::transport::Transport;
@@ -46,30 +46,34 @@ pub(crate) async unsafe fn pipeline<T: Copy, X: Transport<T>>(
     children: &[usize],
     chunk: usize,
 ) -> Result<()> {
-    let chunks: Vec<_> = segments(buf.len(), chunk).map(|(o, l)| buf.block(o, l)).collect();
+    let count = segment_count(buf.len(), chunk);
+    let chunk_at = |k: usize| {
+        let (o, l) = segment(buf.len(), chunk, k);
+        buf.block(o, l)
+    };
     let mut sends: VecDeque<X::Pending> = VecDeque::new();
     let mut recvs: VecDeque<X::Pending> = VecDeque::new();
     let mut posted = 0;
     if let Some(prev) = parent {
-        while posted < chunks.len().min(WINDOW) {
+        while posted < count.min(WINDOW) {
             // SAFETY: each chunk is written only by its receive until it completes.
-            recvs.push_back(unsafe { x.post(&[], &[(chunks[posted], prev)]) }?);
+            recvs.push_back(unsafe { x.post(&[], &[(chunk_at(posted), prev)]) }?);
             posted += 1;
         }
     }
-    for c in &chunks {
+    for c in (0..count).map(chunk_at) {
         if let Some(prev) = parent {
             if let Some(r) = recvs.pop_front() {
                 r.await?;
             }
-            if posted < chunks.len() {
+            if posted < count {
                 // SAFETY: as above.
-                recvs.push_back(unsafe { x.post(&[], &[(chunks[posted], prev)]) }?);
+                recvs.push_back(unsafe { x.post(&[], &[(chunk_at(posted), prev)]) }?);
                 posted += 1;
             }
         }
         if !children.is_empty() {
-            let to: Vec<_> = children.iter().map(|&child| (*c, child)).collect();
+            let to: Vec<_> = children.iter().map(|&child| (c, child)).collect();
             // SAFETY: chunk k is complete (received or the root's data) and only read from now.
             sends.push_back(unsafe { x.post(&to, &[]) }?);
             if sends.len() > WINDOW {

@@ -14,13 +14,14 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 
 use super::reduce_scatter::{self, Partials, RingLayout};
-use super::{allreduce, bcast, block_range, exchange, segments};
+use super::{allreduce, bcast, block_range, exchange, segment, segment_count};
 use crate::buffer::RawBuf;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reducer::Reducer;
 use crate::topology::Topology;
 use crate::transport::{Group, Transport};
@@ -56,6 +57,17 @@ impl Levels {
         self.lane.as_deref().map(|lane| Group::new(x, lane, self.node))
     }
 
+    /// The number of ranks, on all nodes.
+    pub(crate) fn size(&self) -> usize {
+        self.nodes.iter().map(Vec::len).sum()
+    }
+
+    /// The columns of every rank's block that one chunk of about `chunk` elements of a
+    /// reduce-scatter's input (or an allgather's output) covers: at least one.
+    pub(crate) fn columns(&self, chunk: usize) -> usize {
+        (chunk / self.size().max(1)).max(1)
+    }
+
     /// `(start, len)` of node rank `b`'s slice when `len` elements are cut into lanes: ranks
     /// beyond the lanes own an empty slice at the end.
     fn lane_blocks(&self, len: usize) -> Vec<(usize, usize)> {
@@ -69,10 +81,8 @@ impl Levels {
 /// node sends `2 (nodes-1)/nodes` of the buffer over the network in total, against the flat
 /// ring's `2 (n-1)/n` per rank crossing wherever the ring crosses nodes.
 ///
-/// The buffer is cut into chunks of `chunk` elements that run as a [`pipeline`] over the
-/// transports `xs` (one per chunk in flight, each with its own tag): chunk `c` starts its
-/// node-local reduce-scatter once chunk `c-1` has finished its own, so the node phases of one
-/// chunk overlap the network phase of the one before.
+/// The buffer runs in chunks of `chunk` elements ([`in_chunks`]), so the node-local phases of
+/// one chunk overlap the network phase of the one before.
 ///
 /// `input`: as for [`allreduce::ring`]. `scratch` holds `xs.len()` equal slots of at least
 /// `2 * seg` elements each (or the chunk, if smaller).
@@ -90,32 +100,24 @@ pub(crate) async unsafe fn allreduce<T: Copy, X: Transport<T>, R: Reducer<T>>(
     seg: usize,
     chunk: usize,
 ) -> Result<()> {
-    let chunks: Vec<_> = segments(buf.len(), chunk).collect();
-    let depth = xs.len().max(1);
-    let slot = scratch.len() / depth;
-    let heads = AtomicUsize::new(0);
-    let run = |c: usize| {
-        let (start, len) = chunks[c];
-        let heads = &heads;
-        let x = &xs[c % depth];
-        let scratch = scratch.block((c % depth) * slot, slot);
-        let (input, buf) = (input.map(|i| i.block(start, len)), buf.block(start, len));
+    in_chunks(xs, scratch, buf.len(), chunk, |ch| {
+        let (input, buf) = (input.map(|i| i.block(ch.start, ch.len)), buf.block(ch.start, ch.len));
         async move {
             // SAFETY: the chunk's ranges of the caller's buffers and its own scratch slot: valid
             // and exclusive (chunks are disjoint), as the caller guarantees for the whole.
-            let mine = unsafe { node_reduce_scatter(x, r, lv, input, buf, scratch, seg) }.await;
-            heads.fetch_max(c + 1, Ordering::Release);
+            let mine = unsafe { node_reduce_scatter(ch.x, r, lv, input, buf, ch.scratch, seg) }.await;
+            ch.pass_head();
             let mine = mine?;
-            if let Some(lane) = lv.lane_group(x) {
+            if let Some(lane) = lv.lane_group(ch.x) {
                 // SAFETY: this rank's slice of the chunk and the chunk's scratch slot, both
                 // exclusive to the chunk.
-                unsafe { allreduce::ring(&lane, r, None, mine, scratch, seg) }.await?;
+                unsafe { allreduce::ring(&lane, r, None, mine, ch.scratch, seg) }.await?;
             }
             // SAFETY: as above; this rank's slice of the chunk is complete.
-            unsafe { node_allgather(x, lv, buf) }.await
+            unsafe { node_allgather(ch.x, lv, buf) }.await
         }
-    };
-    pipeline(chunks.len(), depth, &heads, run).await
+    })
+    .await
 }
 
 /// The node phase before the network: a node-local ring reduce-scatter of `buf` (read from
@@ -157,6 +159,48 @@ async unsafe fn node_allgather<T: Copy, X: Transport<T>>(x: &X, lv: &Levels, buf
     let node = lv.node_group(x);
     // SAFETY: the slices partition `buf`; this rank's own is complete.
     unsafe { exchange::ring_allgather(&node, &slices) }.await
+}
+
+/// One chunk of an operation run by [`in_chunks`]: elements `start..start + len` of its
+/// buffers, the transport and scratch slot it has to itself while in flight.
+struct Chunk<'a, X, T> {
+    index: usize,
+    start: usize,
+    len: usize,
+    x: &'a X,
+    scratch: RawBuf<T>,
+    heads: Arc<AtomicUsize>,
+}
+
+impl<X, T> Chunk<'_, X, T> {
+    /// Lets the next chunk start: this one has finished its first (node-local) phase.
+    fn pass_head(&self) {
+        self.heads.fetch_max(self.index + 1, Ordering::Release);
+    }
+}
+
+/// Cuts `len` elements into chunks of `chunk` and runs `run` on each as a [`pipeline`] as deep
+/// as there are transports in `xs` (one per chunk in flight, each with its own tag), chunk `c`
+/// taking transport `c % depth` and the same slot of `scratch` (cut into `depth` equal slots).
+async fn in_chunks<'a, T, X, F: Future<Output = Result<()>>>(
+    xs: &'a [X],
+    scratch: RawBuf<T>,
+    len: usize,
+    chunk: usize,
+    mut run: impl FnMut(Chunk<'a, X, T>) -> F,
+) -> Result<()> {
+    if xs.is_empty() {
+        return Err(Error::Progress("a chunked operation without a transport"));
+    }
+    let depth = xs.len();
+    let slot = scratch.len() / depth;
+    let heads = Arc::new(AtomicUsize::new(0));
+    let chunk_at = |c: usize| {
+        let (start, len) = segment(len, chunk, c);
+        let (x, scratch) = (&xs[c % depth], scratch.block((c % depth) * slot, slot));
+        Chunk { index: c, start, len, x, scratch, heads: Arc::clone(&heads) }
+    };
+    pipeline(segment_count(len, chunk), depth, &heads, |c| run(chunk_at(c))).await
 }
 
 /// Runs chunks `0..count` of one operation, `run(c)` each, with at most `depth` in flight:
@@ -255,10 +299,14 @@ pub(crate) async unsafe fn bcast<T: Copy, X: Transport<T>>(
 /// Where the data of a two-level reduce-scatter or allgather of `count` elements per rank lives
 /// in the lane-major scratch layout: node `k`'s data (its ranks' blocks in rank order) is cut
 /// into lanes, and lane `l` of every node comes together, so each phase works on contiguous
-/// ranges: lane `l` is `lane_range(l)`, and node `k`'s part of it is `part(l, k)`.
+/// ranges: lane `l` is `lane_range(l)`, and node `k`'s part of it is `part(l, k)`. The `count`
+/// elements of a rank are columns `first..first + count` of its block of `stride` elements in
+/// the rank-ordered buffer (a chunk of the operation: [`LaneLayout::within`]).
 struct LaneLayout<'a> {
     lv: &'a Levels,
     count: usize,
+    stride: usize,
+    first: usize,
     /// `starts[l][k]`: where lane `l` of node `k` begins in the layout.
     starts: Vec<Vec<usize>>,
 }
@@ -277,7 +325,17 @@ impl<'a> LaneLayout<'a> {
                     .collect()
             })
             .collect();
-        LaneLayout { lv, count, starts }
+        LaneLayout { lv, count, stride: count, first: 0, starts }
+    }
+
+    /// The layout of columns `first..first + count` of blocks of `stride` elements.
+    fn within(self, stride: usize, first: usize) -> Self {
+        LaneLayout { stride, first, ..self }
+    }
+
+    /// The elements of the layout: `count` for every rank.
+    fn total(&self) -> usize {
+        self.lv.size() * self.count
     }
 
     /// `(start, len)` of lane `l` of node `k`'s data, relative to the node's data.
@@ -298,7 +356,7 @@ impl<'a> LaneLayout<'a> {
 
     /// The node-local slices of the layout: lane `b` for node rank `b`, empty beyond the lanes.
     fn lane_blocks(&self) -> Vec<(usize, usize)> {
-        let total = self.lv.nodes.iter().map(Vec::len).sum::<usize>() * self.count;
+        let total = self.total();
         (0..self.lv.nodes[self.lv.node].len())
             .map(|b| if b < self.lv.lanes { self.lane_range(b) } else { (total, 0) })
             .collect()
@@ -320,7 +378,7 @@ impl<'a> LaneLayout<'a> {
         out
     }
 
-    /// Copies between the layout and the rank-ordered buffer `full` (`count` per rank), every
+    /// Copies between the layout and the rank-ordered buffer `full` (`stride` per rank), every
     /// piece of every lane and node: `into_layout` gathers, otherwise scatters back.
     ///
     /// # Safety
@@ -329,7 +387,8 @@ impl<'a> LaneLayout<'a> {
         for l in 0..self.lv.lanes {
             for k in 0..self.lv.nodes.len() {
                 for (at, j, off, len) in self.pieces(l, k) {
-                    let (a, b) = (layout.block(at, len), full.block(self.lv.nodes[k][j] * self.count + off, len));
+                    let (a, b) =
+                        (layout.block(at, len), full.block(self.lv.nodes[k][j] * self.stride + self.first + off, len));
                     // SAFETY: distinct buffers, guaranteed by the caller.
                     unsafe {
                         if into_layout {
@@ -345,72 +404,139 @@ impl<'a> LaneLayout<'a> {
 }
 
 /// Hierarchical reduce-scatter of `count` elements per rank: the input (`n * count`, rank
-/// order) is laid out lane-major in `scratch`; a node-local ring reduce-scatter gives each lane
+/// order) is laid out lane-major in scratch; a node-local ring reduce-scatter gives each lane
 /// rank its lane summed over the node; a ring reduce-scatter in each lane group gives every
 /// node its own part of the lane; the lane ranks then hand each rank of their node its pieces,
 /// straight into `out` (`count` elements).
 ///
-/// `scratch` holds at least `n * count + 2 * seg` elements.
+/// Every rank's block runs in chunks of columns, about `chunk` elements of the whole input
+/// each, through [`in_chunks`] over the transports `xs`: the node-local phase of one chunk
+/// overlaps the network phase of the one before. `scratch` holds `xs.len()` equal slots, each
+/// of at least a chunk's input plus `2 * seg` elements (or twice the chunk's input).
 ///
 /// # Safety
-/// See [`crate::algorithms`]; `out` may lie inside `input` (in place) since the input is read
-/// only before the first write to `out`.
+/// See [`crate::algorithms`]; `out` may lie inside `input` (in place): a chunk reads its
+/// columns of the input before it writes the same columns of `out`, and no other chunk reads
+/// them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async unsafe fn reduce_scatter<T: Copy, X: Transport<T>, R: Reducer<T>>(
-    x: &X,
+    xs: &[X],
     r: &R,
     lv: &Levels,
     input: RawBuf<T>,
     out: RawBuf<T>,
     scratch: RawBuf<T>,
     seg: usize,
+    chunk: usize,
 ) -> Result<()> {
-    let ll = LaneLayout::new(lv, out.len());
-    let (layout, ring_scratch) =
-        (scratch.block(0, input.len()), scratch.block(input.len(), scratch.len() - input.len()));
-    // SAFETY: scratch and the caller's input are disjoint.
-    unsafe { ll.permute(layout, input, true) };
-    let blocks = ll.lane_blocks();
-    let lane_out = layout.block(blocks[lv.local].0, blocks[lv.local].1);
-    let node = lv.node_group(x);
-    let by_node =
-        RingLayout { blocks: &blocks, input: layout, shift: 0, out: lane_out, partials: Partials::InBuffer(layout) };
-    // SAFETY: all in this operation's scratch, reduced in place.
-    unsafe { reduce_scatter::ring(&node, r, by_node, ring_scratch, seg) }.await?;
-    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-    if let Some(lane) = lv.lane_group(x) {
-        let parts: Vec<_> = (0..lv.nodes.len())
-            .map(|k| {
-                let (s, l) = ll.part(lv.local, k);
-                (s - ll.lane_range(lv.local).0, l)
-            })
-            .collect();
-        let mine = lane_out.block(parts[lv.node].0, parts[lv.node].1);
-        let across =
-            RingLayout { blocks: &parts, input: lane_out, shift: 0, out: mine, partials: Partials::InBuffer(lane_out) };
-        // SAFETY: as above.
-        unsafe { reduce_scatter::ring(&lane, r, across, ring_scratch, seg) }.await?;
-        for (at, j, off, len) in ll.pieces(lv.local, lv.node) {
-            sends.push((layout.block(at, len), j, out.block(off, len)));
+    let count = out.len();
+    in_chunks(xs, scratch, count, lv.columns(chunk), |ch| {
+        let ll = LaneLayout::new(lv, ch.len).within(count, ch.start);
+        let out = out.block(ch.start, ch.len);
+        async move {
+            let step = ReduceScatterChunk { x: ch.x, r, ll, slot: ch.scratch, seg };
+            // SAFETY: the chunk's columns of the caller's buffers and its own scratch slot.
+            let reduced = unsafe { step.reduce_lanes(input) }.await;
+            ch.pass_head();
+            reduced?;
+            // SAFETY: as above; the node phase is complete.
+            unsafe { step.scatter_lanes(out) }.await
         }
+    })
+    .await
+}
+
+/// One chunk of a [`reduce_scatter`]: its layout, its scratch slot (the lane-major layout,
+/// then the ring's two segment slots) and what its phases run with.
+struct ReduceScatterChunk<'a, X, R, T> {
+    x: &'a X,
+    r: &'a R,
+    ll: LaneLayout<'a>,
+    slot: RawBuf<T>,
+    seg: usize,
+}
+
+impl<T: Copy, X: Transport<T>, R: Reducer<T>> ReduceScatterChunk<'_, X, R, T> {
+    /// The lane-major layout, this rank's lane in it, and the ring's scratch.
+    fn parts(&self) -> (RawBuf<T>, RawBuf<T>, RawBuf<T>) {
+        let size = self.ll.total();
+        let layout = self.slot.block(0, size);
+        let (start, len) = self.ll.lane_blocks()[self.ll.lv.local];
+        (layout, layout.block(start, len), self.slot.block(size, self.slot.len() - size))
     }
-    for l in 0..lv.lanes {
-        for (_, j, off, len) in ll.pieces(l, lv.node) {
-            if j == lv.local && l != lv.local {
-                recvs.push((out.block(off, len), l));
+
+    /// The node phase: lays the chunk's columns of `input` out lane-major and reduces them
+    /// over the node, leaving this rank's lane summed over its node.
+    ///
+    /// # Safety
+    /// As for [`reduce_scatter`], on this chunk's columns; the slot is the chunk's own.
+    async unsafe fn reduce_lanes(&self, input: RawBuf<T>) -> Result<()> {
+        let (layout, lane_out, ring_scratch) = self.parts();
+        // SAFETY: scratch and the caller's input are disjoint.
+        unsafe { self.ll.permute(layout, input, true) };
+        let blocks = self.ll.lane_blocks();
+        let by_node = RingLayout {
+            blocks: &blocks,
+            input: layout,
+            shift: 0,
+            out: lane_out,
+            partials: Partials::InBuffer(layout),
+        };
+        let node = self.ll.lv.node_group(self.x);
+        // SAFETY: all in this chunk's scratch, reduced in place.
+        unsafe { reduce_scatter::ring(&node, self.r, by_node, ring_scratch, self.seg) }.await
+    }
+
+    /// The phases after the node's: the lane groups' ring reduce-scatter across nodes, then
+    /// every lane rank hands the ranks of its node their pieces, into `out` (this chunk's
+    /// columns of this rank's result).
+    ///
+    /// # Safety
+    /// As for [`Self::reduce_lanes`], which has completed.
+    async unsafe fn scatter_lanes(&self, out: RawBuf<T>) -> Result<()> {
+        let (ll, lv) = (&self.ll, self.ll.lv);
+        let (layout, lane_out, ring_scratch) = self.parts();
+        let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        if let Some(lane) = lv.lane_group(self.x) {
+            let parts: Vec<_> = (0..lv.nodes.len())
+                .map(|k| {
+                    let (s, l) = ll.part(lv.local, k);
+                    (s - ll.lane_range(lv.local).0, l)
+                })
+                .collect();
+            let mine = lane_out.block(parts[lv.node].0, parts[lv.node].1);
+            let across = RingLayout {
+                blocks: &parts,
+                input: lane_out,
+                shift: 0,
+                out: mine,
+                partials: Partials::InBuffer(lane_out),
+            };
+            // SAFETY: as above.
+            unsafe { reduce_scatter::ring(&lane, self.r, across, ring_scratch, self.seg) }.await?;
+            for (at, j, off, len) in ll.pieces(lv.local, lv.node) {
+                sends.push((layout.block(at, len), j, out.block(off, len)));
             }
         }
-    }
-    let mut to = Vec::new();
-    for (piece, j, dst) in sends {
-        if j == lv.local {
-            // SAFETY: scratch into this rank's own output, disjoint.
-            unsafe { dst.copy_from(piece) };
-        } else {
-            to.push((piece, j));
+        for l in 0..lv.lanes {
+            for (_, j, off, len) in ll.pieces(l, lv.node) {
+                if j == lv.local && l != lv.local {
+                    recvs.push((out.block(off, len), l));
+                }
+            }
         }
+        let mut to = Vec::new();
+        for (piece, j, dst) in sends {
+            if j == lv.local {
+                // SAFETY: scratch into this rank's own output, disjoint.
+                unsafe { dst.copy_from(piece) };
+            } else {
+                to.push((piece, j));
+            }
+        }
+        // SAFETY: sends read scratch, receives write disjoint pieces of `out`.
+        unsafe { lv.node_group(self.x).post(&to, &recvs) }?.await
     }
-    // SAFETY: sends read scratch, receives write disjoint pieces of `out`.
-    unsafe { node.post(&to, &recvs) }?.await
 }
 
 /// Hierarchical allgather of `count` elements per rank into `full` (`n * count`, rank order;
@@ -418,22 +544,63 @@ pub(crate) async unsafe fn reduce_scatter<T: Copy, X: Transport<T>, R: Reducer<T
 /// ranks, each lane group runs a ring allgather across nodes, a node-local ring allgather shares
 /// the lanes, and the lane-major layout is copied back into rank order.
 ///
-/// `scratch` holds at least `full.len()` elements.
+/// Chunks of columns as in [`reduce_scatter`]; `scratch` holds `xs.len()` equal slots of at
+/// least a chunk's data (`n` times its columns) each.
 ///
 /// # Safety
 /// See [`crate::algorithms`].
 pub(crate) async unsafe fn allgather<T: Copy, X: Transport<T>>(
-    x: &X,
+    xs: &[X],
     lv: &Levels,
     full: RawBuf<T>,
     count: usize,
     scratch: RawBuf<T>,
+    chunk: usize,
 ) -> Result<()> {
-    let ll = LaneLayout::new(lv, count);
-    let layout = scratch.block(0, full.len());
-    let node = lv.node_group(x);
+    in_chunks(xs, scratch, count, lv.columns(chunk), |ch| {
+        let ll = LaneLayout::new(lv, ch.len).within(count, ch.start);
+        async move {
+            let layout = ch.scratch.block(0, ll.total());
+            // SAFETY: this chunk's columns of `full` and its own scratch slot.
+            let gathered = unsafe { gather_lanes(ch.x, &ll, full, layout) }.await;
+            ch.pass_head();
+            gathered?;
+            if let Some(lane) = lv.lane_group(ch.x) {
+                let parts: Vec<_> = (0..lv.nodes.len())
+                    .map(|k| {
+                        let (s, l) = ll.part(lv.local, k);
+                        layout.block(s, l)
+                    })
+                    .collect();
+                // SAFETY: the parts are disjoint ranges of scratch; this node's is complete.
+                unsafe { exchange::ring_allgather(&lane, &parts) }.await?;
+            }
+            let lanes: Vec<_> = ll.lane_blocks().iter().map(|&(s, l)| layout.block(s, l)).collect();
+            let node = lv.node_group(ch.x);
+            // SAFETY: as above, over the node.
+            unsafe { exchange::ring_allgather(&node, &lanes) }.await?;
+            // SAFETY: scratch and the receive buffer are disjoint.
+            unsafe { ll.permute(layout, full, false) };
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The node phase of [`allgather`] on one chunk: the ranks of the node hand their columns to
+/// the lane ranks, into `layout`.
+///
+/// # Safety
+/// As for [`allgather`], on one chunk; `layout` is its scratch.
+async unsafe fn gather_lanes<T: Copy, X: Transport<T>>(
+    x: &X,
+    ll: &LaneLayout<'_>,
+    full: RawBuf<T>,
+    layout: RawBuf<T>,
+) -> Result<()> {
+    let lv = ll.lv;
     let me = lv.nodes[lv.node][lv.local];
-    let own = full.block(me * count, count);
+    let own = full.block(me * ll.stride + ll.first, ll.count);
     let (mut sends, mut recvs) = (Vec::new(), Vec::new());
     for l in 0..lv.lanes {
         for (at, j, off, len) in ll.pieces(l, lv.node) {
@@ -448,23 +615,7 @@ pub(crate) async unsafe fn allgather<T: Copy, X: Transport<T>>(
         }
     }
     // SAFETY: sends read this rank's block, receives write disjoint pieces of scratch.
-    unsafe { node.post(&sends, &recvs) }?.await?;
-    if let Some(lane) = lv.lane_group(x) {
-        let parts: Vec<_> = (0..lv.nodes.len())
-            .map(|k| {
-                let (s, l) = ll.part(lv.local, k);
-                layout.block(s, l)
-            })
-            .collect();
-        // SAFETY: the parts are disjoint ranges of scratch; this node's is complete.
-        unsafe { exchange::ring_allgather(&lane, &parts) }.await?;
-    }
-    let lanes: Vec<_> = ll.lane_blocks().iter().map(|&(s, l)| layout.block(s, l)).collect();
-    // SAFETY: as above, over the node.
-    unsafe { exchange::ring_allgather(&node, &lanes) }.await?;
-    // SAFETY: scratch and the receive buffer are disjoint.
-    unsafe { ll.permute(layout, full, false) };
-    Ok(())
+    unsafe { lv.node_group(x).post(&sends, &recvs) }?.await
 }
 
 #[cfg(test)]
@@ -472,7 +623,6 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::error::Error;
     use crate::progress::block_on;
 
     /// Pending `n` times, then ready: lets the pipeline interleave its chunks.

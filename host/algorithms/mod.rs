@@ -29,10 +29,21 @@ pub(crate) fn block_range(len: usize, n: usize, i: usize) -> (usize, usize) {
 
 /// The segments `(start, len)` of a block of `len` elements cut every `seg` elements; an
 /// empty block is one empty segment so both sides of a message agree on the count.
-pub(crate) fn segments(len: usize, seg: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn segments(len: usize, seg: usize) -> impl ExactSizeIterator<Item = (usize, usize)> {
+    (0..segment_count(len, seg)).map(move |k| segment(len, seg, k))
+}
+
+/// How many segments [`segments`] cuts `len` elements into: at least one.
+pub(crate) fn segment_count(len: usize, seg: usize) -> usize {
+    len.div_ceil(seg.max(1)).max(1)
+}
+
+/// Segment `k` of [`segments`]: computed alone, so a pipeline of many segments need not list
+/// them.
+pub(crate) fn segment(len: usize, seg: usize, k: usize) -> (usize, usize) {
     let seg = seg.max(1);
-    let n = len.div_ceil(seg).max(1);
-    (0..n).map(move |k| (k * seg, seg.min(len - (k * seg).min(len))))
+    let start = k.saturating_mul(seg).min(len);
+    (start, seg.min(len - start))
 }
 
 /// How ranks pair up when the communicator size is not a power of two (recursive doubling and
@@ -96,5 +107,7 @@ mod tests {
     fn segments_cover_blocks() {
         assert_eq!(segments(0, 4).collect::<Vec<_>>(), vec![(0, 0)]);
         assert_eq!(segments(10, 4).collect::<Vec<_>>(), vec![(0, 4), (4, 4), (8, 2)]);
+        assert_eq!((segment_count(10, 0), segment(10, 0, 9)), (10, (9, 1)));
+        assert_eq!(segment(10, 4, 7), (10, 0));
     }
 }

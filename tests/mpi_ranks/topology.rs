@@ -30,6 +30,17 @@ fn shared_memory_refused(c: &MpiCommunicator) {
     } else {
         r.expect("shared-memory allreduce on one node");
         assert_eq!(x, [c.size() as u32; 4]);
+        let _case = enter("a shared-memory allreduce large enough to stream its result out");
+        // Over `STREAM_BYTES` (4 MiB), into a receive buffer one element off its allocation's
+        // alignment, an odd length.
+        let n = (5 << 20) / 4 + 3;
+        let value = |rank: usize, i: usize| (i % 100_003) as u32 * 7 + rank as u32;
+        let send: Vec<u32> = (0..n).map(|i| value(c.rank(), i)).collect();
+        let mut recv = vec![0u32; n + 1];
+        c.allreduce_with(&send, &mut recv[1..], Sum, duralumin::AllreduceAlgorithm::SharedMemory)
+            .expect("large shared-memory allreduce");
+        let bad = (0..n).find(|&i| recv[1 + i] != (0..c.size()).map(|r| value(r, i)).sum::<u32>());
+        assert_eq!(bad, None, "first wrong element of the large shared-memory allreduce");
     }
     c.barrier().expect("barrier after the refusal");
 }

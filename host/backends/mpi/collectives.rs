@@ -256,16 +256,29 @@ impl MpiCommunicator {
     }
 
     pub(crate) fn transport<T: Element>(&self, mode: Mode) -> Result<MpiTransport> {
-        Ok(MpiTransport {
-            comm: self.core.algo,
-            dt: datatype::<T>()?,
-            tag: self.next_tag(),
-            rank: self.core.rank,
-            size: self.core.size,
-            max_count: self.tuning.max_message_elements,
-            network: self.network_pieces::<T>(),
-            blocking: mode == Mode::Blocking,
-        })
+        let (dt, tag) = (datatype::<T>()?, self.next_tag());
+        let x = MpiTransport::new(
+            self.core.algo,
+            dt,
+            tag,
+            (self.rank(), self.size()),
+            self.tuning.max_message_elements,
+            mode == Mode::Blocking,
+        );
+        Ok(x.with_network(self.network_pieces::<T>()))
+    }
+
+    /// The transports of an operation run in `chunks` pipelined chunks
+    /// (`hierarchical::in_chunks`): one per chunk in flight, each with its own tag. With
+    /// several, they poll (`MPI_Test`) even in a blocking call: a transport that waits
+    /// (`MPI_Wait`) would finish each chunk before the next could start.
+    fn chunk_transports<T: Element>(&self, mode: Mode, chunks: usize) -> Result<Vec<MpiTransport>> {
+        let depth = chunks.clamp(1, HIERARCHICAL_DEPTH);
+        let mut xs = (0..depth).map(|_| self.transport::<T>(mode)).collect::<Result<Vec<_>>>()?;
+        if depth > 1 {
+            xs.iter_mut().for_each(|x| x.blocking = false);
+        }
+        Ok(xs)
     }
 
     /// What [`MpiTransport::network`] needs: `None` on one node.
@@ -519,16 +532,9 @@ impl MpiCommunicator {
         let seg = self.segment::<T>();
         let reads_input = matches!(algorithm, AllreduceAlgorithm::Ring | AllreduceAlgorithm::Hierarchical);
         let levels = (algorithm == AllreduceAlgorithm::Hierarchical).then(|| Levels::new(&self.topology, self.rank()));
-        // The hierarchical pipeline's chunks, and one transport (tag) per chunk in flight. With
-        // several chunks they poll (`MPI_Test`) even in a blocking call: a transport that waits
-        // (`MPI_Wait`) would finish each chunk before the next could start.
+        // The hierarchical pipeline's chunks and their transports.
         let chunk = elements::<T>(self.tuning.hierarchical_chunk_bytes);
-        let depth = if levels.is_some() { n.div_ceil(chunk).clamp(1, HIERARCHICAL_DEPTH) } else { 1 };
-        let mut xs = vec![x.clone()];
-        xs.extend((1..depth).map(|_| self.transport::<T>(mode)).collect::<Result<Vec<_>>>()?);
-        if depth > 1 {
-            xs.iter_mut().for_each(|x| x.blocking = false);
-        }
+        let xs = if levels.is_some() { self.chunk_transports::<T>(mode, n.div_ceil(chunk))? } else { Vec::new() };
         Ok(Job::Future(Box::pin(async move {
             if let (Some(input), false) = (input, reads_input) {
                 // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
@@ -666,19 +672,22 @@ impl MpiCommunicator {
         count: usize,
         mode: Mode,
     ) -> Result<Job<T>> {
-        let x = self.transport::<T>(mode)?;
         let core = Arc::clone(&self.core);
         let levels = Levels::new(&self.topology, self.rank());
+        let chunk = elements::<T>(self.tuning.hierarchical_chunk_bytes);
+        let columns = levels.columns(chunk).min(count);
+        let xs = self.chunk_transports::<T>(mode, count.div_ceil(columns))?;
         let own = out.block(self.rank() * count, count);
+        let slot = self.size() * columns;
         Ok(Job::Future(Box::pin(async move {
-            let mut scratch = core.scratch.take::<T>(out.len())?;
+            let mut scratch = core.scratch.take::<T>(slot * xs.len())?;
             // SAFETY: the public method borrows the buffers for the whole operation (the send
             // buffer is a distinct slice); the scratch is this operation's own.
             unsafe {
                 if let Some(s) = send {
                     own.copy_from(s);
                 }
-                hierarchical::allgather(&x, &levels, out, count, scratch.raw()).await
+                hierarchical::allgather(&xs, &levels, out, count, scratch.raw(), chunk).await
             }
         })))
     }
@@ -691,19 +700,23 @@ impl MpiCommunicator {
         out: RawBuf<T>,
         mode: Mode,
     ) -> Result<Job<T>> {
-        let x = self.transport::<T>(mode)?;
         let core = Arc::clone(&self.core);
         let levels = Levels::new(&self.topology, self.rank());
         let seg = self.segment::<T>();
         let n = self.size();
+        let chunk = elements::<T>(self.tuning.hierarchical_chunk_bytes);
+        let columns = levels.columns(chunk).min(out.len());
+        let xs = self.chunk_transports::<T>(mode, out.len().div_ceil(columns))?;
+        // A chunk's lane-major input, then the ring's two segment slots.
+        let slot = n * columns + (n * columns).min(2 * seg);
         Ok(Job::Future(Box::pin(async move {
             let r = HostReducer::<O>::new();
-            let mut scratch = core.scratch.take::<T>(input.len() + 2 * seg)?;
+            let mut scratch = core.scratch.take::<T>(slot * xs.len())?;
             // SAFETY: the public method borrows the buffers for the whole operation (`out` may
             // lie inside `input` in place, which the algorithm allows); the scratch is this
             // operation's own.
             unsafe {
-                hierarchical::reduce_scatter(&x, &r, &levels, input, out, scratch.raw(), seg).await?;
+                hierarchical::reduce_scatter(&xs, &r, &levels, input, out, scratch.raw(), seg, chunk).await?;
                 r.finish(out.as_mut_slice(), u32_rank(n));
             }
             Ok(())
@@ -1138,6 +1151,8 @@ impl MpiCommunicator {
             AllreduceAlgorithm::Native
         } else if !self.topology.shape().single_node() && bytes >= t.hierarchical_allreduce_bytes {
             AllreduceAlgorithm::Hierarchical
+        } else if !self.topology.shape().single_node() && bytes < t.nodes_recursive_doubling_bytes {
+            AllreduceAlgorithm::RecursiveDoubling
         } else if self.topology.shape().single_node() && bytes >= t.shared_memory_allreduce_bytes {
             AllreduceAlgorithm::SharedMemory
         } else if bytes >= t.allreduce_ring_bytes {

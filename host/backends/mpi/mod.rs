@@ -82,6 +82,10 @@ pub struct Tuning {
     /// On several nodes (see [`MpiCommunicator::topology`]), allreduces of at least this many bytes run the hierarchical
     /// algorithm (commutative operators).
     pub hierarchical_allreduce_bytes: usize,
+    /// On several nodes, allreduces below this many bytes run recursive doubling (commutative
+    /// operators): one round of messages per doubling, where Open MPI's own allreduce was as
+    /// fast or up to 1.3x slower at 4 KiB on the simulated cluster (`docs/topology.md`).
+    pub nodes_recursive_doubling_bytes: usize,
     /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
     pub hierarchical_bcast_bytes: usize,
     /// On several nodes, reduce-scatters (equal blocks) of at least this many bytes in total run
@@ -112,6 +116,7 @@ with_setters!(Tuning {
     max_message_elements: usize => with_max_message_elements,
     shared_memory_allreduce_bytes: usize => with_shared_memory_allreduce_bytes,
     hierarchical_allreduce_bytes: usize => with_hierarchical_allreduce_bytes,
+    nodes_recursive_doubling_bytes: usize => with_nodes_recursive_doubling_bytes,
     hierarchical_bcast_bytes: usize => with_hierarchical_bcast_bytes,
     hierarchical_reduce_scatter_bytes: usize => with_hierarchical_reduce_scatter_bytes,
     hierarchical_allgather_bytes: usize => with_hierarchical_allgather_bytes,
@@ -136,8 +141,9 @@ impl Tuning {
         Tuning {
             shared_memory_allreduce_bytes: 2 << 20,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
+            nodes_recursive_doubling_bytes: 16 << 10,
             hierarchical_bcast_bytes: 4 << 10,
-            hierarchical_reduce_scatter_bytes: 16 << 10,
+            hierarchical_reduce_scatter_bytes: 4 << 10,
             hierarchical_allgather_bytes: 16 << 10,
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,

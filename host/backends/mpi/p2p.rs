@@ -38,16 +38,9 @@ pub(crate) unsafe fn exchange<T: Element>(
 impl MpiCommunicator {
     pub(crate) fn p2p_transport<T: Element>(&self, tag: i32, mode: Mode) -> Result<MpiTransport> {
         check::tag(tag, self.core.tag_ub)?;
-        Ok(MpiTransport {
-            comm: self.core.p2p,
-            dt: datatype::<T>()?,
-            tag: tag as c_int,
-            rank: self.core.rank,
-            size: self.core.size,
-            max_count: self.tuning.max_message_elements,
-            network: None,
-            blocking: mode == Mode::Blocking,
-        })
+        let dt = datatype::<T>()?;
+        let max = self.tuning.max_message_elements;
+        Ok(MpiTransport::new(self.core.p2p, dt, tag as c_int, (self.rank(), self.size()), max, mode == Mode::Blocking))
     }
 
     blocking_and_nonblocking! {
