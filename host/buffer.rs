@@ -151,7 +151,7 @@ impl<T: Copy> RawBuf<T> {
 /// # Safety
 /// `src` readable and `dst` writable for `len` bytes, not overlapping, not otherwise accessed
 /// meanwhile.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
     const LINE: usize = 64;
@@ -174,11 +174,12 @@ unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
     }
 }
 
-/// An ordinary copy where the CPU has no non-temporal stores we use.
+/// An ordinary copy where the CPU has no non-temporal stores we use, and under Miri (which does
+/// not model the store fence).
 ///
 /// # Safety
 /// As for the x86-64 version.
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(any(not(target_arch = "x86_64"), miri))]
 unsafe fn stream_bytes(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
