@@ -527,15 +527,16 @@ impl MpiCommunicator {
             return super::shm::plan_allreduce::<T, O>(self, send, out, mode);
         }
         let input = send.map(RawBuf::from_ref);
-        let x = self.transport::<T>(mode)?;
         let core = Arc::clone(&self.core);
         let seg = self.segment::<T>();
         let reads_input = matches!(algorithm, AllreduceAlgorithm::Ring | AllreduceAlgorithm::Hierarchical);
         let levels = (algorithm == AllreduceAlgorithm::Hierarchical).then(|| Levels::new(&self.topology, self.rank()));
-        // The hierarchical pipeline's chunks and their transports.
+        // One transport for a flat algorithm; one per chunk in flight for the hierarchical
+        // pipeline.
         let chunk = elements::<T>(self.tuning.hierarchical_chunk_bytes);
-        let xs = if levels.is_some() { self.chunk_transports::<T>(mode, n.div_ceil(chunk))? } else { Vec::new() };
+        let xs = self.chunk_transports::<T>(mode, if levels.is_some() { n.div_ceil(chunk) } else { 1 })?;
         Ok(Job::Future(Box::pin(async move {
+            let x = xs.first().ok_or(Error::Progress("an allreduce without a transport"))?;
             if let (Some(input), false) = (input, reads_input) {
                 // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
                 // whole operation. The ring reads its input in place instead.
@@ -552,11 +553,11 @@ impl MpiCommunicator {
             unsafe {
                 match (algorithm, &levels) {
                     (_, Some(lv)) => hierarchical::allreduce(&xs, &r, lv, input, out, tmp, seg, chunk).await?,
-                    (AllreduceAlgorithm::Ring, _) => allreduce::ring(&x, &r, input, out, tmp, seg).await?,
+                    (AllreduceAlgorithm::Ring, _) => allreduce::ring(x, &r, input, out, tmp, seg).await?,
                     (AllreduceAlgorithm::RecursiveDoubling, _) => {
-                        allreduce::recursive_doubling(&x, &r, out, tmp).await?
+                        allreduce::recursive_doubling(x, &r, out, tmp).await?
                     }
-                    _ => allreduce::rabenseifner(&x, &r, out, tmp).await?,
+                    _ => allreduce::rabenseifner(x, &r, out, tmp).await?,
                 }
                 r.finish(out.as_mut_slice(), u32_rank(x.size));
             }
