@@ -1,10 +1,11 @@
 //! Algorithm sweep by topology: for each operation and size, every algorithm and the native MPI
 //! call, timed in one run, with the one `Auto` picks marked.
 //!
-//! `cargo bench --bench topology [-- --np 4 --op allreduce,bcast --max-bytes N]` relaunches
+//! `cargo bench --bench topology [-- --np 4 --op allreduce,bcast --min-bytes N --max-bytes N]` relaunches
 //! itself under `mpirun` (or `DURALUMIN_MPIRUN`, e.g. `scripts/cluster-mpirun` with
 //! `DURALUMIN_CLUSTER=2x2` for two simulated hosts of two ranks: see `docs/cluster.md`). Times
-//! are the slowest rank's median per call, in µs. Then it checks the targets of
+//! are the slowest rank's median per call over 5 rounds, in µs; each round times every variant
+//! of a point once, in turn. Then it checks the targets of
 //! `docs/topology.md`: `Auto` within 10 % of the best at every point, and on several nodes the
 //! hierarchical allreduce and broadcast against the flat ones at 64 MiB. It reports, never
 //! fails, on a missed target.
@@ -63,24 +64,34 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    /// The slowest rank's median µs per call of `f`.
-    fn time(&self, bytes: usize, mut f: impl FnMut(&MpiCommunicator)) -> f64 {
+    /// The slowest rank's median µs per call of each variant `i < tunings.len()` (`f(comm, i)`,
+    /// run under `tunings[i]`, for the operations whose path the thresholds choose). The rounds
+    /// take the variants in turn, so that a slow stretch of the machine (a rank descheduled, the
+    /// links' kernel work) falls on all of them alike rather than on one variant's rounds.
+    fn time(&mut self, bytes: usize, tunings: &[Tuning], mut f: impl FnMut(&MpiCommunicator, usize)) -> Vec<f64> {
         // Enough calls per round that a small point is not one descheduling away from another.
         let reps = ((8 << 20) / bytes.max(1)).clamp(1, 400);
-        let comm = &*self.comm;
-        f(comm);
-        let mut t: Vec<f64> = (0..ROUNDS).map(|_| timing::time_us(self.world, reps, || f(comm), || ())).collect();
-        t.sort_by(f64::total_cmp);
-        t[ROUNDS / 2]
-    }
-
-    /// Times `f` under `tuning` (for the operations whose path the thresholds choose).
-    fn time_tuned(&mut self, bytes: usize, tuning: Tuning, f: impl FnMut(&MpiCommunicator)) -> f64 {
         let saved = self.comm.tuning();
-        self.comm.set_tuning(tuning);
-        let t = self.time(bytes, f);
+        let mut t = vec![Vec::with_capacity(ROUNDS); tunings.len()];
+        // Round 0 warms every variant up (its transports, windows and pools).
+        for round in 0..=ROUNDS {
+            for (i, &tuning) in tunings.iter().enumerate() {
+                self.comm.set_tuning(tuning);
+                let comm = &*self.comm;
+                if round == 0 {
+                    f(comm, i);
+                } else {
+                    t[i].push(timing::time_us(self.world, reps, || f(comm, i), || ()));
+                }
+            }
+        }
         self.comm.set_tuning(saved);
-        t
+        t.into_iter()
+            .map(|mut v| {
+                v.sort_by(f64::total_cmp);
+                v[ROUNDS / 2]
+            })
+            .collect()
     }
 }
 
@@ -90,6 +101,7 @@ fn rank_main() {
     let mut comm = MpiCommunicator::new(&world).expect("communicator");
     let args: Vec<String> = std::env::args().collect();
     let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let min_bytes: usize = get("--min-bytes").and_then(|s| s.parse().ok()).unwrap_or(0);
     let max_bytes: usize = get("--max-bytes").and_then(|s| s.parse().ok()).unwrap_or(64 << 20);
     let ops = get("--op").unwrap_or_else(|| "allreduce,bcast,reduce_scatter,allgather".into());
     let shape = comm.topology().shape();
@@ -104,7 +116,7 @@ fn rank_main() {
         );
     }
     let mut b = Bench { comm: &mut comm, world: &world, points: Vec::new() };
-    for bytes in SIZES.into_iter().filter(|&s| s <= max_bytes) {
+    for bytes in SIZES.into_iter().filter(|&s| (min_bytes..=max_bytes).contains(&s)) {
         for op in ops.split(',') {
             match op {
                 "allreduce" => allreduce(&mut b, bytes),
@@ -124,8 +136,9 @@ fn allreduce(b: &mut Bench, bytes: usize) {
     let len = bytes / 4;
     let send = vec![1.0f32; len];
     let mut recv = vec![0.0f32; len];
-    let mut times = Vec::new();
-    for a in [
+    // The shared-memory window needs every rank on one node.
+    let single = b.comm.topology().shape().single_node();
+    let algorithms: Vec<AllreduceAlgorithm> = [
         AllreduceAlgorithm::Native,
         AllreduceAlgorithm::Ring,
         AllreduceAlgorithm::RecursiveDoubling,
@@ -133,25 +146,24 @@ fn allreduce(b: &mut Bench, bytes: usize) {
         AllreduceAlgorithm::Hierarchical,
         AllreduceAlgorithm::SharedMemory,
         AllreduceAlgorithm::Auto,
-    ] {
-        // The shared-memory window needs every rank on one node.
-        if a == AllreduceAlgorithm::SharedMemory && !b.comm.topology().shape().single_node() {
-            continue;
-        }
-        let t = b.time(bytes, |c| c.allreduce_with(&send, &mut recv, Sum, a).expect("allreduce"));
-        times.push((name(&format!("{a:?}")), t));
-    }
+    ]
+    .into_iter()
+    .filter(|&a| single || a != AllreduceAlgorithm::SharedMemory)
+    .collect();
+    let tunings = vec![b.comm.tuning(); algorithms.len()];
+    let t = b.time(bytes, &tunings, |c, i| c.allreduce_with(&send, &mut recv, Sum, algorithms[i]).expect("allreduce"));
+    let times = algorithms.iter().zip(t).map(|(a, t)| (name(&format!("{a:?}")), t)).collect();
     let auto = name(&format!("{:?}", b.comm.allreduce_choice::<f32, Sum>(len)));
     b.points.push(Point { op: "allreduce", bytes, times, auto });
 }
 
 fn bcast(b: &mut Bench, bytes: usize) {
     let mut buf = vec![1.0f32; bytes / 4];
-    let mut times = Vec::new();
-    for a in [BcastAlgorithm::Native, BcastAlgorithm::Chain, BcastAlgorithm::Hierarchical, BcastAlgorithm::Auto] {
-        let t = b.time(bytes, |c| c.bcast_with(&mut buf, 0, a).expect("bcast"));
-        times.push((name(&format!("{a:?}")), t));
-    }
+    let algorithms =
+        [BcastAlgorithm::Native, BcastAlgorithm::Chain, BcastAlgorithm::Hierarchical, BcastAlgorithm::Auto];
+    let tunings = [b.comm.tuning(); 4];
+    let t = b.time(bytes, &tunings, |c, i| c.bcast_with(&mut buf, 0, algorithms[i]).expect("bcast"));
+    let times = algorithms.iter().zip(t).map(|(a, t)| (name(&format!("{a:?}")), t)).collect();
     let auto = name(&format!("{:?}", b.comm.bcast_choice::<f32>(bytes / 4)));
     b.points.push(Point { op: "bcast", bytes, times, auto });
 }
@@ -170,11 +182,9 @@ fn reduce_scatter(b: &mut Bench, bytes: usize) {
         ("hierarchical", base.with_hierarchical_reduce_scatter_bytes(0)),
         ("auto", base),
     ];
-    let mut times = Vec::new();
-    for (label, tuning) in variants {
-        let t = b.time_tuned(bytes, tuning, |c| c.reduce_scatter(&send, &mut recv, Sum).expect("reduce_scatter"));
-        times.push((label.to_string(), t));
-    }
+    let t =
+        b.time(bytes, &variants.map(|v| v.1), |c, _| c.reduce_scatter(&send, &mut recv, Sum).expect("reduce_scatter"));
+    let times = variants.iter().zip(t).map(|((label, _), t)| (label.to_string(), t)).collect();
     let (t, several) = (base, !b.comm.topology().shape().single_node());
     let auto = if several && bytes >= t.hierarchical_reduce_scatter_bytes {
         "hierarchical"
@@ -198,11 +208,8 @@ fn allgather(b: &mut Bench, bytes: usize) {
         ("hierarchical", base.with_hierarchical_allgather_bytes(0)),
         ("auto", base),
     ];
-    let mut times = Vec::new();
-    for (label, tuning) in variants {
-        let t = b.time_tuned(bytes, tuning, |c| c.allgather(&mine, &mut out).expect("allgather"));
-        times.push((label.to_string(), t));
-    }
+    let t = b.time(bytes, &variants.map(|v| v.1), |c, _| c.allgather(&mine, &mut out).expect("allgather"));
+    let times = variants.iter().zip(t).map(|((label, _), t)| (label.to_string(), t)).collect();
     let two_level = !b.comm.topology().shape().single_node() && bytes >= base.hierarchical_allgather_bytes;
     let auto = if two_level { "hierarchical" } else { "native" };
     b.points.push(Point { op: "allgather", bytes, times, auto: auto.into() });

@@ -1,9 +1,22 @@
-//! How a benchmark program runs itself under `mpirun`, once per rank count.
+//! How a benchmark program runs itself under `mpirun`, once per rank count, with a deadline.
+
+#[path = "../../tests/common/mpirun.rs"]
+mod mpirun;
+
+use std::time::Duration;
+
+/// The default limit of one launch (every size of one rank count), in seconds:
+/// `DURALUMIN_BENCH_TIMEOUT` sets another. Each operation has its own deadline in the ranks
+/// as well (`DURALUMIN_TIMEOUT`); this one also catches a job that hangs outside them.
+const LIMIT_S: f64 = 3600.0;
+
+/// How long mpirun has, once asked to stop, to take its ranks down before it is killed.
+const GRACE: Duration = Duration::from_secs(10);
 
 /// Runs this program under `mpirun -np np` as one rank of the job (`DURALUMIN_BENCH_RANK=1`),
-/// with `env` set and `args` passed on; panics if the job fails. `DURALUMIN_MPIRUN` names
-/// another mpirun program (another MPI's, or `scripts/cluster-mpirun` for a simulated cluster:
-/// see `docs/cluster.md`), as for the tests.
+/// with `env` set and `args` passed on; panics if the job fails or outruns its limit (it is
+/// then stopped). `DURALUMIN_MPIRUN` names another mpirun program (another MPI's, or
+/// `scripts/cluster-mpirun` for a simulated cluster: see `docs/cluster.md`), as for the tests.
 ///
 /// With as many ranks as cores or more, the ranks yield the core when idle
 /// (`OMPI_MCA_mpi_yield_when_idle=1`, unless set already): busy-polling ranks otherwise starve
@@ -11,23 +24,53 @@
 /// latency went from 55 µs to 5-8 ms with 2 ranks on 2 cores, `docs/topology.md`).
 pub fn relaunch(np: usize, env: &[(&str, String)], args: &[String]) {
     let exe = std::env::current_exe().expect("current_exe");
-    let mpirun = std::env::var("DURALUMIN_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let mpirun = mpirun::mpirun_program();
+    let limit = limit();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let yield_when_idle = np >= cores
         && std::env::var_os("OMPI_MCA_mpi_yield_when_idle").is_none()
         && !env.iter().any(|(k, _)| *k == "OMPI_MCA_mpi_yield_when_idle");
-    let status = std::process::Command::new(&mpirun)
-        .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-        .arg(&exe)
+    // The job stays in this process's group, so an interrupt from the terminal reaches it.
+    let mut child = mpirun::command(&mpirun, np, &exe, &[])
         .args(args)
         .env("DURALUMIN_BENCH_RANK", "1")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .envs(yield_when_idle.then_some(("OMPI_MCA_mpi_yield_when_idle", "1")))
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
-        .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .status()
+        .spawn()
         .unwrap_or_else(|e| panic!("could not start {mpirun}: {e}"));
-    assert!(status.success(), "benchmark at np={np} failed");
+    match mpirun::wait_for(&mut child, limit).unwrap_or_else(|e| panic!("{e}")) {
+        Some(status) => assert!(status.success(), "benchmark at np={np} failed ({status})"),
+        None => {
+            stop(&mut child);
+            panic!(
+                "benchmark at np={np} outran its limit of {} s (DURALUMIN_BENCH_TIMEOUT) and was stopped",
+                limit.as_secs_f64()
+            );
+        }
+    }
+}
+
+fn limit() -> Duration {
+    let s = match std::env::var("DURALUMIN_BENCH_TIMEOUT") {
+        Ok(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or_else(|| panic!("DURALUMIN_BENCH_TIMEOUT must be a positive number of seconds, not {v:?}")),
+        Err(_) => LIMIT_S,
+    };
+    Duration::from_secs_f64(s)
+}
+
+/// Asks mpirun to stop (it takes its ranks down), then kills it if it has not within [`GRACE`].
+fn stop(child: &mut std::process::Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: sends SIGTERM to the mpirun this program started and has not reaped; touches
+        // no memory.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    if !matches!(mpirun::wait_for(child, GRACE), Ok(Some(_))) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

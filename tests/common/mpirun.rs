@@ -10,7 +10,7 @@ pub mod rank_case;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How a launch ended.
@@ -74,15 +74,7 @@ pub fn launch_with(
 ) -> Result<Launch, String> {
     let records = rank_case::Records::new()?;
     let (var, dir) = records.env();
-    let mut child = Command::new(mpirun)
-        .args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-        .args(extra)
-        .arg(exe)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        // Open MPI 5 (the wheel the GPU script and the ULFM test bring) asks its runtime the same.
-        .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
-        .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let mut child = command(mpirun, np, exe, extra)
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
         .env(var, dir)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -105,29 +97,50 @@ pub fn launch_with(
         s
     });
     let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| format!("wait: {e}"))? {
-            break Some(status);
-        }
-        if start.elapsed() > limit {
-            // SAFETY: sends SIGKILL to the process group this launch made; touches no memory.
-            unsafe { libc::kill(-group, libc::SIGKILL) };
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for(&mut child, limit)?;
     let (ended, elapsed) = (SystemTime::now(), start.elapsed());
-    if status.is_some() {
-        // Ranks that outlive mpirun (they should not) must not hold the output pipes open.
-        // SAFETY: as above.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
+    // At the limit that ends the job; otherwise ranks that outlive mpirun (they should not)
+    // must not hold the output pipes open.
+    // SAFETY: sends SIGKILL to the process group this launch made; touches no memory.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    if status.is_none() {
+        let _ = child.wait();
     }
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
     // Every rank is gone (the group was killed): their records are complete.
     let ranks = records.read(np);
     Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
+}
+
+/// `mpirun -np np [extra] exe`, allowed to run as root (Open MPI 4's and 5's runtimes both ask),
+/// with `--oversubscribe` (fewer cores than ranks) and no binding (ranks share the cores).
+pub fn command(mpirun: &str, np: usize, exe: &std::path::Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(mpirun);
+    c.args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
+        .args(extra)
+        .arg(exe)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // Open MPI 5 (the wheel the GPU script and the ULFM test bring) asks its runtime the same.
+        .env("PRTE_ALLOW_RUN_AS_ROOT", "1")
+        .env("PRTE_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
+}
+
+/// Waits for `child` at most `limit`: its status, or `None` if it is still running then (the
+/// caller ends it).
+pub fn wait_for(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>, String> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| format!("wait: {e}"))? {
+            return Ok(Some(status));
+        }
+        if start.elapsed() > limit {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A directory holding the CUDA driver simulator as `libcuda.so` and `libnccl.so.2` (`target/<profile>/cudasim/`, a

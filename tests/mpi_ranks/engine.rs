@@ -12,6 +12,7 @@ pub fn run(c: &MpiCommunicator) {
     within("progresses_without_polling", || progresses_without_polling(c));
     within("test_polls_to_completion", || test_polls_to_completion(c));
     within("shared_memory_in_flight", || shared_memory_in_flight(c));
+    within("auto_nonblocking_before_the_window", || auto_nonblocking_before_the_window(c));
     assert!(progress_thread_running(), "the progress thread runs while a communicator used it");
 }
 
@@ -81,6 +82,42 @@ fn shared_memory_in_flight(c: &MpiCommunicator) {
     assert!(between.iter().all(|&x| x as usize == n - 1), "blocking shared-memory allreduce among them");
     let prod: u32 = ranks().map(|r| r as u32 + 1).product();
     assert!(d.iter().all(|&x| x == prod), "in-flight shared-memory allreduce (u32 prod)");
+}
+
+/// On one node, a non-blocking `Auto` allreduce issued before any blocking one has made the
+/// shared-memory window must not make it (that is collective, and would block the call): rank 0
+/// issues it and then enters a barrier on another communicator, which the others enter before
+/// issuing theirs, a legal order that deadlocks if the call blocks. A blocking one then makes
+/// the window, and the non-blocking ones after it use it.
+fn auto_nonblocking_before_the_window(c: &MpiCommunicator) {
+    let (me, n) = (c.rank(), c.size());
+    if n < 2 || !c.topology().shape().single_node() {
+        return;
+    }
+    let mut d = c.dup().expect("dup");
+    d.set_tuning(Tuning::default().with_shared_memory_allreduce_bytes(0));
+    let send: Vec<f32> = (0..20_000).map(|i| (i % 7 + me) as f32).collect();
+    let expect: Vec<f32> = (0..20_000).map(|i| (0..n).map(|r| (i % 7 + r) as f32).sum()).collect();
+    assert_eq!(d.allreduce_choice::<f32, Sum>(send.len()), AllreduceAlgorithm::SharedMemory);
+    for round in 0..3 {
+        let mut out = vec![0.0f32; send.len()];
+        scope(|s| {
+            if round == 1 {
+                d.allreduce(&send, &mut out, Sum)?;
+                return Ok(());
+            }
+            if me == 0 {
+                let r = d.iallreduce(s, &send, &mut out, Sum)?;
+                c.barrier()?;
+                r.wait()
+            } else {
+                c.barrier()?;
+                d.iallreduce(s, &send, &mut out, Sum)?.wait()
+            }
+        })
+        .unwrap_or_else(|e| panic!("Auto allreduce, round {round}: {e}"));
+        assert_eq!(out, expect, "Auto allreduce, round {round}");
+    }
 }
 
 /// A started operation completes while the caller sleeps: the proxy thread drives it.

@@ -35,7 +35,9 @@ use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::{MpiCommunicator, Tuning};
 
 /// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
-/// every algorithm, pipelines through several segments and chunks, and is split into several
+/// every algorithm (`Auto` on one node: the shared-memory window; a non-blocking one before any
+/// blocking one has made the window: the ring), pipelines through several segments and chunks,
+/// and is split into several
 /// MPI messages (the large-count path; messages to other nodes in smaller pieces still), while
 /// counts 0, 1 and 7 take the native paths (on several nodes, `Auto` runs recursive doubling
 /// for those allreduces).
@@ -54,6 +56,7 @@ pub fn small_thresholds() -> Tuning {
         .with_hierarchical_allgather_bytes(256)
         .with_hierarchical_chunk_bytes(256)
         .with_network_message_bytes(64)
+        .with_shared_memory_allreduce_bytes(256)
 }
 
 /// Counts every operation is tested with: empty, one, odd, and above every threshold.

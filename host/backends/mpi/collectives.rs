@@ -49,8 +49,9 @@ const HIERARCHICAL_DEPTH: usize = 3;
 #[non_exhaustive]
 pub enum AllreduceAlgorithm {
     /// On several nodes, hierarchical from [`super::Tuning::hierarchical_allreduce_bytes`]; on
-    /// one, ring from [`super::Tuning::allreduce_ring_bytes`] and shared memory from
-    /// [`super::Tuning::shared_memory_allreduce_bytes`]; native below, and for non-commutative
+    /// one, shared memory from [`super::Tuning::shared_memory_allreduce_bytes`] (a non-blocking
+    /// call before a blocking one has made the window: the ring from
+    /// [`super::Tuning::allreduce_ring_bytes`]); native below, and for non-commutative
     /// operators.
     #[default]
     Auto,
@@ -504,7 +505,7 @@ impl MpiCommunicator {
         let bytes = n.saturating_mul(size_of::<T>());
         algorithm.check_operator::<T, O>()?;
         let algorithm = match algorithm {
-            AllreduceAlgorithm::Auto => self.auto_allreduce::<T, O>(bytes),
+            AllreduceAlgorithm::Auto => self.auto_allreduce::<T, O>(bytes, mode),
             a => a,
         };
         let out = RawBuf::from_mut(recv);
@@ -1132,10 +1133,13 @@ impl MpiCommunicator {
         Ok(Job::Native { dt, calls, post })
     }
 
-    /// The algorithm [`AllreduceAlgorithm::Auto`] runs for an allreduce of `count` elements
-    /// with `O` on this communicator (never `Auto`).
+    /// The algorithm [`AllreduceAlgorithm::Auto`] runs for a blocking allreduce of `count`
+    /// elements with `O` on this communicator (never `Auto`). A non-blocking one runs the same,
+    /// except that it does not pick [`AllreduceAlgorithm::SharedMemory`] before the window
+    /// exists (made by the first blocking allreduce that uses it): making it is collective and
+    /// would block the call.
     pub fn allreduce_choice<T: Element, O: ReduceOp<T>>(&self, count: usize) -> AllreduceAlgorithm {
-        self.auto_allreduce::<T, O>(count.saturating_mul(size_of::<T>()))
+        self.auto_allreduce::<T, O>(count.saturating_mul(size_of::<T>()), Mode::Blocking)
     }
 
     /// The algorithm [`BcastAlgorithm::Auto`] runs for a broadcast of `count` elements of `T`
@@ -1144,17 +1148,19 @@ impl MpiCommunicator {
         self.auto_bcast(count.saturating_mul(size_of::<T>()))
     }
 
-    /// What `Auto` runs for an allreduce of `bytes` with `O`: decided from values every rank
-    /// shares (operator, size, tuning, shape), so all ranks agree.
-    fn auto_allreduce<T: Element, O: ReduceOp<T>>(&self, bytes: usize) -> AllreduceAlgorithm {
+    /// What `Auto` runs for an allreduce of `bytes` with `O` in `mode`: decided from values every
+    /// rank shares (operator, size, tuning, shape, and whether the node window exists, which
+    /// every rank made at the same operation), so all ranks agree.
+    fn auto_allreduce<T: Element, O: ReduceOp<T>>(&self, bytes: usize, mode: Mode) -> AllreduceAlgorithm {
         let t = &self.tuning;
+        let window = mode == Mode::Blocking || self.core.shm.is_made();
         if !O::COMMUTATIVE || self.size() == 1 {
             AllreduceAlgorithm::Native
         } else if !self.topology.shape().single_node() && bytes >= t.hierarchical_allreduce_bytes {
             AllreduceAlgorithm::Hierarchical
         } else if !self.topology.shape().single_node() && bytes < t.nodes_recursive_doubling_bytes {
             AllreduceAlgorithm::RecursiveDoubling
-        } else if self.topology.shape().single_node() && bytes >= t.shared_memory_allreduce_bytes {
+        } else if self.topology.shape().single_node() && bytes >= t.shared_memory_allreduce_bytes && window {
             AllreduceAlgorithm::SharedMemory
         } else if bytes >= t.allreduce_ring_bytes {
             AllreduceAlgorithm::Ring

@@ -77,7 +77,9 @@ pub struct Tuning {
     /// exercise the large-count paths with small buffers.
     pub max_message_elements: usize,
     /// On one node, allreduces of at least this many bytes run through the node's shared-memory
-    /// window ([`AllreduceAlgorithm::SharedMemory`]; commutative operators).
+    /// window ([`AllreduceAlgorithm::SharedMemory`]; commutative operators): blocking ones, and
+    /// non-blocking ones once a blocking one has made the window (making it is collective).
+    /// Below it the window's two barriers cost more than Open MPI's one exchange.
     pub shared_memory_allreduce_bytes: usize,
     /// On several nodes (see [`MpiCommunicator::topology`]), allreduces of at least this many bytes run the hierarchical
     /// algorithm (commutative operators).
@@ -139,7 +141,7 @@ impl Tuning {
         // where the ring does.
         let several_per_node = shape.max_per_node > 1;
         Tuning {
-            shared_memory_allreduce_bytes: 2 << 20,
+            shared_memory_allreduce_bytes: 4 << 10,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
             nodes_recursive_doubling_bytes: 16 << 10,
             hierarchical_bcast_bytes: 4 << 10,

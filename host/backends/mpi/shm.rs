@@ -13,10 +13,10 @@
 //! 2. barrier `X_c`;
 //! 3. rank `i` reduces slice `i` in rank order `0..n` (so non-commutative operators work)
 //!    straight from the peers' buffers and its own input, applies the operator's finishing
-//!    step, and writes the result into its own buffer at slice `i`; then it stages chunk `c+1`
-//!    into the other buffer;
-//! 4. barrier `X_{c+1}`, after which every rank copies the `n` result slices of chunk `c` into
-//!    its output (and reduces chunk `c+1`...).
+//!    step, and writes the result into its own buffer at slice `i` and, a cache-sized block at
+//!    a time, into its output; then it stages chunk `c+1` into the other buffer;
+//! 4. barrier `X_{c+1}`, after which every rank copies the others' `n - 1` result slices of
+//!    chunk `c` into its output (and reduces chunk `c+1`...).
 //!
 //! One barrier per chunk, plus one: between `X_c` and `X_{c+1}` ranks only read the staged
 //! data of chunk `c` and the results of chunk `c-1`, which sit in different buffers from what
@@ -61,9 +61,13 @@ pub(crate) const BUFFER_BYTES: usize = 1 << 20;
 
 /// Results of operations of at least this many bytes are copied out with non-temporal stores
 /// ([`RawBuf::stream_from`]): an output larger than a core's cache (2 MiB of L2 here) is not
-/// read back from it, and writing around the caches saves reading every line in first. 64 MiB
-/// at 2 ranks: 14.3-15.9 ms against 17.4-17.7 ms (`docs/topology.md`).
+/// read back from it, and writing around the caches saves reading every line in first (64 MiB
+/// at 2 ranks, when it was introduced: 14.3-15.9 ms against 17.4-17.7 ms).
 const STREAM_BYTES: usize = 4 << 20;
+
+/// Bytes a rank reduces of its slice before copying them to its output: small enough to be
+/// copied from the first-level cache.
+const REDUCE_BLOCK_BYTES: usize = 16 << 10;
 
 /// Bytes of each rank's part of the window: two buffers.
 const PART_BYTES: usize = 2 * BUFFER_BYTES;
@@ -193,6 +197,11 @@ impl NodeWindow {
         }
         let w = Window::make(parent, rank)?;
         Ok(self.window.get_or_init(|| w))
+    }
+
+    /// Whether an operation made the window already.
+    pub(crate) fn is_made(&self) -> bool {
+        self.window.get().is_some()
     }
 
     fn turns(&self) -> MutexGuard<'_, Turns> {
@@ -374,34 +383,42 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
             unsafe { mine.block(at, sl).copy_from(input.block(off + s, sl)) };
         }
     };
+    let stream = len.saturating_mul(size_of::<T>()) >= STREAM_BYTES;
+    // Rank `me`'s slice of chunk `c`, reduced a cache-sized block at a time into its slot of
+    // the buffer (where the others read it) and from there, while the block is in the cache,
+    // into `out`.
+    let block = (REDUCE_BLOCK_BYTES / size_of::<T>().max(1)).max(1);
     let reduce = |c: usize| {
         let (off, l) = span(c);
         let (s, at, sl) = slice(l, me);
-        let src = |j: usize| if j == me { input.block(off + s, sl) } else { buffer(j, c).block(at, sl) };
-        let dst = buffer(me, c).block(at, sl);
-        // SAFETY: past the barrier every rank staged chunk `c`, and nobody writes the staged
-        // slots until the next one; `dst` (this rank's own slot of its buffer) is read by the
-        // others only after the next barrier, and lies apart from every source.
-        unsafe {
-            let d = dst.as_mut_slice();
-            r.reduce_into(d, src(0).as_slice(), src(1).as_slice());
-            for j in 2..n {
-                r.reduce(d, src(j).as_slice());
+        for b in (0..sl).step_by(block) {
+            let bl = block.min(sl - b);
+            let src = |j: usize| if j == me { input.block(off + s + b, bl) } else { buffer(j, c).block(at + b, bl) };
+            let dst = buffer(me, c).block(at + b, bl);
+            // SAFETY: past the barrier every rank staged chunk `c`, and nobody writes the
+            // staged slots until the next one; `dst` (this rank's own slot of its buffer) is
+            // read by the others only after the next barrier, and lies apart from every source.
+            // The block of `out` is this operation's; in place it is the block of the input
+            // just read, and no one reads it again.
+            unsafe {
+                let d = dst.as_mut_slice();
+                r.reduce_into(d, src(0).as_slice(), src(1).as_slice());
+                for j in 2..n {
+                    r.reduce(d, src(j).as_slice());
+                }
+                r.finish(d, ranks);
+                put(out.block(off + s + b, bl), dst, stream);
             }
-            r.finish(d, ranks);
         }
     };
-    let stream = len.saturating_mul(size_of::<T>()) >= STREAM_BYTES;
+    // The others' slices of chunk `c` into `out`.
     let copy_out = |c: usize| {
         let (off, l) = span(c);
-        for j in 0..n {
+        for j in (0..n).filter(|&j| j != me) {
             let (s, at, sl) = slice(l, j);
             // SAFETY: past the barrier every rank's result slot of chunk `c` is final, and
             // nobody writes it until the barrier after next; `out` is this operation's.
-            unsafe {
-                let (dst, src) = (out.block(off + s, sl), buffer(j, c).block(at, sl));
-                if stream { dst.stream_from(src) } else { dst.copy_from(src) }
-            }
+            unsafe { put(out.block(off + s, sl), buffer(j, c).block(at, sl), stream) };
         }
     };
     stage(0);
@@ -420,6 +437,21 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
         }
     }
     Ok(chunks)
+}
+
+/// Copies a result block into the output: streamed around the caches when `stream`.
+///
+/// # Safety
+/// As for [`RawBuf::copy_from`].
+unsafe fn put<T: Copy>(dst: RawBuf<T>, src: RawBuf<T>, stream: bool) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        if stream {
+            dst.stream_from(src);
+        } else {
+            dst.copy_from(src);
+        }
+    }
 }
 
 /// Dissemination barrier of zero-length messages: `ceil(log2 n)` rounds; in round `k` each rank
