@@ -37,10 +37,9 @@ use duralumin::{MpiCommunicator, Tuning};
 /// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
 /// every algorithm (`Auto` on one node: the shared-memory window; a non-blocking one before any
 /// blocking one has made the window: the ring), pipelines through several segments and chunks,
-/// and is split into several
-/// MPI messages (the large-count path; messages to other nodes in smaller pieces still), while
-/// counts 0, 1 and 7 take the native paths (on several nodes, `Auto` runs recursive doubling
-/// for those allreduces).
+/// and is split into several MPI messages (the large-count path; messages to other nodes in
+/// smaller pieces still), while counts 0, 1 and 7 take the native paths (on several nodes,
+/// `Auto` runs recursive doubling for those allreduces).
 pub fn small_thresholds() -> Tuning {
     Tuning::default()
         .with_allreduce_ring_bytes(256)
