@@ -24,9 +24,10 @@
 //! next barrier, which every rank passes after its reads. Operations continue the buffer
 //! alternation where the previous one stopped, so no barrier is needed between them either.
 //!
-//! Barriers are dissemination barriers of zero-length messages on the node communicator, so a
+//! Barriers are dissemination barriers of zero-length messages on the communicator's algorithm
+//! communicator (whose ranks are the node communicator's when every rank is on the node), so a
 //! non-blocking operation waits on `MPI_Test` like every other algorithm and never blocks the
-//! progress engine; `MPI_Win_sync` (plus a fence for the compiler) on both sides of each barrier
+//! progress engine, and revoking the communicator wakes a rank waiting in one for a failed peer; `MPI_Win_sync` (plus a fence for the compiler) on both sides of each barrier
 //! orders the window accesses (the window stays in one `MPI_Win_lock_all` epoch).
 //!
 //! Operations on one communicator take the window in issue order, the same on every rank: a
@@ -34,7 +35,6 @@
 //! unused passes to the next one.
 
 use std::collections::BTreeSet;
-use std::ffi::c_int;
 use std::future::poll_fn;
 use std::sync::atomic::{self, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -46,7 +46,6 @@ use super::job::{Job, Mode};
 use super::{Core, MpiCommunicator};
 use crate::algorithms::block_range;
 use crate::buffer::RawBuf;
-use crate::datatype::datatype;
 use crate::error::{Error, Result};
 use crate::ffi::win::{self, RawWin};
 use crate::ffi::{self, RawComm, c_rank, u32_rank};
@@ -327,8 +326,14 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
             reason: "the ranks of the communicator are not all on one node",
         });
     }
-    let (dt, tag) = (datatype::<u8>()?, comm.next_tag());
-    let x = MpiTransport::new(w.node, dt, tag, (w.rank, w.size), c_int::MAX as usize, mode == Mode::Blocking);
+    // The node communicator was split keyed by rank, so with every rank on the node its ranks
+    // are the communicator's. The barriers run on the communicator's own algorithm
+    // communicator, not the node's: revoking the communicator (by the program, or the watchdog
+    // on a timeout) must wake a rank waiting in a barrier for a peer that failed elsewhere.
+    if w.rank != core.rank {
+        return Err(Error::Progress("the shared-memory window's ranks differ from the communicator's"));
+    }
+    let x = comm.transport::<u8>(mode)?;
     let turn = Turn::take(Arc::clone(core));
     Ok(Job::Future(Box::pin(async move {
         let first = turn.come_up().await;
