@@ -11,14 +11,17 @@
 //! that step, as a crashed node would (the test in `tests/ulfm.rs` uses it).
 //! `DURALUMIN_EXAMPLE_BACKEND=host-transfer` runs the same loop on a HostTransfer communicator
 //! over the host device (stream-ordered operations on device buffers) instead of the Mpi
-//! backend: the recovery calls are the same.
+//! backend: the recovery calls are the same. On the Mpi backend,
+//! `DURALUMIN_EXAMPLE_ALLREDUCE=native|ring|recursive-doubling|rabenseifner|shared-memory`
+//! runs every step's allreduce with that algorithm instead of `Auto` (the test runs the
+//! recovery through each).
 
 use std::time::Duration;
 
 use duralumin::HostTransferCommunicator;
 use duralumin::device::host::{HostBuffer, HostDevice};
 use duralumin::reliability::OnTimeout;
-use duralumin::{Error, MpiCommunicator, Result, Sum};
+use duralumin::{AllreduceAlgorithm, Error, MpiCommunicator, Result, Sum};
 
 const STEPS: usize = 40;
 const LEN: usize = 1 << 16;
@@ -52,7 +55,7 @@ fn main() -> Result<()> {
         let mut comm = MpiCommunicator::new(&world)?;
         comm.set_on_timeout(OnTimeout::Error);
         comm.set_timeout(timeout);
-        train(comm, "Mpi")
+        train(Mpi { comm, algorithm: allreduce_algorithm()? }, "Mpi")
     }
 }
 
@@ -103,30 +106,36 @@ fn train<G: Group>(mut comm: G, backend: &str) -> Result<()> {
     Ok(())
 }
 
-impl Group for MpiCommunicator {
+/// An Mpi communicator with the algorithm its steps' allreduces run.
+struct Mpi {
+    comm: MpiCommunicator,
+    algorithm: AllreduceAlgorithm,
+}
+
+impl Group for Mpi {
     fn rank(&self) -> usize {
-        MpiCommunicator::rank(self)
+        self.comm.rank()
     }
     fn size(&self) -> usize {
-        MpiCommunicator::size(self)
+        self.comm.size()
     }
     fn sum(&mut self, grad: &[f64]) -> Result<Vec<f64>> {
         let mut sum = vec![0.0; grad.len()];
-        self.allreduce(grad, &mut sum, Sum)?;
+        self.comm.allreduce_with(grad, &mut sum, Sum, self.algorithm)?;
         Ok(sum)
     }
     fn revoke(&self) -> Result<()> {
-        MpiCommunicator::revoke(self)
+        self.comm.revoke()
     }
     fn agree(&self, ok: bool) -> Result<bool> {
-        MpiCommunicator::agree(self, ok)
+        self.comm.agree(ok)
     }
     fn shrink(&self) -> Result<Self> {
-        MpiCommunicator::shrink(self)
+        Ok(Mpi { comm: self.comm.shrink()?, algorithm: self.algorithm })
     }
     fn members(&mut self, me: usize) -> Result<Vec<usize>> {
         let mut all = vec![0u64; self.size()];
-        self.allgather(&[me as u64], &mut all)?;
+        self.comm.allgather(&[me as u64], &mut all)?;
         Ok(all.into_iter().map(|r| usize::try_from(r).expect("a rank")).collect())
     }
 }
@@ -183,6 +192,19 @@ impl Group for HostTransfer {
 /// Rank `r`'s contribution at `step` (distinct per rank, exact in `f64`).
 fn gradient(r: usize, step: usize) -> f64 {
     ((r + 1) * 1000 + step) as f64
+}
+
+/// The algorithm `DURALUMIN_EXAMPLE_ALLREDUCE` names (`Auto` when unset).
+fn allreduce_algorithm() -> Result<AllreduceAlgorithm> {
+    let Ok(name) = std::env::var("DURALUMIN_EXAMPLE_ALLREDUCE") else { return Ok(AllreduceAlgorithm::Auto) };
+    Ok(match name.as_str() {
+        "native" => AllreduceAlgorithm::Native,
+        "ring" => AllreduceAlgorithm::Ring,
+        "recursive-doubling" => AllreduceAlgorithm::RecursiveDoubling,
+        "rabenseifner" => AllreduceAlgorithm::Rabenseifner,
+        "shared-memory" => AllreduceAlgorithm::SharedMemory,
+        _ => return Err(Error::Unsupported("DURALUMIN_EXAMPLE_ALLREDUCE names no algorithm this example knows")),
+    })
 }
 
 fn kill_point() -> Option<(usize, usize)> {

