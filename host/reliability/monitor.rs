@@ -122,6 +122,19 @@ pub(crate) struct Monitor {
     pub(crate) exchange: Mutex<Option<super::watchdog::Exchange>>,
 }
 
+/// Whether a thread blocked in an operation of `kind` can be made to return: every operation
+/// waits on requests that the revocation (or, without ULFM, the abandonment) of the
+/// communicator ends, except `dup` and `split`, which MPI offers only blocking (revocation ends
+/// them, so with ULFM they can), and `drop`, blocked in `MPI_Win_free` (or the agreement
+/// before it) on the window's own communicator, which nothing ends.
+pub(crate) fn interruptible(kind: OpKind) -> bool {
+    match kind {
+        OpKind::Dup | OpKind::Split => ffi::ulfm::available(),
+        OpKind::Drop => false,
+        _ => true,
+    }
+}
+
 /// The default deadline of every operation.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -367,6 +380,26 @@ impl Monitor {
     pub(crate) fn poison_with(st: &mut MonitorState, this: &Monitor, poison: Poison) {
         if st.poison.is_some() {
             return;
+        }
+        // A thread in an operation nothing interrupts would wait for ever, unreported (the
+        // watchdog does not watch a communicator given up): end the job instead, once the
+        // rank that gave the communicator up had the answer window to print its report.
+        if let Some(r) = st.recorder.iter().find(|r| r.state == State::Running && !interruptible(r.sig.kind)) {
+            let why = format!(
+                "the communicator was given up ({}) while this rank is in {} #{}, which MPI cannot interrupt: \
+                 aborting the job",
+                poison.reason,
+                r.sig.kind.name(),
+                r.seq
+            );
+            let grace = this.answer_window() + Duration::from_millis(500);
+            let ended = std::thread::Builder::new().name("duralumin-abort".into()).spawn(move || {
+                std::thread::sleep(grace);
+                super::abort::abort_job(&why)
+            });
+            if let Err(e) = ended {
+                super::abort::abort_job(&format!("{e} (starting a thread to end the job)"));
+            }
         }
         st.recorder.abandon_unfinished(recorder::now());
         st.poison = Some(Arc::new(poison));

@@ -53,10 +53,13 @@ pub(crate) enum OpKind {
     MultiSendRecv,
     Dup,
     Split,
+    /// Dropping a communicator whose shared-memory window is freed (`MPI_Win_free`, which
+    /// waits for every rank of the node).
+    Drop,
 }
 
 impl OpKind {
-    pub(crate) const ALL: [OpKind; 20] = [
+    pub(crate) const ALL: [OpKind; 21] = [
         OpKind::Barrier,
         OpKind::Bcast,
         OpKind::Allreduce,
@@ -77,6 +80,7 @@ impl OpKind {
         OpKind::MultiSendRecv,
         OpKind::Dup,
         OpKind::Split,
+        OpKind::Drop,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -101,6 +105,7 @@ impl OpKind {
             OpKind::MultiSendRecv => "multi_sendrecv",
             OpKind::Dup => "dup",
             OpKind::Split => "split",
+            OpKind::Drop => "drop",
         }
     }
 

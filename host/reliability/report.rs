@@ -76,7 +76,7 @@ fn details(r: &RecordView) -> String {
         if !elem.is_empty() {
             parts.push(elem);
         }
-        if r.kind != OpKind::Barrier && !matches!(r.kind, OpKind::Dup | OpKind::Split) {
+        if r.kind != OpKind::Barrier && !matches!(r.kind, OpKind::Dup | OpKind::Split | OpKind::Drop) {
             parts.push(format!("count {}", r.count));
         }
         if let (true, Some(root)) = (r.kind.has_root(), r.root) {

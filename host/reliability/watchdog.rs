@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use super::OnTimeout;
 use super::abort::{abort_job, rank_label};
-use super::monitor::{Monitor, MonitorState, Trigger, plain_poison, timeout_poison};
-use super::recorder::{self, OpKind, RecordView, Snapshot};
+use super::monitor::{Monitor, MonitorState, Trigger, interruptible, plain_poison, timeout_poison};
+use super::recorder::{self, RecordView, Snapshot};
 use super::report::{self, Target};
 use crate::ffi::{self, RawComm, RawDatatype, RawRequest, p2p, sys};
 
@@ -47,8 +47,7 @@ pub(crate) struct Exchange {
     what: &'static str,
     seq: u64,
     elapsed: Duration,
-    /// Whether the thread in the operation can be interrupted (everything but `dup` and
-    /// `split`, which MPI offers only blocking).
+    /// Whether the thread in the operation can be interrupted (see [`interruptible`]).
     interruptible: bool,
     fault: bool,
     deadline: Instant,
@@ -252,7 +251,7 @@ fn start(m: &Monitor) -> Option<Exchange> {
                 what: v.kind.name(),
                 seq,
                 elapsed,
-                interruptible: !matches!(v.kind, OpKind::Dup | OpKind::Split),
+                interruptible: interruptible(v.kind),
                 fault: false,
                 headline: format!(
                     "{} timed out after {:.1} s (deadline {timeout:.1?})",
@@ -336,9 +335,9 @@ fn conclude(m: &Monitor, mut x: Exchange) {
     if m.on_timeout() == OnTimeout::Abort {
         abort_job(&format!("{op} {happened}, aborting the job (OnTimeout::Abort)"));
     }
-    if !x.interruptible && !ffi::ulfm::available() {
+    if !x.interruptible {
         abort_job(&format!(
-            "{op} {happened} and MPI cannot interrupt it (no ULFM), aborting the job instead of returning an error"
+            "{op} {happened} and MPI cannot interrupt it, aborting the job instead of returning an error"
         ));
     }
     let poison = if x.fault {

@@ -3,7 +3,9 @@
 //! arguments its own checks refuse, a SIGKILL in the middle of a 64 MiB allreduce), on the Mpi
 //! backend, HostTransfer on the host device and HostTransfer<cuda> on the CUDA driver
 //! simulator, with the job aborting on a timeout (the default), returning errors
-//! (`OnTimeout::Error`), or checking signatures (`DURALUMIN_CHECK=1`). Deadlines are 2 s.
+//! (`OnTimeout::Error`), or checking signatures (`DURALUMIN_CHECK=1`). Deadlines are 2 s. On
+//! the Mpi backend alone, a rank also drops a communicator whose shared-memory window exists
+//! out of order (see `rank::drop_order`).
 //!
 //! Each trial asserts that every rank ends (exit or error) within the deadline plus 5 s of the
 //! fault, that the report (or the error every rank gets) names the right rank and collective,
@@ -49,7 +51,7 @@ impl Mode {
 /// Every fault under the modes where its outcome is defined. A root mismatch is only caught by
 /// the signature check (without it, two ranks that each think they are the root may both
 /// "complete" a bcast); a SIGKILL is handled by mpirun whatever the mode.
-const PLAN: [(Fault, Mode); 13] = [
+const PLAN: [(Fault, Mode); 16] = [
     (Fault::Stall, Mode::Abort),
     (Fault::Stall, Mode::Error),
     (Fault::Panic, Mode::Abort),
@@ -63,6 +65,9 @@ const PLAN: [(Fault, Mode); 13] = [
     (Fault::BadArg, Mode::Error),
     (Fault::BadArg, Mode::Check),
     (Fault::Kill, Mode::Abort),
+    (Fault::DropOrder, Mode::Abort),
+    (Fault::DropOrder, Mode::Error),
+    (Fault::DropEarly, Mode::Error),
 ];
 
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +95,10 @@ fn main() {
             continue;
         }
         for (i, &(fault, mode)) in PLAN.iter().enumerate() {
+            if matches!(fault, Fault::DropOrder | Fault::DropEarly) && backend != "mpi" {
+                // Only the Mpi backend has a shared-memory window.
+                continue;
+            }
             // Every rank count from 2 to 5 for each backend, the faulty rank varying with it.
             let nps = if backend == "cudasim" { vec![2 + i % 2] } else { vec![2 + i % 4, 2 + (i + 2) % 4] };
             for np in nps {
@@ -155,6 +164,32 @@ fn check(case: Case, l: &mpirun::Launch) -> Result<(), String> {
     }
     let (k, n) = (case.rank, case.np);
     let has = |text: &str, needle: &str| text.contains(needle);
+    if case.fault == Fault::DropOrder {
+        // Under either mode: nothing can interrupt the window's free, so the job ends.
+        let ending = match case.mode {
+            Mode::Error => "drop #2 timed out and MPI cannot interrupt it, aborting the job",
+            _ => "drop #2 timed out, aborting the job (OnTimeout::Abort)",
+        };
+        let ok = !status.success()
+            && has(&l.stderr, &format!("[duralumin rank {}] desync report", case.rank))
+            && has(&l.stderr, "drop #2 timed out after")
+            && has(&l.stderr, ending);
+        return if ok { Ok(()) } else { Err("the job did not end with the drop's report and abort".into()) };
+    }
+    if case.fault == Fault::DropEarly {
+        // The others' report names the faulty rank's drop; the faulty rank, given up while in
+        // it, ends the job.
+        let ok = !status.success()
+            && has(&l.stderr, "allreduce #2 (f32 sum, count 7) timed out after")
+            && has(&l.stderr, &format!("rank {}: entered #2 as drop, which differs in op", case.rank))
+            && has(&l.stderr, &format!("rank {}: the communicator was given up", case.rank))
+            && has(&l.stderr, "while this rank is in drop #2, which MPI cannot interrupt: aborting the job");
+        return if ok {
+            Ok(())
+        } else {
+            Err("the job did not end when the ranks gave up a communicator mid-drop".into())
+        };
+    }
     let result = |r: usize, what: &str| has(&l.stdout, &format!("RESULT {r} {what}"));
     // A report line about rank `k` (or, at 2 ranks, where each rank's call is as common as the
     // other's, a report of the difference from either side).
@@ -182,6 +217,7 @@ fn check(case: Case, l: &mpirun::Launch) -> Result<(), String> {
                 Fault::BadArg => has(&l.stderr, &format!("rank {k}: refused its arguments for allreduce #{OP}")),
                 Fault::Kill => has(&l.stderr, &format!("rank {k} with PID")) && has(&l.stderr, "signal 9"),
                 Fault::Root => return Err("no abort-mode expectation for a root mismatch".into()),
+                Fault::DropOrder | Fault::DropEarly => unreachable!("checked above"),
             };
             if !ok {
                 return Err("the output does not name the faulty rank and collective".into());

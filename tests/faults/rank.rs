@@ -28,11 +28,26 @@ pub enum Fault {
     BadArg,
     /// SIGKILL in the middle of a 64 MiB allreduce.
     Kill,
+    /// Drops a communicator whose shared-memory window exists before an allreduce on another
+    /// communicator, which the others run first (Mpi backend only; see [`drop_order`]).
+    DropOrder,
+    /// Drops that communicator while the others run one more allreduce on it, so their
+    /// deadline passes first (see [`drop_order`]).
+    DropEarly,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 7] =
-        [Fault::Stall, Fault::Panic, Fault::Count, Fault::Op, Fault::Root, Fault::BadArg, Fault::Kill];
+    pub const ALL: [Fault; 9] = [
+        Fault::Stall,
+        Fault::Panic,
+        Fault::Count,
+        Fault::Op,
+        Fault::Root,
+        Fault::BadArg,
+        Fault::Kill,
+        Fault::DropOrder,
+        Fault::DropEarly,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +58,8 @@ impl Fault {
             Fault::Root => "root",
             Fault::BadArg => "badarg",
             Fault::Kill => "kill",
+            Fault::DropOrder => "droporder",
+            Fault::DropEarly => "dropearly",
         }
     }
 
@@ -176,6 +193,9 @@ pub fn main(backend: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     match backend {
+        "mpi" if matches!(sc.fault, Fault::DropOrder | Fault::DropEarly) => {
+            drop_order(&sc, MpiCommunicator::new(&world).expect("communicator"))
+        }
         "mpi" => run(&sc, &MpiCommunicator::new(&world).expect("communicator")),
         "host" => {
             let dev = HostDevice::new(0);
@@ -277,6 +297,54 @@ fn run(sc: &Scenario, ops: &impl Ops) {
             }
         }
         i += 1;
+    }
+    println!("RESULT {me} done");
+}
+
+/// The window's deadline in [`drop_order`]; the world's is [`DROP_ORDER_WORLD_TIMEOUT`], so
+/// only the drop can time out within the launcher's bound.
+const DROP_ORDER_WORLD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Communicator `a` (a dup of `world`) makes its shared-memory window in an allreduce; then
+/// rank `sc.rank` drops `a` before an allreduce on `world`. Freeing the window waits for every
+/// rank, and:
+/// * [`Fault::DropOrder`]: the others run that allreduce before they drop `a`, so the faulty
+///   rank waits in its drop for ranks that wait in the allreduce for it: the drop's deadline
+///   (`a`'s) must end it with a report, not a silent hang;
+/// * [`Fault::DropEarly`]: the others run one more allreduce on `a` first, which the faulty
+///   rank joins 0.5 s late by dropping instead: their deadline passes first and (under
+///   `OnTimeout::Error`) gives `a` up on every rank, which must end the job rather than leave
+///   the faulty rank in a free nothing interrupts.
+fn drop_order(sc: &Scenario, mut world: MpiCommunicator) {
+    let (me, n) = (world.rank(), world.size());
+    crate::mpirun::rank_case::start(me);
+    let a = world.dup().expect("dup");
+    world.set_timeout(Some(DROP_ORDER_WORLD_TIMEOUT));
+    let mine = vec![1.0f32; 4096];
+    let mut sum = vec![0.0f32; mine.len()];
+    a.allreduce_with(&mine, &mut sum, Sum, duralumin::AllreduceAlgorithm::SharedMemory).expect("allreduce on a");
+    assert!(sum.iter().all(|&x| x == n as f32), "allreduce on a: {sum:?}");
+    let world_allreduce = || {
+        let mut s = vec![0.0f32; COUNT];
+        world.allreduce(&[1.0; COUNT], &mut s, Sum)
+    };
+    if me == sc.rank {
+        println!("FAULT_AT {me} {}", now_ms());
+        if sc.fault == Fault::DropEarly {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        drop(a);
+        println!("RESULT {me} dropped");
+        world_allreduce().expect("allreduce on world");
+    } else {
+        if sc.fault == Fault::DropEarly {
+            let mut s = vec![0.0f32; COUNT];
+            if let Err(e) = a.allreduce(&[1.0; COUNT], &mut s, Sum) {
+                report(me, 2, &e);
+            }
+        }
+        world_allreduce().expect("allreduce on world");
+        drop(a);
     }
     println!("RESULT {me} done");
 }

@@ -179,16 +179,14 @@ pub(crate) struct Core {
     /// [`crate::reliability`]).
     pub(crate) monitor: Arc<Monitor>,
     /// The node's shared-memory window, made by the first operation that uses it (see
-    /// `shm.rs`); freed (collectively over the node) after the communicators below.
+    /// `shm.rs`); freed (collectively over the node) before the communicators below.
     pub(crate) shm: shm::NodeWindow,
 }
 
 impl Drop for Core {
     fn drop(&mut self) {
-        if self.monitor.poisoned().is_some() {
-            // The other ranks may never reach the window's collective free.
-            self.shm.abandon();
-        }
+        // Before the monitor closes: the free is watched like an operation.
+        self.shm.release(&self.monitor, self.coll);
         self.monitor.close();
         for c in [self.coll, self.algo, self.p2p] {
             // SAFETY: the three communicators were created by `MpiCommunicator::from_raw` for
@@ -214,6 +212,12 @@ impl Drop for Core {
 /// fn movable_to_a_thread<T: Send>() {}
 /// movable_to_a_thread::<duralumin::MpiCommunicator>();
 /// ```
+///
+/// **Dropping it is collective** once an allreduce used the shared-memory algorithm (which
+/// `Auto` picks from 4 KiB when every rank is on one node): freeing the window waits for every
+/// rank of the node to drop its communicator too. Drop communicators in the same order on
+/// every rank, as MPI asks of `MPI_Comm_free`. A drop that waits past the communicator's
+/// deadline is reported, and ends the job (`docs/reliability.md`).
 #[derive(Debug)]
 pub struct MpiCommunicator {
     core: Arc<Core>,

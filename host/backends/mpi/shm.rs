@@ -27,8 +27,10 @@
 //! Barriers are dissemination barriers of zero-length messages on the communicator's algorithm
 //! communicator (whose ranks are the node communicator's when every rank is on the node), so a
 //! non-blocking operation waits on `MPI_Test` like every other algorithm and never blocks the
-//! progress engine, and revoking the communicator wakes a rank waiting in one for a failed peer; `MPI_Win_sync` (plus a fence for the compiler) on both sides of each barrier
-//! orders the window accesses (the window stays in one `MPI_Win_lock_all` epoch).
+//! progress engine, and revoking the communicator wakes a rank waiting in one for a peer that
+//! failed or left with an error. `MPI_Win_sync` (plus a fence for the compiler) on both sides
+//! of each barrier orders the window accesses (the window stays in one `MPI_Win_lock_all`
+//! epoch).
 //!
 //! Operations on one communicator take the window in issue order, the same on every rank: a
 //! turn (ticket) is taken when the operation is planned and served in order; a turn dropped
@@ -36,7 +38,7 @@
 
 use std::collections::BTreeSet;
 use std::future::poll_fn;
-use std::sync::atomic::{self, AtomicBool, Ordering};
+use std::sync::atomic::{self, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Poll;
 
@@ -50,6 +52,8 @@ use crate::error::{Error, Result};
 use crate::ffi::win::{self, RawWin};
 use crate::ffi::{self, RawComm, c_rank, u32_rank};
 use crate::reducer::{HostReducer, Reducer};
+use crate::reliability::monitor::Monitor;
+use crate::reliability::recorder::{OpKind, Signature, State};
 use crate::transport::{MpiTransport, Transport};
 
 /// Bytes of one of a rank's two buffers: the most a rank stages (and the chunk length) per
@@ -78,20 +82,14 @@ const ALIGN: usize = 64;
 
 const ALGORITHM: &str = "shared memory";
 
-/// A communicator's shared-memory window, made by the first operation that uses it.
-///
-/// Dropped with the communicator's core: `MPI_Win_free` is collective over the node, so it
-/// returns only once every rank of the node drops its communicator too (Open MPI synchronises
-/// there). The window and its communicator are left alone if MPI is finalized, and leaked if
-/// the communicator was given up ([`NodeWindow::abandon`]), since the other ranks may never
-/// come to free them.
+/// A communicator's shared-memory window, made by the first operation that uses it and freed
+/// by [`NodeWindow::release`] when the communicator drops.
 #[derive(Debug, Default)]
 pub(crate) struct NodeWindow {
     window: OnceLock<Window>,
     /// Held while the window is made, so two threads planning at once make one.
     making: Mutex<()>,
     turns: Mutex<Turns>,
-    abandoned: AtomicBool,
 }
 
 /// Who may use the window: turns are handed out in issue order and served in that order.
@@ -117,7 +115,8 @@ struct Window {
 }
 
 // SAFETY: the part addresses point into MPI-allocated shared memory that lives as long as the
-// window (freed only when the `NodeWindow` drops, after every operation using it completed);
+// window (freed only by `NodeWindow::release` as the core drops, after every operation using it
+// completed);
 // which thread uses them is governed by the turns, one operation at a time.
 unsafe impl Send for Window {}
 // SAFETY: see the `Send` impl; shared references only read the handles and addresses.
@@ -207,28 +206,43 @@ impl NodeWindow {
         self.turns.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Leaves the window and its communicator unfreed when the core drops: for a
-    /// communicator given up, whose other ranks may never reach the collective free.
-    pub(crate) fn abandon(&self) {
-        self.abandoned.store(true, Ordering::Relaxed);
-    }
-}
-
-impl Drop for NodeWindow {
-    fn drop(&mut self) {
+    /// Frees the window, if an operation made it: the communicator's last operation, called
+    /// as its core drops, with `coll` the communicator's collective communicator.
+    ///
+    /// `MPI_Win_free` returns only once every rank of the node frees the window too (Open MPI
+    /// synchronises there), so it is a recorded operation (`drop`) under the communicator's
+    /// deadline, which the watchdog reports and, since nothing interrupts it, ends the job
+    /// over. Every rank must take the same path, free or leak: a rank that gave the
+    /// communicator up (or, with ULFM, saw a process failure, after which the free could wait
+    /// for a dead process) leaks the window and its communicator. With ULFM the ranks first
+    /// agree (`MPIX_Comm_agree`, which works on a revoked communicator and over failed
+    /// processes) and free only if every one of them can; without it, a rank that gave the
+    /// communicator up told the others, which gave it up too. Left alone if MPI is finalized.
+    pub(crate) fn release(&mut self, monitor: &Monitor, coll: RawComm) {
         let Some(w) = self.window.take() else { return };
-        if self.abandoned.load(Ordering::Relaxed) || ffi::is_finalized() {
+        if ffi::is_finalized() {
             return;
         }
-        // Teardown errors have no one to be reported to.
-        let _ = win::unlock_all(w.win);
-        // SAFETY: the core is dropping, so every operation that used the window has completed
-        // and no pointer into it is left; the epoch was closed just above. Every rank of the
-        // node drops its communicator (the program frees communicators collectively), so every
-        // rank reaches the collective free.
-        unsafe { win::free(w.win) };
-        // SAFETY: made by `Window::make` for this window alone; the window over it is freed.
-        unsafe { ffi::comm::free(w.node) };
+        // A communicator given up is refused here.
+        let op = monitor.begin(Signature::new(OpKind::Drop), State::Running).ok();
+        let free = if ffi::ulfm::available() {
+            let able = op.is_some() && !ffi::ulfm::failure_seen();
+            ffi::ulfm::agree(coll, able).is_ok_and(|(all, failed)| all && !failed)
+        } else {
+            op.is_some()
+        };
+        if free {
+            // Teardown errors have no one to be reported to.
+            let _ = win::unlock_all(w.win);
+            // SAFETY: the core is dropping, so every operation that used the window has
+            // completed and no pointer into it is left; the epoch was closed just above.
+            unsafe { win::free(w.win) };
+            // SAFETY: made by `Window::make` for this window alone; the window over it is freed.
+            unsafe { ffi::comm::free(w.node) };
+        }
+        if let Some(op) = op {
+            let _ = monitor.end(op, Ok(()));
+        }
     }
 }
 
