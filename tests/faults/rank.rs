@@ -312,7 +312,7 @@ const DROP_ORDER_WORLD_TIMEOUT: Duration = Duration::from_secs(30);
 ///   rank waits in its drop for ranks that wait in the allreduce for it: the drop's deadline
 ///   (`a`'s) must end it with a report, not a silent hang;
 /// * [`Fault::DropEarly`]: the others run one more allreduce on `a` first, which the faulty
-///   rank joins 0.5 s late by dropping instead: their deadline passes first and (under
+///   rank joins 1.5 s late by dropping instead: their deadline passes first and (under
 ///   `OnTimeout::Error`) gives `a` up on every rank, which must end the job rather than leave
 ///   the faulty rank in a free nothing interrupts.
 fn drop_order(sc: &Scenario, mut world: MpiCommunicator) {
@@ -331,7 +331,7 @@ fn drop_order(sc: &Scenario, mut world: MpiCommunicator) {
     if me == sc.rank {
         println!("FAULT_AT {me} {}", now_ms());
         if sc.fault == Fault::DropEarly {
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(1500));
         }
         drop(a);
         println!("RESULT {me} dropped");
