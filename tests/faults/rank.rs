@@ -324,10 +324,8 @@ fn drop_order(sc: &Scenario, mut world: MpiCommunicator) {
     let mut sum = vec![0.0f32; mine.len()];
     a.allreduce_with(&mine, &mut sum, Sum, duralumin::AllreduceAlgorithm::SharedMemory).expect("allreduce on a");
     assert!(sum.iter().all(|&x| x == n as f32), "allreduce on a: {sum:?}");
-    let world_allreduce = || {
-        let mut s = vec![0.0f32; COUNT];
-        world.allreduce(&[1.0; COUNT], &mut s, Sum)
-    };
+    // The loop's small allreduce (`Ops::allreduce`), on either communicator.
+    let small = |c: &MpiCommunicator| Ops::allreduce(c, &[1.0; COUNT], COUNT);
     if me == sc.rank {
         println!("FAULT_AT {me} {}", now_ms());
         if sc.fault == Fault::DropEarly {
@@ -335,15 +333,14 @@ fn drop_order(sc: &Scenario, mut world: MpiCommunicator) {
         }
         drop(a);
         println!("RESULT {me} dropped");
-        world_allreduce().expect("allreduce on world");
+        small(&world).expect("allreduce on world");
     } else {
-        if sc.fault == Fault::DropEarly {
-            let mut s = vec![0.0f32; COUNT];
-            if let Err(e) = a.allreduce(&[1.0; COUNT], &mut s, Sum) {
-                report(me, 2, &e);
-            }
+        if sc.fault == Fault::DropEarly
+            && let Err(e) = small(&a)
+        {
+            report(me, 2, &e);
         }
-        world_allreduce().expect("allreduce on world");
+        small(&world).expect("allreduce on world");
         drop(a);
     }
     println!("RESULT {me} done");

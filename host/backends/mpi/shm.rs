@@ -116,8 +116,7 @@ struct Window {
 
 // SAFETY: the part addresses point into MPI-allocated shared memory that lives as long as the
 // window (freed only by `NodeWindow::release` as the core drops, after every operation using it
-// completed);
-// which thread uses them is governed by the turns, one operation at a time.
+// completed); which thread uses them is governed by the turns, one operation at a time.
 unsafe impl Send for Window {}
 // SAFETY: see the `Send` impl; shared references only read the handles and addresses.
 unsafe impl Sync for Window {}
