@@ -63,7 +63,7 @@ pub(crate) fn settle(requested: Option<OnPanic>) -> crate::Result<OnPanic> {
 /// not running, or it does not end this process within [`ABORT_GRACE`]), exits this process
 /// without finalizing, which ends the job under `mpirun` as well. Never returns.
 pub(crate) fn abort_job(why: &str) -> ! {
-    eprintln!("{}: {why}", rank_label());
+    say(why);
     let _ = std::thread::Builder::new().name("duralumin-abort".into()).spawn(|| {
         std::thread::sleep(ABORT_GRACE);
         // SAFETY: `_exit` ends the process at once; nothing of ours runs after it.
@@ -74,6 +74,14 @@ pub(crate) fn abort_job(why: &str) -> ! {
     std::thread::sleep(ABORT_GRACE);
     // SAFETY: as above.
     unsafe { libc::_exit(EXIT_CODE) }
+}
+
+/// Prints `rank R: {why}` on stderr in one write, so that `mpirun`, which forwards each rank's
+/// output in the pieces it reads, cannot put its own abort banner inside the line.
+fn say(why: &str) {
+    use std::io::Write;
+    let line = format!("{}: {why}\n", rank_label());
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Ends the process (see [`exit_now`]) unless the returned sender is dropped within `grace`:
@@ -97,7 +105,7 @@ pub(crate) fn exit_unless_done(grace: Duration) -> Sender<()> {
 pub(crate) fn exit_now(why: &str) -> ! {
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    eprintln!("{}: {why}", rank_label());
+    say(why);
     // SAFETY: `_exit` ends the process at once without running exit handlers (which could
     // call into the stuck MPI library); nothing of ours runs after it.
     unsafe { libc::_exit(0) }
