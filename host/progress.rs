@@ -16,7 +16,8 @@
 //! for a moment after the last operation. A waiting caller does not depend on the proxy thread at all: it
 //! polls the task itself (the task's lock makes sure only one thread polls at a time), which is
 //! what keeps a non-blocking small-message operation close to its blocking latency even on an
-//! oversubscribed machine.
+//! oversubscribed machine; a wait that lasts ([`Task::wait`]) sleeps between polls, so that
+//! ranks sharing cores do not starve one another.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
@@ -34,6 +35,12 @@ pub(crate) type OpFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
 /// The longest the proxy thread sleeps between polls while operations are pending.
 const MAX_SLEEP: Duration = Duration::from_micros(200);
+
+/// How long [`Task::wait`] polls without sleeping.
+const WAIT_BEFORE_SLEEPING: Duration = Duration::from_millis(2);
+
+/// The longest [`Task::wait`] sleeps between polls.
+const MAX_WAIT_SLEEP: Duration = Duration::from_micros(100);
 
 /// How late the proxy thread's sleeps may end: short enough that the backoff's first sleeps
 /// (1, 2, 4 µs…) last about that long rather than the kernel's default 50 µs.
@@ -239,12 +246,34 @@ impl Task {
 
     /// Polls until complete (on this thread), then takes the result. A second call returns
     /// `Ok(())`: the outcome is reported once. The waiter spins, then yields its core between
-    /// polls, but never sleeps: it is the one waiting, so it should notice completion at once.
+    /// polls: it is the one waiting, so it should notice completion at once. Only once the
+    /// operation has not moved for [`WAIT_BEFORE_SLEEPING`] (a peer is late) does it sleep
+    /// between polls, a 64th of that time (at most [`MAX_WAIT_SLEEP`]), starting over whenever
+    /// the operation moves on ([`made_progress`]): a pipelined operation's steps are noticed at
+    /// once, a late peer a few percent late at most, and ranks that outnumber the cores leave
+    /// them to the ranks (and the kernel's network work) they wait for.
     pub(crate) fn wait(&self) -> Result<()> {
         let mut spins = 0u32;
-        while !self.poll_once() {
+        let mut yielding_since = None;
+        loop {
+            let moved = progress_count();
+            if self.poll_once() {
+                break;
+            }
+            if progress_count() != moved {
+                (spins, yielding_since) = (0, None);
+            }
             spins = spins.saturating_add(1);
-            if spins < 64 { std::hint::spin_loop() } else { std::thread::yield_now() }
+            if spins < 64 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let waited = yielding_since.get_or_insert_with(Instant::now).elapsed();
+            if waited < WAIT_BEFORE_SLEEPING {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep((waited / 64).min(MAX_WAIT_SLEEP));
+            }
         }
         self.take_result()
     }

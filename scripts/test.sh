@@ -25,11 +25,7 @@ export DURALUMIN_REQUIRE_CLUSTER=1
 # ranks and their simulated devices: allow each launch 30 minutes (a hang still ends within the
 # per-operation deadline, DURALUMIN_TIMEOUT, with the ranks' report).
 export DURALUMIN_LAUNCH_TIMEOUT=1800
-# The 2 hosts x 2 ranks cluster trials are left out: on a loaded machine Open MPI 4.1 sometimes
-# drops a TCP connection between two simulated hosts, and the far host's ranks then time out
-# (reported by the watchdog, not hung); they pass on an idle machine. docs/cluster.md has the
-# details. Run them by name: cargo test --release --test mpi_ranks -- cluster.
-cargo test --workspace --release -- --skip cluster_2x2_sweep --skip cluster_cudasim_2x2
+cargo test --workspace --release
 # Recovery on ULFM: the survivor example built against Open MPI 5 (installed by setup.sh), run
 # with a rank killed mid-loop; these trials may not skip here.
 ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}

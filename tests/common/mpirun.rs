@@ -115,8 +115,21 @@ pub fn launch_with(
 
 /// `mpirun -np np [extra] exe`, allowed to run as root (Open MPI 4's and 5's runtimes both ask),
 /// with `--oversubscribe` (fewer cores than ranks) and no binding (ranks share the cores).
+///
+/// The job ends with the thread that started it: `mpirun` (or the cluster script, which tears
+/// its cluster down) gets SIGTERM if the launching program is killed, rather than leaving the
+/// ranks running.
 pub fn command(mpirun: &str, np: usize, exe: &std::path::Path, extra: &[&str]) -> Command {
     let mut c = Command::new(mpirun);
+    // SAFETY: runs in the child between fork and exec, where only async-signal-safe calls are
+    // allowed: `prctl(PR_SET_PDEATHSIG)` is a plain system call that sets one flag on this
+    // process; nothing is allocated or locked.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
     c.args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
         .args(extra)
         .arg(exe)
