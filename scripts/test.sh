@@ -21,9 +21,9 @@ export DURALUMIN_REQUIRE_CUDASIM=1
 # The simulated cluster (scripts/cluster.sh: network namespaces, as root): the cluster_* trials
 # of tests/mpi_ranks may not skip here.
 export DURALUMIN_REQUIRE_CLUSTER=1
-# The HostTransfer sweep on cudasim over 2 simulated hosts x 2 ranks shares 2 cores between 4
-# ranks and their simulated devices: allow each launch 30 minutes (a hang still ends within the
-# per-operation deadline, DURALUMIN_TIMEOUT, with the ranks' report).
+# The cluster sweeps share 2 cores between up to 4 ranks (and, on cudasim, their simulated
+# devices): allow each launch 30 minutes (a hang still ends within the per-operation deadline,
+# DURALUMIN_TIMEOUT, with the ranks' report).
 export DURALUMIN_LAUNCH_TIMEOUT=1800
 # The HostTransfer sweep on cudasim over 2 hosts x 2 ranks is left out: with one busy process
 # beside it, it ran past 10 minutes here (128 s idle); docs/cluster.md. It runs by name:
