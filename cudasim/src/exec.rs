@@ -273,8 +273,14 @@ fn worker(q: &Queue, ctx: &std::sync::Weak<Context>) {
     }
 }
 
+/// The longest a device wait sleeps between looks at its condition.
+const MAX_DEVICE_WAIT_SLEEP: Duration = Duration::from_millis(1);
+
 /// Waits on the device (a worker thread) until `ready()`: spins, yields, then sleeps in growing
-/// steps up to 20 µs, and reports a wait that lasts [`STALL_REPORT`].
+/// steps up to 20 µs, and reports a wait that lasts [`STALL_REPORT`]. A wait that has lasted a
+/// while sleeps longer, a 64th of the time waited so far (at most [`MAX_DEVICE_WAIT_SLEEP`]), so
+/// that a device waiting for a slow peer (another host, ms away) does not take the cores from
+/// the threads it waits for: at most 1/64 more latency.
 pub(crate) fn device_wait(ready: impl Fn() -> bool, what: impl Fn() -> String) {
     let start = Instant::now();
     let (mut i, mut reported) = (0u32, false);
@@ -283,7 +289,10 @@ pub(crate) fn device_wait(ready: impl Fn() -> bool, what: impl Fn() -> String) {
         match i {
             0..64 => std::hint::spin_loop(),
             64..128 => std::thread::yield_now(),
-            _ => std::thread::sleep(Duration::from_micros(u64::from((i - 127).min(20)))),
+            _ => {
+                let step = Duration::from_micros(u64::from((i - 127).min(20)));
+                std::thread::sleep(step.max(start.elapsed() / 64).min(MAX_DEVICE_WAIT_SLEEP));
+            }
         }
         if !reported && i % 256 == 0 && start.elapsed() > STALL_REPORT {
             reported = true;
