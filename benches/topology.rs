@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Sum, Tuning};
 
-const SIZES: [usize; 6] = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
+const SIZES: [usize; 9] = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
 const ROUNDS: usize = 5;
 
 fn main() {

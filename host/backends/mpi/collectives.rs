@@ -48,10 +48,12 @@ const HIERARCHICAL_DEPTH: usize = 3;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AllreduceAlgorithm {
-    /// On several nodes, hierarchical from [`super::Tuning::hierarchical_allreduce_bytes`]; on
-    /// one, shared memory from [`super::Tuning::shared_memory_allreduce_bytes`] (a non-blocking
-    /// call before a blocking one has made the window: the ring from
-    /// [`super::Tuning::allreduce_ring_bytes`]); native below, and for non-commutative
+    /// On several nodes, recursive doubling below
+    /// [`super::Tuning::nodes_recursive_doubling_bytes`] and hierarchical from
+    /// [`super::Tuning::hierarchical_allreduce_bytes`] (native between); on one, shared memory
+    /// from [`super::Tuning::shared_memory_allreduce_bytes`] (a non-blocking call before a
+    /// blocking one has made the window: the ring from
+    /// [`super::Tuning::allreduce_ring_bytes`]), native below; native for non-commutative
     /// operators.
     #[default]
     Auto,

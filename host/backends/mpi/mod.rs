@@ -85,8 +85,10 @@ pub struct Tuning {
     /// algorithm (commutative operators).
     pub hierarchical_allreduce_bytes: usize,
     /// On several nodes, allreduces below this many bytes run recursive doubling (commutative
-    /// operators): one round of messages per doubling, where Open MPI's own allreduce was as
-    /// fast or up to 1.3x slower at 4 KiB on the simulated cluster (`docs/topology.md`).
+    /// operators): one round of messages per doubling, where Open MPI's own allreduce was up
+    /// to 1.7x slower at 16-32 KiB on the simulated cluster's 4 gbit links. Each round carries
+    /// the whole buffer, so on a slow network (1 gbit there) it is 2x slower than Open MPI's
+    /// from 16 KiB: lower this there (`docs/topology.md`).
     pub nodes_recursive_doubling_bytes: usize,
     /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
     pub hierarchical_bcast_bytes: usize,
@@ -137,16 +139,19 @@ impl Tuning {
     /// The thresholds measured best for a communicator of `shape` (the table in
     /// `docs/topology.md`). Every communicator starts from these.
     pub fn for_shape(shape: Shape) -> Self {
-        // With one rank per node the hierarchical allreduce is the flat ring: it takes over
-        // where the ring does.
+        // Measured on the simulated cluster's default 4 gbit links; on slower ones the
+        // two-level algorithms win from smaller sizes and recursive doubling loses from 16 KiB
+        // (docs/topology.md). With one rank per node the hierarchical allreduce is the flat
+        // ring: it takes over where the ring does; the two-level reduce-scatter and allgather
+        // have no node phase to save and take over later too.
         let several_per_node = shape.max_per_node > 1;
         Tuning {
             shared_memory_allreduce_bytes: 4 << 10,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
-            nodes_recursive_doubling_bytes: 16 << 10,
+            nodes_recursive_doubling_bytes: 64 << 10,
             hierarchical_bcast_bytes: 4 << 10,
-            hierarchical_reduce_scatter_bytes: 4 << 10,
-            hierarchical_allgather_bytes: 16 << 10,
+            hierarchical_reduce_scatter_bytes: if several_per_node { 32 << 10 } else { 16 << 20 },
+            hierarchical_allgather_bytes: if several_per_node { 32 << 10 } else { 64 << 10 },
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
             reduce_ring_bytes: 256 << 10,
