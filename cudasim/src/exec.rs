@@ -246,8 +246,8 @@ impl Stream {
 }
 
 fn worker(q: &Queue, ctx: &std::sync::Weak<Context>) {
-    // Device waits sleep in steps of a few microseconds: without this, each would last at
-    // least Linux's default timer slack of 50 µs.
+    // Device waits sleep in steps of a few microseconds at first: without this, each would
+    // last at least Linux's default timer slack of 50 µs.
     // SAFETY: `PR_SET_TIMERSLACK` takes one integer and changes only this thread's slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
     loop {
@@ -278,9 +278,9 @@ const MAX_DEVICE_WAIT_SLEEP: Duration = Duration::from_millis(1);
 
 /// Waits on the device (a worker thread) until `ready()`: spins, yields, then sleeps in growing
 /// steps up to 20 µs, and reports a wait that lasts [`STALL_REPORT`]. A wait that has lasted a
-/// while sleeps longer, a 64th of the time waited so far (at most [`MAX_DEVICE_WAIT_SLEEP`]), so
-/// that a device waiting for a slow peer (another host, ms away) does not take the cores from
-/// the threads it waits for: at most 1/64 more latency.
+/// while (past about 1.3 ms) sleeps longer, a 64th of the time waited so far (at most
+/// [`MAX_DEVICE_WAIT_SLEEP`]), so that a device waiting for a slow peer (another host, ms away)
+/// does not take the cores from the threads it waits for: at most 1/64 more latency there.
 pub(crate) fn device_wait(ready: impl Fn() -> bool, what: impl Fn() -> String) {
     let start = Instant::now();
     let (mut i, mut reported) = (0u32, false);

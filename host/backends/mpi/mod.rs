@@ -87,8 +87,9 @@ pub struct Tuning {
     /// On several nodes, allreduces below this many bytes run recursive doubling (commutative
     /// operators): one round of messages per doubling, where Open MPI's own allreduce was
     /// 1.4-1.7x slower at 16 KiB and at most 8 % faster at 32 KiB on the simulated cluster's
-    /// 4 gbit links. Each round carries the whole buffer, so on a slow network (1 gbit there)
-    /// it is 2x slower than Open MPI's from 16 KiB: lower this there (`docs/topology.md`).
+    /// 4 gbit links. Each round carries the whole buffer, so on a slow network (1 gbit there,
+    /// 2 hosts x 2 ranks) it is 2x slower than Open MPI's from 16 KiB: lower this there
+    /// (`docs/topology.md`).
     pub nodes_recursive_doubling_bytes: usize,
     /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
     pub hierarchical_bcast_bytes: usize,
