@@ -51,11 +51,10 @@ pub enum AllreduceAlgorithm {
     /// On several nodes, recursive doubling below
     /// [`super::Tuning::nodes_recursive_doubling_bytes`] and hierarchical from
     /// [`super::Tuning::hierarchical_allreduce_bytes`] (native between; hierarchical first
-    /// where the two overlap); on one, shared memory
-    /// from [`super::Tuning::shared_memory_allreduce_bytes`] (a non-blocking call before a
-    /// blocking one has made the window: the ring from
-    /// [`super::Tuning::allreduce_ring_bytes`]), native below; native for non-commutative
-    /// operators.
+    /// where the two overlap); on one, shared memory from
+    /// [`super::Tuning::shared_memory_allreduce_bytes`] (a non-blocking call before a blocking
+    /// one has made the window: the ring from [`super::Tuning::allreduce_ring_bytes`]), native
+    /// below; native for non-commutative operators.
     #[default]
     Auto,
     /// The MPI library's `MPI_Allreduce`.

@@ -85,11 +85,9 @@ pub struct Tuning {
     /// algorithm (commutative operators).
     pub hierarchical_allreduce_bytes: usize,
     /// On several nodes, allreduces below this many bytes run recursive doubling (commutative
-    /// operators): one round of messages per doubling, where Open MPI's own allreduce was
-    /// 1.4-1.7x slower at 16 KiB and at most 8 % faster at 32 KiB on the simulated cluster's
-    /// 4 gbit links. Each round carries the whole buffer, so on a slow network (1 gbit there,
-    /// 2 hosts x 2 ranks) it is 2x slower than Open MPI's from 16 KiB: lower this there
-    /// (`docs/topology.md`).
+    /// operators): one round of messages per doubling, each carrying the whole buffer. Set from
+    /// the simulated cluster's 4 gbit links; lower it on a slow network, where it loses from
+    /// 16 KiB (the measurements: `docs/topology.md`).
     pub nodes_recursive_doubling_bytes: usize,
     /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
     pub hierarchical_bcast_bytes: usize,
@@ -140,9 +138,8 @@ impl Tuning {
     /// The thresholds measured best for a communicator of `shape` (the table in
     /// `docs/topology.md`). Every communicator starts from these.
     pub fn for_shape(shape: Shape) -> Self {
-        // Measured on the simulated cluster's default 4 gbit links; on slower ones the
-        // two-level algorithms win from smaller sizes and recursive doubling loses from 16 KiB
-        // (docs/topology.md). With one rank per node the hierarchical allreduce is the flat
+        // Measured on the simulated cluster's default 4 gbit links (docs/topology.md says what
+        // changes on slower ones). With one rank per node the hierarchical allreduce is the flat
         // ring: it takes over where the ring does; the two-level reduce-scatter and allgather
         // have no node phase to save and take over later too.
         let several_per_node = shape.max_per_node > 1;
