@@ -2,7 +2,8 @@
 
 use std::alloc::Layout;
 use std::marker::PhantomData;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 
@@ -206,15 +207,24 @@ impl Drop for Block {
 
 /// Scratch memory for algorithms, kept between operations so large collectives do not pay for
 /// fresh pages (page faults on a 32 MiB temporary cost milliseconds) on every call.
+///
+/// Once [`ScratchPool::leak_flag`] is set (an operation left sends MPI may still read from its
+/// scratch: `transport::OnError::Abandon`), blocks given back are leaked instead.
 #[derive(Debug, Default)]
 pub(crate) struct ScratchPool {
     free: Mutex<Vec<Block>>,
+    leak: Arc<AtomicBool>,
 }
 
 /// Keeps at most this many idle blocks; larger pools only hold memory nobody uses.
 const MAX_IDLE_BLOCKS: usize = 4;
 
 impl ScratchPool {
+    /// The flag that makes this pool leak the blocks given back from now on.
+    pub(crate) fn leak_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.leak)
+    }
+
     /// A scratch buffer of `len` elements of `T` (contents unspecified but initialized bytes).
     pub(crate) fn take<T: bytemuck::Pod>(&self, len: usize) -> Result<Scratch<'_, T>> {
         let bytes = len.max(1).checked_mul(std::mem::size_of::<T>().max(1));
@@ -259,6 +269,11 @@ impl<T> Scratch<'_, T> {
 impl<T> Drop for Scratch<'_, T> {
     fn drop(&mut self) {
         if let Some(block) = self.block.take() {
+            if self.pool.leak.load(Ordering::Acquire) {
+                // MPI may still read it (see `ScratchPool`).
+                std::mem::forget(block);
+                return;
+            }
             let mut free = self.pool.free.lock().unwrap_or_else(PoisonError::into_inner);
             if free.len() < MAX_IDLE_BLOCKS {
                 free.push(block);

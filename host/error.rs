@@ -117,6 +117,29 @@ pub enum Error {
         received: usize,
     },
 
+    /// Another rank's collective does not match this rank's, found while the operation ran
+    /// (without the signature check): a message of another length, a message of another call
+    /// where this rank expects one of its own, or another call in a shared-memory peer's
+    /// header. What arrived was never written past this rank's buffers. As after a timeout, the
+    /// ranks then exchange their flight recorders (`report`, whose lines name the ranks that
+    /// differ and what they called) and the job is aborted or, under
+    /// [`OnTimeout::Error`](crate::reliability::OnTimeout::Error), the communicator given up:
+    /// its later calls, here and on the other ranks, fail with [`Error::Aborted`]. Why this is
+    /// not [`Error::SignatureMismatch`]: `docs/reliability.md`.
+    #[error("{op} #{seq}: {what}\n{report}")]
+    Mismatch {
+        /// This rank's operation (`"allreduce"`).
+        op: &'static str,
+        /// Its number on the communicator (collectives are numbered from 1).
+        seq: u64,
+        /// The rank whose message or header differs.
+        peer: usize,
+        /// What was found (`"rank 3 sent 8 elements where this rank expects 7"`).
+        what: String,
+        /// The desync report of the exchange that followed.
+        report: String,
+    },
+
     /// The MPI library returned an error.
     #[error("{call} failed: {message} (MPI error code {code}, class {class})")]
     Mpi {

@@ -343,25 +343,6 @@ pub(crate) mod p2p {
         Ok(req)
     }
 
-    /// `MPI_Irecv`.
-    ///
-    /// # Safety
-    /// `buf` must point to room for `count` elements of `dt`, valid and not otherwise accessed
-    /// until the returned request completes.
-    pub(crate) unsafe fn irecv(
-        buf: *mut c_void,
-        count: c_int,
-        dt: RawDatatype,
-        peer: c_int,
-        tag: c_int,
-        comm: RawComm,
-    ) -> Result<RawRequest> {
-        let mut req = RawRequest::null();
-        // SAFETY: guaranteed by the caller; `req` is ours to write.
-        check(unsafe { sys::MPI_Irecv(buf, count, dt.0, peer, tag, comm.0, &mut req.0) }, "MPI_Irecv")?;
-        Ok(req)
-    }
-
     /// A zeroed status, for MPI to fill.
     pub(crate) fn empty_status() -> sys::MPI_Status {
         // SAFETY: MPI_Status is a plain C struct of integers; all-zero is a valid value.
@@ -382,17 +363,6 @@ pub(crate) mod p2p {
         Ok((flag != 0).then_some(status))
     }
 
-    /// `MPI_Wait` on one request.
-    pub(crate) fn wait(req: &mut RawRequest) -> Result<sys::MPI_Status> {
-        let mut status = empty_status();
-        let code = completing(|| {
-            // SAFETY: as for `test`.
-            unsafe { sys::MPI_Wait(&mut req.0, &mut status) }
-        });
-        check(code, "MPI_Wait")?;
-        Ok(status)
-    }
-
     /// Cancels and completes a request whose buffers are about to go away.
     pub(crate) fn cancel_and_wait(req: &mut RawRequest) {
         if req.0 == RawRequest::null().0 || is_finalized() {
@@ -407,6 +377,84 @@ pub(crate) mod p2p {
             let mut status = empty_status();
             sys::MPI_Wait(&mut req.0, &mut status);
         }
+    }
+
+    /// A message matched by [`improbe`] and taken off MPI's matching queue: no receive but
+    /// [`imrecv`] of this handle can receive it.
+    #[derive(Debug)]
+    pub(crate) struct RawMessage(sys::MPI_Message);
+    // SAFETY: a message handle is an opaque reference into the MPI library (initialized with
+    // MPI_THREAD_MULTIPLE), owned by exactly one receive, which may run on any thread.
+    unsafe impl Send for RawMessage {}
+
+    /// `MPI_Improbe`: the first message from `source` with `tag` on `comm`, if one has arrived,
+    /// matched and taken off the queue, with its status (its length, before a byte of it is
+    /// received). The handle must be received with [`imrecv`].
+    pub(crate) fn improbe(source: c_int, tag: c_int, comm: RawComm) -> Result<Option<(RawMessage, sys::MPI_Status)>> {
+        let mut flag: c_int = 0;
+        let mut status = empty_status();
+        // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+        let mut msg = RawMessage(unsafe { sys::RSMPI_MESSAGE_NULL });
+        // SAFETY: `comm` is live; MPI writes the flag, the handle and the status we own.
+        let code = unsafe { sys::MPI_Improbe(source, tag, comm.0, &mut flag, &mut msg.0, &mut status) };
+        check(code, "MPI_Improbe")?;
+        Ok((flag != 0).then_some((msg, status)))
+    }
+
+    /// `MPI_Imrecv` of a message [`improbe`] returned, into `count` elements of `dt` at `buf`.
+    ///
+    /// # Safety
+    /// `buf` must point to room for `count` elements of `dt`, valid and not otherwise accessed
+    /// until the returned request completes, and `count` must not be below the message's own
+    /// length: MPI libraries write a truncated message past the receive buffer (Open MPI 4.1
+    /// and 5.0 do, above their eager size; see `docs/reliability.md`).
+    pub(crate) unsafe fn imrecv(
+        buf: *mut c_void,
+        count: c_int,
+        dt: RawDatatype,
+        msg: RawMessage,
+    ) -> Result<RawRequest> {
+        let mut req = RawRequest::null();
+        let mut handle = msg.0;
+        // SAFETY: guaranteed by the caller; the handle came from MPI_Improbe and is received once.
+        check(unsafe { sys::MPI_Imrecv(buf, count, dt.0, &mut handle, &mut req.0) }, "MPI_Imrecv")?;
+        Ok(req)
+    }
+
+    /// The tag of the first message from `source` on `comm` that no receive has matched yet,
+    /// whatever its tag (`MPI_Iprobe` with `MPI_ANY_TAG`), if one has arrived.
+    pub(crate) fn head_tag(source: c_int, comm: RawComm) -> Result<Option<c_int>> {
+        let mut flag: c_int = 0;
+        let mut status = empty_status();
+        // SAFETY: `comm` is live; MPI writes the flag and status we own; the tag wildcard is a
+        // shim constant.
+        let code = unsafe { sys::MPI_Iprobe(source, sys::RSMPI_ANY_TAG, comm.0, &mut flag, &mut status) };
+        check(code, "MPI_Iprobe")?;
+        Ok((flag != 0).then_some(status.MPI_TAG))
+    }
+
+    /// The length in bytes of a message that `status` describes (`MPI_Get_elements_x` of bytes).
+    pub(crate) fn message_bytes(status: &sys::MPI_Status) -> Result<u64> {
+        let mut count: sys::MPI_Count = 0;
+        // SAFETY: `status` was filled by MPI; MPI writes one MPI_Count; the byte type is a shim
+        // constant.
+        check(unsafe { sys::MPI_Get_elements_x(status, sys::RSMPI_UINT8_T, &mut count) }, "MPI_Get_elements_x")?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// `MPI_Request_free` of a request that may still be active: it completes in the
+    /// background, and nothing tells when.
+    ///
+    /// # Safety
+    /// The request's buffers must stay valid (and, for a receive, untouched) for ever, or for
+    /// as long as the process lives.
+    pub(crate) unsafe fn request_free(req: &mut RawRequest) {
+        if req.0 == RawRequest::null().0 || is_finalized() {
+            return;
+        }
+        // SAFETY: `req` is live and owned by the caller, which gives it up here; the caller
+        // guarantees its buffers outlive it.
+        unsafe { sys::MPI_Request_free(&mut req.0) };
     }
 
     /// A message waiting on `comm` from any source with any tag (`MPI_Iprobe`): its source, tag
@@ -438,6 +486,15 @@ pub(crate) mod p2p {
         };
         check(code, "MPI_Recv")?;
         Ok(buf)
+    }
+
+    /// The length, in elements of `dt`, of a message or completed receive `status` describes;
+    /// `None` if it is not a whole number of them (`MPI_UNDEFINED`).
+    pub(crate) fn received_elements(status: &sys::MPI_Status, dt: RawDatatype) -> Result<Option<usize>> {
+        let mut count: c_int = 0;
+        // SAFETY: `status` was filled by MPI; MPI writes one int.
+        check(unsafe { sys::MPI_Get_count(status, dt.0, &mut count) }, "MPI_Get_count")?;
+        Ok(usize::try_from(count).ok())
     }
 
     /// `MPI_Get_count` of a completed receive.

@@ -9,6 +9,8 @@
 //! of what each rank found.
 
 use std::ffi::c_int;
+use std::sync::Arc;
+use std::task::Poll;
 
 use super::monitor::{Asker, Monitor, OpId};
 use super::recorder::{OpKind, RecordView, Signature, State, clip};
@@ -133,29 +135,121 @@ fn collective(m: &Monitor, op: OpId, call: Native, bufs: Vec<Vec<u8>>) -> Result
     }
 }
 
+/// Runs a collective of the check on `m.check_comm` as a future polled to completion, for a
+/// check that must not block its thread (a non-blocking operation's, the proxy thread's): as
+/// [`collective`] when guarded, given up (its buffers leaked) if the communicator is.
+async fn collective_polled(m: &Monitor, op: OpId, call: Native, bufs: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    // SAFETY: reading an immutable handle constant exported by the rsmpi shim.
+    let dt = RawDatatype(unsafe { sys::RSMPI_UINT8_T });
+    // SAFETY: `call` points into `bufs`; both live until the request completes, or are leaked.
+    let mut held = Some((unsafe { call.start(dt, m.check_comm) }?, bufs, call));
+    std::future::poll_fn(|_| {
+        let Some((req, _, _)) = held.as_mut() else { return Poll::Ready(Err(Error::Progress("check polled after"))) };
+        match p2p::test(req) {
+            Ok(Some(_)) => Poll::Ready(Ok(held.take().map(|(_, bufs, _)| bufs).unwrap_or_default())),
+            Err(e) => Poll::Ready(Err(e)),
+            Ok(None) => match m.poisoned() {
+                Some(p) => {
+                    std::mem::forget(held.take());
+                    Poll::Ready(Err(p.error(Asker::Op(op))))
+                }
+                None => Poll::Pending,
+            },
+        }
+    })
+    .await
+}
+
+/// This rank's record and room for every rank's, and the allgather between them.
+fn exchange_of(op: OpId, sig: &Signature, note: Option<&str>, n: usize) -> (Native, Vec<Vec<u8>>) {
+    let send = encode(op.seq, sig, note);
+    let mut recv = vec![0u8; RECORD * n];
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "RECORD is 256")]
+    let call = Native::Allgather { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: RECORD as c_int };
+    (call, vec![send, recv])
+}
+
 /// Compares this rank's call with every other rank's (see the module docs). `local` is this
 /// rank's own verdict on its arguments: when it is an error, that error is returned here (the
 /// others learn of it and fail with [`Error::SignatureMismatch`]).
 pub(crate) fn run(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, local: Result<()>) -> Result<()> {
-    let n = m.size;
     let note = local.as_ref().err().map(|e| e.to_string());
-    let send = encode(op.seq, sig, note.as_deref());
-    let mut recv = vec![0u8; RECORD * n];
-    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "RECORD is 256")]
-    let call = Native::Allgather { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: RECORD as c_int };
-    let got = collective(m, op, call, vec![send, recv])?;
-    let mine = report_view(op.seq, sig, note.as_deref());
-    let views: Vec<RecordView> = got[1].chunks_exact(RECORD).map(|b| decode(b, &mine)).collect();
+    let (call, bufs) = exchange_of(op, sig, note.as_deref(), m.size);
+    let got = collective(m, op, call, bufs)?;
+    let mine = verdict(m, op, sig, note.as_deref(), &got, true)?;
+    local?;
+    match (pairs, mine) {
+        (Some(p), mine) => check_pairs(m, op, sig, &mine.unwrap_or_else(|| report_view(op.seq, sig, None)), p),
+        (None, _) => Ok(()),
+    }
+}
+
+/// [`run`] for a call whose own arguments passed and whose counts are common (no pairs), as a
+/// future that never blocks its thread (or, `blocking`, on this thread): the check a native
+/// collective above `NATIVE_UNCHECKED_BYTES` makes first in every mode (see
+/// `docs/reliability.md`). It compares the calls, not their numbers: a collective refused on one
+/// rank alone (its own arguments, an earlier request's error) took a number there only, which
+/// shifts nothing the ranks send.
+pub(crate) async fn verify(m: Arc<Monitor>, op: OpId) -> Result<()> {
+    let (call, bufs) = exchange_of(op, &op.sig, None, m.size);
+    let got = collective_polled(&m, op, call, bufs).await?;
+    verdict(&m, op, &op.sig, None, &got, false).map(drop)
+}
+
+/// [`verify`] on this thread.
+pub(crate) fn verify_blocking(m: &Monitor, op: OpId) -> Result<()> {
+    let (call, bufs) = exchange_of(op, &op.sig, None, m.size);
+    let got = collective(m, op, call, bufs)?;
+    verdict(m, op, &op.sig, None, &got, false).map(drop)
+}
+
+/// The verdict on the records gathered (`got[0]` this rank's, `got[1]` every rank's): a
+/// mismatch is [`Error::SignatureMismatch`]. When every record agrees byte for byte in what
+/// the ranks must agree on (the operation numbers too where `numbered`), nothing is decoded
+/// (`None`); else this rank's view of its call.
+fn verdict(
+    m: &Monitor,
+    op: OpId,
+    sig: &Signature,
+    note: Option<&str>,
+    got: &[Vec<u8>],
+    numbered: bool,
+) -> Result<Option<RecordView>> {
+    let (own, all) = (&got[0], &got[1]);
+    if all.chunks_exact(RECORD).all(|theirs| agrees(sig.kind, own, theirs, numbered)) {
+        return Ok(None);
+    }
+    let mine = report_view(op.seq, sig, note);
+    let views: Vec<RecordView> = all
+        .chunks_exact(RECORD)
+        .map(|b| {
+            let v = decode(b, &mine);
+            if numbered { v } else { RecordView { seq: mine.seq, ..v } }
+        })
+        .collect();
     let headline = format!("{}: the signature check found ranks that differ", report::describe(&mine));
     if let Some(text) = report::calls(m.rank, &headline, &mine, &views) {
-        local?;
-        return Err(Error::SignatureMismatch { op: sig.kind.name(), seq: op.seq, report: text });
+        if note.is_none() {
+            return Err(Error::SignatureMismatch { op: sig.kind.name(), seq: op.seq, report: text });
+        }
     }
-    local?;
-    match pairs {
-        Some(p) => check_pairs(m, op, sig, &mine, p),
-        None => Ok(()),
-    }
+    Ok(Some(mine))
+}
+
+/// Whether two encoded records agree in every byte the report compares (`report::key`, which
+/// `Signature::agreement_hash` follows too): the number (where `numbered`), op, validity,
+/// element, operator, algorithm, and where the kind has them, root, count and the counts'
+/// digest.
+fn agrees(kind: OpKind, a: &[u8], b: &[u8], numbered: bool) -> bool {
+    let same = |r: std::ops::Range<usize>| a.get(r.clone()) == b.get(r);
+    (!numbered || same(0..8))
+        && same(8..9)
+        && (a[9] & 1) == (b[9] & 1)
+        && same(10..14)
+        && (!kind.has_root() || same(14..18))
+        && (!kind.common_count() || same(18..26))
+        && (!kind.common_digest() || same(26..34))
+        && same(34..114)
 }
 
 /// Every pair's counts agree: one all-to-all of what each rank sends, one allgather of the

@@ -11,12 +11,13 @@ use super::recorder::{self, OpKind, RecordId, RecordView, Recorder, Signature, S
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawComm};
 
-/// An operation being recorded: where its record is, and its number.
+/// An operation being recorded: where its record is, its number and what it is.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpId {
     pub(crate) rec: RecordId,
     pub(crate) seq: u64,
     pub(crate) kind: OpKind,
+    pub(crate) sig: Signature,
 }
 
 /// What ran past its deadline: an operation (its record's insertion number) or a wait.
@@ -45,24 +46,50 @@ pub(crate) struct Poison {
     pub(crate) reason: String,
     /// The timeout itself, for the operation (or waits) that ran past the deadline.
     timeout: Option<(&'static str, u64, Duration, String)>,
+    /// The mismatch this rank found, for the operation that found it (and whole-communicator
+    /// waits), with the report.
+    mismatch: Option<(Mismatch, String)>,
+}
+
+/// What [`Error::Mismatch`] says, but its report.
+#[derive(Clone, Debug)]
+pub(crate) struct Mismatch {
+    pub(crate) op: &'static str,
+    pub(crate) seq: u64,
+    pub(crate) peer: usize,
+    pub(crate) what: String,
+}
+
+impl Mismatch {
+    fn of(e: &Error) -> Option<Mismatch> {
+        match e {
+            Error::Mismatch { op, seq, peer, what, .. } => {
+                Some(Mismatch { op, seq: *seq, peer: *peer, what: what.clone() })
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Poison {
-    /// The error `asker` gets: the timeout for what timed out (and for whole-communicator
-    /// waits), [`Error::Aborted`] for everything else.
+    /// The error `asker` gets: the timeout or mismatch for the operation that timed out or
+    /// found it (and for whole-communicator waits), [`Error::Aborted`] for everything else.
     pub(crate) fn error(&self, asker: Asker) -> Error {
-        if let Some((op, seq, elapsed, report)) = &self.timeout {
-            let own = match (asker, self.trigger) {
-                (Asker::Op(o), Some(Trigger::Op(t))) => o.rec.id() == t,
-                (Asker::Waiter(w), Some(Trigger::Wait(t))) => w == t,
-                (Asker::Waiter(_), Some(Trigger::Op(_))) => true,
-                _ => false,
-            };
-            if own {
-                return Error::Timeout { op, seq: *seq, elapsed: *elapsed, report: report.clone() };
+        let own = match (asker, self.trigger) {
+            (Asker::Op(o), Some(Trigger::Op(t))) => o.rec.id() == t,
+            (Asker::Waiter(w), Some(Trigger::Wait(t))) => w == t,
+            (Asker::Waiter(_), Some(Trigger::Op(_))) => true,
+            _ => false,
+        };
+        match (&self.timeout, &self.mismatch) {
+            (Some((op, seq, elapsed, report)), _) if own => {
+                Error::Timeout { op, seq: *seq, elapsed: *elapsed, report: report.clone() }
             }
+            (_, Some((m, report))) if own => {
+                Error::Mismatch { op: m.op, seq: m.seq, peer: m.peer, what: m.what.clone(), report: report.clone() }
+            }
+            _ => Error::Aborted { reason: self.reason.clone() },
         }
-        Error::Aborted { reason: self.reason.clone() }
     }
 }
 
@@ -72,6 +99,8 @@ impl Poison {
 pub(crate) struct FaultRequest {
     pub(crate) op: OpId,
     pub(crate) message: String,
+    /// The mismatch, where the fault is one.
+    pub(crate) mismatch: Option<Mismatch>,
 }
 
 /// Settings, read on every call.
@@ -287,7 +316,7 @@ impl Monitor {
         };
         let rec = st.recorder.push(seq, sig, state, now);
         st.last_activity = now;
-        Ok(OpId { rec, seq, kind: sig.kind })
+        Ok(OpId { rec, seq, kind: sig.kind, sig })
     }
 
     /// Moves an operation to `state`; `note` says why it failed or was refused.
@@ -335,14 +364,15 @@ impl Monitor {
                 op.kind.name(),
                 op.seq
             )),
-            Error::Mpi { .. } | Error::CountMismatch { .. } if op.kind.is_collective() && self.size > 1 => {}
+            Error::Mpi { .. } | Error::CountMismatch { .. } | Error::Mismatch { .. }
+                if op.kind.is_collective() && self.size > 1 => {}
             _ => return e,
         }
         let mut st = self.lock();
         if let Some(p) = &st.poison {
             return p.error(Asker::Op(op));
         }
-        st.fault = Some(FaultRequest { op, message: e.to_string() });
+        st.fault = Some(FaultRequest { op, message: e.to_string(), mismatch: Mismatch::of(&e) });
         st.fault_done = false;
         drop(st);
         super::watchdog::wake();
@@ -350,6 +380,7 @@ impl Monitor {
         let st = self.lock();
         let (st, waited) =
             self.concluded.wait_timeout_while(st, limit, |st| !st.fault_done).unwrap_or_else(PoisonError::into_inner);
+        let poison = st.poison.clone();
         drop(st);
         if waited.timed_out() {
             super::abort::abort_job(&format!(
@@ -358,7 +389,11 @@ impl Monitor {
                 op.seq
             ));
         }
-        e
+        // A mismatch comes back with the report the exchange wrote.
+        match (poison, &e) {
+            (Some(p), Error::Mismatch { .. }) => p.error(Asker::Op(op)),
+            _ => e,
+        }
     }
 
     /// Registers a thread waiting on the communicator (`what`: `synchronize`, `wait`), so a
@@ -439,10 +474,28 @@ pub(crate) fn timeout_poison(
         trigger: Some(trigger),
         reason: format!("rank {me}: {op} #{seq} timed out after {elapsed:.1?}"),
         timeout: Some((op, seq, elapsed, report)),
+        mismatch: None,
     }
 }
 
-/// The poison of a communicator given up because of `reason` (another rank's timeout, a fault).
+/// The poison for a fault of operation `trigger` (`op`, which failed) found here: the
+/// operation and waits get the mismatch with the report, where the fault is one.
+pub(crate) fn fault_poison(
+    trigger: Trigger,
+    op: &str,
+    mismatch: Option<Mismatch>,
+    report: String,
+    me: usize,
+) -> Poison {
+    Poison {
+        trigger: Some(trigger),
+        reason: format!("rank {me}: {op} failed (see its report)"),
+        timeout: None,
+        mismatch: mismatch.map(|m| (m, report)),
+    }
+}
+
+/// The poison of a communicator given up because of `reason` (another rank's timeout or fault).
 pub(crate) fn plain_poison(reason: String) -> Poison {
-    Poison { trigger: None, reason, timeout: None }
+    Poison { trigger: None, reason, timeout: None, mismatch: None }
 }

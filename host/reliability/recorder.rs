@@ -131,6 +131,11 @@ impl OpKind {
     pub(crate) fn common_count(self) -> bool {
         self.is_collective() && !matches!(self, OpKind::Gatherv | OpKind::Scatterv | OpKind::Alltoallv)
     }
+
+    /// Whether [`Signature::digest`] (of the counts vector) must be equal on every rank.
+    pub(crate) fn common_digest(self) -> bool {
+        matches!(self, OpKind::Allgatherv | OpKind::ReduceScatterv)
+    }
 }
 
 /// What an operation is: what every rank must agree on for a collective, and what tells a
@@ -212,17 +217,59 @@ impl Signature {
     pub(crate) fn in_place(self) -> Signature {
         Signature { in_place: true, ..self }
     }
+
+    /// A hash of what every rank of a collective must agree on: the fields the desync report
+    /// compares (`report::key`), so it is the same on every rank of a correct program and, but
+    /// for a collision, differs where two ranks' calls differ. Duralumin's algorithms carry it in
+    /// their message tags (`transport::tag`), so the messages of calls that differ never match.
+    pub(crate) fn agreement_hash(&self) -> u64 {
+        let mut h = Fnv::default();
+        h.u64(self.kind as u64);
+        h.text(self.elem);
+        h.u64(u64::from(self.elem_size));
+        h.text(self.operator);
+        h.text(self.algorithm);
+        h.u64(self.root.filter(|_| self.kind.has_root()).map_or(u64::MAX, u64::from));
+        h.u64(if self.kind.common_count() { self.count } else { u64::MAX });
+        h.u64(if self.kind.common_digest() { self.digest } else { 0 });
+        h.0
+    }
 }
 
 /// FNV-1a over the counts: equal vectors give equal digests on every rank.
 fn digest(counts: &[usize]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut h = Fnv::default();
     for &c in counts {
-        for b in (c as u64).to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        h.u64(c as u64);
+    }
+    h.0
+}
+
+/// A 64-bit FNV-1a hash: the same bytes give the same value on every rank and build.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
         }
     }
-    h
+
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+
+    /// A string and its end, so that `("ab", "c")` and `("a", "bc")` differ.
+    fn text(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+        self.bytes(&[0xff]);
+    }
 }
 
 /// How far an operation got.
@@ -609,6 +656,37 @@ mod tests {
 
     fn sig(count: usize) -> Signature {
         Signature::new(OpKind::Allreduce).reduce::<f32, crate::Sum>().count(count)
+    }
+
+    /// Calls that differ in anything the report compares hash apart; what ranks may legitimately
+    /// differ in (in place, a non-rooted kind's root, a v-collective's own count) does not.
+    #[test]
+    fn the_agreement_hash_covers_what_the_ranks_must_agree_on() {
+        let base = sig(7);
+        let h = base.agreement_hash();
+        let differing = [
+            Signature { kind: OpKind::Reduce, ..base },
+            sig(8),
+            Signature::new(OpKind::Allreduce).reduce::<f32, crate::Max>().count(7),
+            Signature::new(OpKind::Allreduce).reduce::<i32, crate::Sum>().count(7),
+            Signature::new(OpKind::Allreduce).reduce::<f64, crate::Sum>().count(7),
+            base.algorithm("ring"),
+        ];
+        for d in differing {
+            assert_ne!(d.agreement_hash(), h, "{d:?}");
+        }
+        assert_eq!(base.in_place().agreement_hash(), h);
+        assert_eq!(base.root(3).agreement_hash(), h, "allreduce has no root");
+        let bcast = |root: usize| Signature::new(OpKind::Bcast).elem::<f32>().count(7).root(root);
+        assert_ne!(bcast(0).agreement_hash(), bcast(1).agreement_hash());
+        let gatherv = |count: usize| Signature::new(OpKind::Gatherv).elem::<u8>().count(count).root(0);
+        assert_eq!(gatherv(3).agreement_hash(), gatherv(5).agreement_hash(), "counts are per pair");
+        let allgatherv = |c: &[usize]| Signature::new(OpKind::Allgatherv).elem::<u8>().counts(c);
+        assert_ne!(allgatherv(&[1, 2]).agreement_hash(), allgatherv(&[2, 1]).agreement_hash());
+        // Strings end where they end.
+        let a = Signature { elem: "ab", operator: "c", ..base };
+        let b = Signature { elem: "a", operator: "bc", ..base };
+        assert_ne!(a.agreement_hash(), b.agreement_hash());
     }
 
     #[test]

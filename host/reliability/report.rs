@@ -104,7 +104,7 @@ fn details(r: &RecordView) -> String {
 /// What a collective call must agree on across ranks, for grouping.
 #[allow(clippy::type_complexity)]
 fn key(r: &RecordView) -> (u64, OpKind, &str, u32, &str, &str, Option<u32>, Option<u64>, u64) {
-    let digest = if matches!(r.kind, OpKind::Allgatherv | OpKind::ReduceScatterv) { r.digest } else { 0 };
+    let digest = if r.kind.common_digest() { r.digest } else { 0 };
     (
         r.seq,
         r.kind,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use super::OnTimeout;
 use super::abort::{abort_job, rank_label};
-use super::monitor::{Monitor, MonitorState, Trigger, interruptible, plain_poison, timeout_poison};
+use super::monitor::{Monitor, MonitorState, Trigger, fault_poison, interruptible, plain_poison, timeout_poison};
 use super::recorder::{self, RecordView, Snapshot};
 use super::report::{self, Target};
 use crate::ffi::{self, RawComm, RawDatatype, RawRequest, p2p, sys};
@@ -341,7 +341,8 @@ fn conclude(m: &Monitor, mut x: Exchange) {
         ));
     }
     let poison = if x.fault {
-        plain_poison(format!("rank {}: {op} failed (see its report)", m.rank))
+        let mismatch = st.fault.as_mut().and_then(|f| f.mismatch.take());
+        fault_poison(x.trigger, &op, mismatch, text, m.rank)
     } else {
         timeout_poison(x.trigger, x.what, x.seq, x.elapsed, text, m.rank)
     };

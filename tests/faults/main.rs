@@ -12,6 +12,7 @@
 //! and that nothing hangs afterwards: the launch must end on its own, and a launch that outruns
 //! its limit is killed and fails.
 
+mod mismatch;
 #[path = "../common/mpirun.rs"]
 mod mpirun;
 mod rank;
@@ -80,8 +81,11 @@ struct Case {
 }
 
 fn main() {
-    if let Ok(backend) = std::env::var("DURALUMIN_FAULT_PROGRAM") {
-        rank::main(&backend);
+    if let Ok(program) = std::env::var("DURALUMIN_FAULT_PROGRAM") {
+        match program.strip_prefix("mismatch-") {
+            Some(backend) => mismatch::main(backend),
+            None => rank::main(&program),
+        }
         return;
     }
     let mut args = Arguments::from_args();
@@ -110,7 +114,131 @@ fn main() {
             }
         }
     }
+    // Mismatched calls at every size class and algorithm (see `mismatch.rs`), on one node at
+    // 2 to 5 ranks and on a simulated cluster of 2 hosts x 2 ranks.
+    let cluster = cluster_unavailable();
+    let cluster_required = std::env::var("DURALUMIN_REQUIRE_CLUSTER").is_ok_and(|v| v == "1");
+    for backend in ["mpi", "host"] {
+        for np in 2..=5 {
+            trials.push(Trial::test(format!("mismatch_{backend}_np{np}"), move || run_mismatch(backend, np, None)));
+        }
+        let why = cluster.clone();
+        let trial = Trial::test(format!("mismatch_{backend}_cluster_2x2"), move || match &why {
+            Some(reason) => Err(reason.clone().into()),
+            None => run_mismatch(backend, 4, Some("2x2")),
+        });
+        trials.push(trial.with_ignored_flag(cluster.is_some() && !cluster_required));
+    }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// The hard limit of a launch of every mismatch case.
+const MISMATCH_LIMIT: Duration = Duration::from_secs(900);
+
+/// Why the simulated cluster (`scripts/cluster.sh`, network namespaces: root only) cannot run
+/// here, if it cannot.
+fn cluster_unavailable() -> Option<String> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh");
+    match std::process::Command::new(&script).arg("check").output() {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!("cluster: {} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status)),
+        Err(e) => Some(format!("cluster: cannot run {}: {e}", script.display())),
+    }
+}
+
+/// Every mismatch case of `backend` at `np` ranks, on one node or a simulated cluster of
+/// `layout`, in one launch under `OnTimeout::Error`.
+fn run_mismatch(backend: &str, np: usize, layout: Option<&str>) -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut env = vec![
+        ("DURALUMIN_FAULT_PROGRAM", format!("mismatch-{backend}")),
+        ("DURALUMIN_TIMEOUT", TIMEOUT_S.to_string()),
+        ("DURALUMIN_ON_TIMEOUT", "error".to_string()),
+        ("DURALUMIN_CHECK", "0".to_string()),
+    ];
+    let launch = match layout {
+        None => mpirun::launch(np, &exe, &env, &[], MISMATCH_LIMIT)?,
+        Some(layout) => {
+            env.push(("DURALUMIN_CLUSTER", layout.to_string()));
+            let mpirun = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-mpirun");
+            mpirun::launch_with(&mpirun.display().to_string(), np, &exe, &env, &[], MISMATCH_LIMIT)?
+        }
+    };
+    let nodes = if layout.is_some() { 2 } else { 1 };
+    match check_mismatch(np, nodes, &launch) {
+        Ok(summary) => {
+            println!("mismatch {backend} np {np} {}: {summary}", layout.unwrap_or("one node"));
+            Ok(())
+        }
+        Err(why) => Err(launch.failure(&format!("mismatch {backend} np {np}: {why}")).into()),
+    }
+}
+
+/// Holds every case of a mismatch launch to the guarantees (see `mismatch.rs`): every rank
+/// ended it within the deadline plus 5 s; no `Ok` held anything but what its own call asked for
+/// (unless the others' call was MPI's own collective of at most 2 KiB, where MPI's own
+/// detection is what there is); nothing was written around a buffer; and where a rank got an
+/// error, some error names the faulty rank. Returns a summary of the outcomes.
+fn check_mismatch(np: usize, nodes: usize, l: &mpirun::Launch) -> Result<String, String> {
+    let Some(status) = l.status else {
+        return Err(format!("still running after {MISMATCH_LIMIT:?}: killed"));
+    };
+    if !status.success() {
+        return Err(format!("the launch failed ({status})"));
+    }
+    let bound = mismatch::bound(TIMEOUT_S);
+    let mut tally: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for (i, case) in mismatch::cases(np, nodes).iter().enumerate() {
+        let of = |r: usize| -> Option<(String, u64)> {
+            l.stdout.lines().find_map(|line| {
+                let rest = line.strip_prefix(&format!("CASE {i} {r} "))?;
+                let (word, ms) = rest.split_once(' ')?;
+                Some((word.to_string(), ms.trim().parse().ok()?))
+            })
+        };
+        if let Some(w) = l.stdout.lines().find(|line| line.starts_with(&format!("WARMUP {i} "))) {
+            return Err(format!("case {i} ({case:?}): the correct call before it failed: {w}"));
+        }
+        let errs: Vec<&str> = l.stdout.lines().filter_map(|line| line.strip_prefix(&format!("ERR {i} "))).collect();
+        let mut words = Vec::new();
+        for r in 0..np {
+            let Some((word, ms)) = of(r) else {
+                return Err(format!("case {i} ({case:?}): rank {r} reported nothing"));
+            };
+            if ms > u64::try_from(bound.as_millis()).unwrap_or(u64::MAX) {
+                return Err(format!("case {i} ({case:?}): rank {r} ended after {ms} ms, beyond {bound:?}"));
+            }
+            if word == "WRONG" && !case.native_unchecked() {
+                return Err(format!("case {i} ({case:?}): rank {r} returned Ok with data its call did not ask for"));
+            }
+            if l.stdout.lines().any(|line| line == format!("CANARY {i} {r}")) {
+                return Err(format!("case {i} ({case:?}): rank {r}'s buffer guards were overwritten"));
+            }
+            words.push(word);
+        }
+        let k = case.faulty;
+        let names = |e: &&str| {
+            [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in")]
+                .iter()
+                .any(|needle| e.contains(needle.as_str()))
+        };
+        let errored = words.iter().any(|w| w != "ok" && w != "WRONG");
+        // MPI's own errors do not carry the report (it goes to stderr, where it names the rank).
+        let named = case.native_unchecked() || errs.iter().any(names);
+        if errored && !named && !(np == 2 && errs.iter().any(|e| e.contains("differs"))) {
+            return Err(format!("case {i} ({case:?}): no error names rank {k}; outcomes {words:?}"));
+        }
+        let class = if case.native_unchecked() { "native" } else { "duralumin" };
+        let outcome = if errored {
+            "error"
+        } else if words.iter().any(|w| w == "WRONG") {
+            "silent-wrong"
+        } else {
+            "all-ok"
+        };
+        *tally.entry(format!("{class}/{outcome}")).or_default() += 1;
+    }
+    Ok(format!("{tally:?}"))
 }
 
 /// The faulty rank of the `t`-th trial: each rank in turn. Not rank 0 for another collective:

@@ -196,6 +196,9 @@ pub(super) struct HostPart<D: Device, T> {
     pub(super) caller_gave_up: Arc<AtomicBool>,
     /// The operation failed (its error is recorded): later chunks skip their MPI part.
     pub(super) failed: bool,
+    /// A chunk's native MPI part passed the signature check: the whole operation agrees on
+    /// every rank, and later chunks skip it (see `MpiCommunicator::gate`).
+    pub(super) checked: bool,
 }
 
 impl<D: Device, T: Element> HostPart<D, T> {
@@ -350,7 +353,12 @@ impl<D: Device, T: Element> HostPart<D, T> {
         let recv = RawBuf::from_raw(recv as *mut T, self.recv_parts * len);
         let bufs = ChunkBufs { send: (!self.in_place).then_some(send), recv, index: k, chunk_elems: geo.chunk_elems };
         let mpi = self.op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        (self.chunk)(&mpi, bufs).map(|job| mpi.job_future(job))
+        // The chunk's messages carry the whole operation's signature: ranks that cut another
+        // plan (another count) never exchange a chunk.
+        mpi.set_current(self.id);
+        let job = mpi.gate((self.chunk)(&mpi, bufs)?, !self.checked);
+        self.checked |= job.waits_for_check();
+        Ok(mpi.job_future(job))
     }
 
     /// Chunk `k`'s MPI part is over (or skipped after a failure): its slot and its output go

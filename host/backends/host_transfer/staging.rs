@@ -349,6 +349,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             id,
             caller_gave_up: Arc::clone(&caller_gave_up),
             failed: false,
+            checked: false,
         };
         let task = Task::new(host.into_future());
         self.engine.submit_now(Arc::clone(&task));

@@ -31,7 +31,12 @@ use crate::reliability::crosscheck::Pairs;
 use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::{Request, Scope};
 use crate::topology::Topology;
-use crate::transport::MpiTransport;
+use crate::transport::{MpiTransport, OpLabel};
+
+/// Bytes of `elements` elements of `T` (saturating).
+fn bytes_of<T>(elements: usize) -> usize {
+    elements.saturating_mul(size_of::<T>())
+}
 
 /// Whole elements of `T` in a size given in bytes, at least one (a tuning's segment or chunk).
 fn elements<T>(bytes: usize) -> usize {
@@ -258,17 +263,21 @@ impl MpiCommunicator {
         n <= self.tuning.max_message_elements
     }
 
+    /// A transport of its own (a tag of its own) for the current operation's messages.
     pub(crate) fn transport<T: Element>(&self, mode: Mode) -> Result<MpiTransport> {
-        let (dt, tag) = (datatype::<T>()?, self.next_tag());
+        let op = self.current.get();
+        let dt = datatype::<T>()?;
+        let tag = self.next_tag(op.map_or(0, |o| o.sig.agreement_hash()));
+        let label = op.map(|o| OpLabel { name: o.kind.name(), seq: o.seq, layout: self.core.tags });
         let x = MpiTransport::new(
-            self.core.algo,
+            (self.core.algo, &self.core.algo_matcher),
             dt,
             tag,
             (self.rank(), self.size()),
             self.tuning.max_message_elements,
             mode == Mode::Blocking,
         );
-        Ok(x.with_network(self.network_pieces::<T>()))
+        Ok(x.for_op(label, self.on_error()).with_network(self.network_pieces::<T>()))
     }
 
     /// The transports of an operation run in `chunks` pipelined chunks
@@ -489,7 +498,7 @@ impl MpiCommunicator {
     }
 
     pub(crate) fn plan_barrier<T>(&self) -> Result<Job<T>> {
-        Ok(Job::native(datatype::<u8>()?, Native::Barrier))
+        Ok(Job::native(datatype::<u8>()?, Native::Barrier, 0))
     }
 
     pub(crate) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
@@ -524,7 +533,7 @@ impl MpiCommunicator {
                     })
                 })
                 .collect::<Result<_>>()?;
-            return Ok(Job::Native { dt, calls, post: finish::<T, O>(out, self.size()).into_iter().collect() });
+            return Ok(Job::natives(dt, calls, finish::<T, O>(out, self.size()).into_iter().collect(), bytes));
         }
         if algorithm == AllreduceAlgorithm::SharedMemory {
             return super::shm::plan_allreduce::<T, O>(self, send, out, mode);
@@ -606,7 +615,7 @@ impl MpiCommunicator {
             })
             .collect::<Result<_>>()?;
         let post = if is_root { finish::<T, O>(out, self.size()) } else { None };
-        Ok(Job::Native { dt, calls, post: post.into_iter().collect() })
+        Ok(Job::natives(dt, calls, post.into_iter().collect(), bytes_of::<T>(n)))
     }
 
     pub(crate) fn plan_bcast<T: Element>(
@@ -627,7 +636,7 @@ impl MpiCommunicator {
             let calls = pieces(out.len(), self.tuning.max_message_elements)
                 .map(|(off, len)| Ok(Native::Bcast { buf: at(out, off), count: cnt(len)?, root: c_rank(root) }))
                 .collect::<Result<_>>()?;
-            return Ok(Job::Native { dt: datatype::<T>()?, calls, post: Vec::new() });
+            return Ok(Job::natives(datatype::<T>()?, calls, Vec::new(), bytes));
         }
         let x = self.transport::<T>(mode)?;
         let chunk = elements::<T>(self.tuning.bcast_chunk_bytes);
@@ -658,10 +667,8 @@ impl MpiCommunicator {
         }
         if self.fits(count) {
             let send = send.map_or(in_place().cast_const(), cptr);
-            return Ok(Job::native(
-                datatype::<T>()?,
-                Native::Allgather { send, recv: out.ptr().cast(), count: cnt(count)? },
-            ));
+            let call = Native::Allgather { send, recv: out.ptr().cast(), count: cnt(count)? };
+            return Ok(Job::native(datatype::<T>()?, call, bytes));
         }
         let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
         self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)
@@ -780,7 +787,7 @@ impl MpiCommunicator {
                     counts: cnts(counts)?,
                     displs: cnts(displs)?,
                 };
-                return Ok(Job::native(dt, call));
+                return Ok(Job::native(dt, call, bytes_of::<T>(total)));
             }
             let packed_displs: Vec<usize> =
                 counts.iter().scan(0, |at, &c| Some(std::mem::replace(at, *at + c))).collect();
@@ -796,7 +803,11 @@ impl MpiCommunicator {
                 displs: cnts(&packed_displs)?,
             };
             let blocks = packed_displs.iter().zip(counts).zip(displs).map(|((&p, &c), &d)| (p, c, d)).collect();
-            return Ok(Job::native(dt, call).then(Some(Post::Unpack { packed, buf: out, blocks })));
+            return Ok(Job::native(dt, call, bytes_of::<T>(total)).then(Some(Post::Unpack {
+                packed,
+                buf: out,
+                blocks,
+            })));
         }
         let blocks: Vec<_> = counts.iter().zip(displs).map(|(&c, &d)| out.block(d, c)).collect();
         self.ring_allgather(send.map(RawBuf::from_ref), blocks, mode)
@@ -811,10 +822,8 @@ impl MpiCommunicator {
         let out = RawBuf::from_mut(recv);
         if self.fits(count) {
             let send = send.map_or(in_place().cast_const(), cptr);
-            return Ok(Job::native(
-                datatype::<T>()?,
-                Native::Alltoall { send, recv: out.ptr().cast(), count: cnt(count)? },
-            ));
+            let call = Native::Alltoall { send, recv: out.ptr().cast(), count: cnt(count)? };
+            return Ok(Job::native(datatype::<T>()?, call, bytes_of::<T>(out.len())));
         }
         let counts = vec![count; n];
         let displs = check::packed_displs(&counts);
@@ -921,7 +930,7 @@ impl MpiCommunicator {
                 (_, false) => (mine.ptr().cast(), std::ptr::null_mut()),
             };
             let call = Native::Gather { send: s.cast_const(), recv: r, count: cnt(count)?, root: c_rank(root) };
-            return Ok(Job::native(datatype::<T>()?, call));
+            return Ok(Job::native(datatype::<T>()?, call, bytes_of::<T>(count.saturating_mul(n))));
         }
         let blocks: Vec<_> = (0..n).map(|i| out.block(i * count, count)).collect();
         self.linear(send.map(RawBuf::from_ref), mine, blocks, root, true, mode)
@@ -1010,7 +1019,7 @@ impl MpiCommunicator {
                 (_, false) => (std::ptr::null(), out.ptr().cast()),
             };
             let call = Native::Scatter { send: s, recv: r, count: cnt(count)?, root: c_rank(root) };
-            return Ok(Job::native(datatype::<T>()?, call));
+            return Ok(Job::native(datatype::<T>()?, call, bytes_of::<T>(count.saturating_mul(n))));
         }
         let blocks: Vec<_> =
             if is_root { (0..n).map(|i| source.block(i * count, count)).collect() } else { Vec::new() };
@@ -1109,7 +1118,7 @@ impl MpiCommunicator {
                 counts: cnts(counts)?,
                 op,
             };
-            return Ok(Job::native(dt, call).then(finish::<T, O>(result, n)));
+            return Ok(Job::native(dt, call, bytes_of::<T>(total)).then(finish::<T, O>(result, n)));
         }
         // Too large for one call and not commutative: one (split) reduce per block, to that
         // block's owner, which keeps MPI's rank-order guarantee. Every rank knows the counts, so
@@ -1132,7 +1141,7 @@ impl MpiCommunicator {
             post.push(Post::MoveToFront { buf: out, from: displs[me], len: counts[me] });
         }
         post.extend(finish::<T, O>(result, n));
-        Ok(Job::Native { dt, calls, post })
+        Ok(Job::natives(dt, calls, post, bytes_of::<T>(total)))
     }
 
     /// The algorithm [`AllreduceAlgorithm::Auto`] runs for a blocking allreduce of `count`

@@ -1,9 +1,11 @@
 //! An operation ready to run: native MPI calls or an algorithm future, plus finishing steps;
 //! and how it runs blocking or on the progress engine.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use duralumin_kernels::Element;
@@ -13,7 +15,7 @@ use super::shadow::Shadow;
 use crate::buffer::RawBuf;
 use crate::error::Result;
 use crate::ffi::native::Native;
-use crate::ffi::{RawDatatype, RawRequest, p2p};
+use crate::ffi::{RawComm, RawDatatype, RawRequest, p2p};
 use crate::progress::{OpFuture, Task, block_on};
 use crate::reliability::crosscheck::Pairs;
 use crate::reliability::monitor::{Asker, Monitor, OpId};
@@ -70,17 +72,40 @@ impl<T: Copy> Post<T> {
     }
 }
 
+/// The most bytes of data a native MPI collective may have without the signature check first.
+/// MPI libraries write a message longer than its receive buffer past the buffer (Open MPI 4.1
+/// and 5.0 do above their eager size: about 4 KiB over shared memory, 64 KiB over TCP,
+/// measured in `docs/reliability.md`), so native calls of two ranks whose counts differ may
+/// meet only if every message either sends fits an eager message: collectives of at most this
+/// much data, whose messages are no larger. Larger ones wait for the check
+/// ([`MpiCommunicator::gate`]).
+pub(crate) const NATIVE_UNCHECKED_BYTES: usize = 2 << 10;
+
 /// An operation ready to run.
 pub(crate) enum Job<T> {
-    /// Native MPI collectives (several when a large operation is split), then `post`.
-    Native { dt: RawDatatype, calls: Vec<Native>, post: Vec<Post<T>> },
+    /// Native MPI collectives (several when a large operation is split), then `post`. `bytes`
+    /// is the operation's data (its size in the nccl-tests convention: the largest buffer any
+    /// rank has), which decides whether it waits for the signature check; `gate` is what it
+    /// waits for before its calls start.
+    Native { dt: RawDatatype, calls: Vec<Native>, post: Vec<Post<T>>, bytes: usize, gate: Gate },
     /// One of Duralumin's algorithms (its future includes any finishing step).
     Future(OpFuture),
 }
 
 impl<T> Job<T> {
-    pub(crate) fn native(dt: RawDatatype, call: Native) -> Self {
-        Job::Native { dt, calls: vec![call], post: Vec::new() }
+    /// Native `calls` on `bytes` of data (see [`Job::Native`]), then `post`.
+    pub(crate) fn natives(dt: RawDatatype, calls: Vec<Native>, post: Vec<Post<T>>, bytes: usize) -> Self {
+        Job::Native { dt, calls, post, bytes, gate: Gate::default() }
+    }
+
+    /// One native call on `bytes` of data.
+    pub(crate) fn native(dt: RawDatatype, call: Native, bytes: usize) -> Self {
+        Job::natives(dt, vec![call], Vec::new(), bytes)
+    }
+
+    /// Whether it waits for the signature check before its calls start.
+    pub(crate) fn waits_for_check(&self) -> bool {
+        matches!(self, Job::Native { gate: Gate { check: Some(_), .. }, .. })
     }
 
     pub(crate) fn then(mut self, step: Option<Post<T>>) -> Self {
@@ -88,6 +113,110 @@ impl<T> Job<T> {
             post.push(step);
         }
         self
+    }
+}
+
+/// What a native job waits for before its calls start: its turn ([`StartOrder`]), then the
+/// signature check.
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    check: Option<(Arc<Monitor>, OpId)>,
+    turn: Option<StartTurn>,
+}
+
+impl Gate {
+    fn is_open(&self) -> bool {
+        self.check.is_none() && self.turn.is_none()
+    }
+
+    /// Waits for the turn and passes the check, without blocking the thread.
+    async fn open(&mut self) -> Result<()> {
+        if let Some(turn) = &self.turn {
+            std::future::poll_fn(|_| if turn.is_up() { Poll::Ready(()) } else { Poll::Pending }).await;
+        }
+        match self.check.take() {
+            Some((m, op)) => crate::reliability::crosscheck::verify(m, op).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for the turn and passes the check on this thread.
+    fn open_blocking(&mut self) -> Result<()> {
+        if let Some(turn) = &self.turn {
+            block_on(std::future::poll_fn(|_| if turn.is_up() { Poll::Ready(()) } else { Poll::Pending }));
+        }
+        match self.check.take() {
+            Some((m, op)) => crate::reliability::crosscheck::verify_blocking(&m, op),
+            None => Ok(()),
+        }
+    }
+
+    /// The calls have started: later jobs may start theirs.
+    fn started(&mut self) {
+        if let Some(turn) = self.turn.take() {
+            turn.pass();
+        }
+    }
+}
+
+/// The order native collectives start in on the collective communicator. MPI requires every
+/// rank to start its collectives on a communicator in one order, and a job that waits for its
+/// signature check (on the progress thread, for a non-blocking call) must not be overtaken by
+/// one planned after it: jobs planned while one waits queue behind it, in plan order. With none
+/// waiting, the usual case, a job starts at once.
+#[derive(Debug, Default)]
+pub(crate) struct StartOrder {
+    queue: Mutex<VecDeque<u64>>,
+    /// The queue's length, read without the lock.
+    queued: AtomicUsize,
+    next: AtomicU64,
+}
+
+/// A job's place in the [`StartOrder`]; leaves it when passed or dropped.
+#[derive(Debug)]
+pub(crate) struct StartTurn {
+    order: Arc<StartOrder>,
+    id: u64,
+}
+
+impl StartOrder {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<u64>> {
+        self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a job waits to start.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0
+    }
+
+    /// A place at the end of the queue (the planning thread's, in plan order).
+    pub(crate) fn enqueue(self: &Arc<Self>) -> StartTurn {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.queue().push_back(id);
+        self.queued.fetch_add(1, Ordering::Release);
+        StartTurn { order: Arc::clone(self), id }
+    }
+}
+
+impl StartTurn {
+    /// Whether every job queued before this one has started.
+    fn is_up(&self) -> bool {
+        self.order.queue().front() == Some(&self.id)
+    }
+
+    fn pass(self) {
+        // Dropping it leaves the queue.
+    }
+}
+
+impl Drop for StartTurn {
+    fn drop(&mut self) {
+        let mut q = self.order.queue();
+        if let Some(i) = q.iter().position(|&x| x == self.id) {
+            q.remove(i);
+            self.order.queued.fetch_sub(1, Ordering::Release);
+            crate::progress::made_progress();
+        }
     }
 }
 
@@ -122,16 +251,54 @@ impl Drop for WaitRequests {
     }
 }
 
+/// Starts native `calls` with the non-blocking MPI calls: their requests, and the error that
+/// stopped the starting, if one did.
+///
+/// # Safety
+/// As [`Native::start`], for every call, until the requests complete: the calls were planned
+/// from buffers that their caller keeps borrowed until then (a scope, or an operation's own
+/// staging memory), and `calls` outlives the requests.
+unsafe fn start_all(calls: &[Native], dt: RawDatatype, comm: RawComm) -> (WaitRequests, Option<crate::Error>) {
+    let mut reqs = Vec::with_capacity(calls.len());
+    for call in calls {
+        // SAFETY: guaranteed by the caller.
+        match unsafe { call.start(dt, comm) } {
+            Ok(r) => reqs.push(r),
+            Err(e) => return (WaitRequests { reqs }, Some(e)),
+        }
+    }
+    (WaitRequests { reqs }, None)
+}
+
 impl MpiCommunicator {
+    /// Puts a native job above [`NATIVE_UNCHECKED_BYTES`] behind the signature check of the
+    /// current operation (`check` false: it was checked already, as a HostTransfer operation's
+    /// earlier chunk was), unless every call is checked already (`DURALUMIN_CHECK`), and any
+    /// native job behind one that waits ([`StartOrder`]). Other jobs are returned as they are.
+    pub(crate) fn gate<T>(&self, job: Job<T>, check: bool) -> Job<T> {
+        let Job::Native { dt, calls, post, bytes, .. } = job else { return job };
+        let m = &self.core.monitor;
+        let check = self
+            .current
+            .get()
+            .filter(|op| check && bytes > NATIVE_UNCHECKED_BYTES && self.size() > 1 && !m.checks(&op.sig))
+            .map(|op| (Arc::clone(m), op));
+        let order = &self.core.start_order;
+        let turn = (check.is_some() || !order.is_empty()).then(|| order.enqueue());
+        Job::Native { dt, calls, post, bytes, gate: Gate { check, turn } }
+    }
+
     /// Runs a job to completion on this thread.
     pub(crate) fn run<T: Element>(&self, job: Job<T>) -> Result<()> {
         match job {
-            Job::Native { dt, calls, post } => {
+            Job::Native { dt, calls, post, mut gate, .. } => {
+                gate.open_blocking()?;
                 for call in &calls {
                     // SAFETY: the call was planned from buffers borrowed by the public method
                     // that is running it now, with counts checked against their lengths.
                     unsafe { call.run(dt, self.core.coll) }?;
                 }
+                gate.started();
                 for p in &post {
                     // SAFETY: the data movement completed; the buffers are still borrowed.
                     unsafe { p.apply() };
@@ -142,42 +309,47 @@ impl MpiCommunicator {
         }
     }
 
-    /// Starts a job's MPI calls and returns the future that completes it (polled by a
-    /// blocking waiter, the progress engine, or an enclosing operation's future).
+    /// Starts a job's MPI calls (at once, unless its gate is closed) and returns the future
+    /// that completes it (polled by a blocking waiter, the progress engine, or an enclosing
+    /// operation's future).
     pub(crate) fn job_future<T: Element>(&self, job: Job<T>) -> OpFuture {
-        match job {
-            Job::Native { dt, calls, post } => {
-                let mut reqs = Vec::with_capacity(calls.len());
-                let mut first_err = None;
-                for call in &calls {
-                    // SAFETY: the call was planned from buffers that its caller keeps borrowed
-                    // until the returned future completes (a scope, or an operation's own
-                    // staging memory), and `calls` moves into the future below so its count
-                    // vectors live until the requests complete.
-                    match unsafe { call.start(dt, self.core.coll) } {
-                        Ok(r) => reqs.push(r),
-                        Err(e) => {
-                            first_err = Some(e);
-                            break;
-                        }
-                    }
-                }
-                let wait = WaitRequests { reqs };
-                Box::pin(async move {
-                    let _keep_alive = calls;
-                    wait.await?;
-                    if let Some(e) = first_err {
-                        return Err(e);
-                    }
-                    for p in &post {
-                        // SAFETY: the data movement completed; the buffers are still borrowed.
-                        unsafe { p.apply() };
-                    }
-                    Ok(())
-                }) as OpFuture
+        let (dt, calls, post, mut gate) = match job {
+            Job::Future(f) => return f,
+            Job::Native { dt, calls, post, gate, .. } => (dt, calls, post, gate),
+        };
+        let coll = self.core.coll;
+        let finish = move |post: Vec<Post<T>>| {
+            for p in &post {
+                // SAFETY: the data movement completed; the buffers are still borrowed.
+                unsafe { p.apply() };
             }
-            Job::Future(f) => f,
+        };
+        if gate.is_open() {
+            // SAFETY: see `start_all`; `calls` moves into the future, which lives until the
+            // requests complete.
+            let (wait, failed) = unsafe { start_all(&calls, dt, coll) };
+            return Box::pin(async move {
+                let _keep_alive = calls;
+                wait.await?;
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                finish(post);
+                Ok(())
+            });
         }
+        Box::pin(async move {
+            gate.open().await?;
+            // SAFETY: as above.
+            let (wait, failed) = unsafe { start_all(&calls, dt, coll) };
+            gate.started();
+            wait.await?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            finish(post);
+            Ok(())
+        })
     }
 
     /// Hands an operation's future to the progress engine (after one poll here).
@@ -196,22 +368,24 @@ impl MpiCommunicator {
         self.core.monitor.begin(sig, State::Running)
     }
 
-    /// Plans a recorded operation (see [`crate::reliability::prepare`]).
-    pub(crate) fn prepare<P>(
+    /// Plans a recorded operation (see [`crate::reliability::prepare`]) and gates it (see
+    /// [`MpiCommunicator::gate`]).
+    pub(crate) fn prepare<T>(
         &self,
         op: OpId,
         sig: &Signature,
         pairs: Option<Pairs>,
-        plan: impl FnOnce() -> Result<P>,
-    ) -> Result<P> {
+        plan: impl FnOnce() -> Result<Job<T>>,
+    ) -> Result<Job<T>> {
         // A refused operation sends nothing, so it gives back the algorithm tags its plan took:
         // a rank whose own checks refuse it plans nothing, and every rank must stay in step.
         let seq = self.seq.get();
+        self.set_current(op);
         let r = crate::reliability::prepare(&self.core.monitor, &self.core.errors, op, sig, pairs, plan);
         if r.is_err() {
             self.seq.set(seq);
         }
-        r
+        r.map(|job| self.gate(job, true))
     }
 
     /// Whether operations of this kind go through the signature check.
@@ -263,6 +437,10 @@ async fn shadowed(inner: OpFuture, m: Arc<Monitor>, op: OpId, shadow: Shadow) ->
                 // SAFETY: the operation completed; the public method (or the request's scope)
                 // still borrows the caller's buffers.
                 unsafe { shadow.commit() };
+            } else {
+                // A failed operation may leave sends MPI still reads from the copies
+                // (`transport::OnError::Abandon`).
+                shadow.abandon();
             }
             m.end(op, r)
         }

@@ -28,10 +28,11 @@ use crate::ffi::native::Native;
 use crate::ffi::{self, RawComm, sys};
 use crate::progress::Engine;
 use crate::reliability::OnTimeout;
-use crate::reliability::monitor::Monitor;
+use crate::reliability::monitor::{Monitor, OpId};
 use crate::reliability::recorder::{OpKind, Signature};
 use crate::request::DeferredError;
 use crate::topology::{Shape, Topology};
+use crate::transport::{Matcher, OnError, TagLayout};
 
 pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
 
@@ -176,7 +177,14 @@ pub(crate) struct Core {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) tag_ub: c_int,
+    /// How algorithm tags carry the transport number and the operation's signature.
+    pub(crate) tags: TagLayout,
+    /// The expected receives of `algo` and of `p2p` (see `transport::matcher`).
+    pub(crate) algo_matcher: Arc<Matcher>,
+    pub(crate) p2p_matcher: Arc<Matcher>,
     pub(crate) scratch: ScratchPool,
+    /// The order native collectives start in on `coll` (see [`job::StartOrder`]).
+    pub(crate) start_order: Arc<job::StartOrder>,
     pub(crate) errors: Arc<DeferredError>,
     /// Operation numbers, flight recorder, deadline, poisoned state (see
     /// [`crate::reliability`]).
@@ -226,7 +234,12 @@ pub struct MpiCommunicator {
     core: Arc<Core>,
     local_rank: usize,
     local_size: usize,
+    /// The number of the next algorithm transport (see [`MpiCommunicator::next_tag`]).
     seq: Cell<u32>,
+    /// The operation being planned, whose signature the algorithm tags carry: set as each
+    /// operation of this communicator is planned, and by HostTransfer before each chunk's MPI
+    /// part.
+    current: Cell<Option<OpId>>,
     tuning: Tuning,
     topology: Arc<Topology>,
     engine: OnceCell<Arc<Engine>>,
@@ -281,7 +294,11 @@ impl MpiCommunicator {
                 rank,
                 size,
                 tag_ub,
+                tags: TagLayout::new(tag_ub),
+                algo_matcher: Arc::new(Matcher::new(algo)),
+                p2p_matcher: Arc::new(Matcher::new(p2p)),
                 scratch: ScratchPool::default(),
+                start_order: Arc::default(),
                 errors: Arc::default(),
                 monitor,
                 shm: shm::NodeWindow::default(),
@@ -289,6 +306,7 @@ impl MpiCommunicator {
             local_rank,
             local_size,
             seq: Cell::new(0),
+            current: Cell::new(None),
             tuning: Tuning::for_shape(topology.shape()),
             topology: Arc::new(topology),
             engine: OnceCell::new(),
@@ -493,14 +511,33 @@ impl MpiCommunicator {
             Tuning { max_message_elements: tuning.max_message_elements.clamp(1, c_int::MAX as usize), ..tuning };
     }
 
-    /// The tag of the next algorithm operation: all ranks issue operations in the same order,
-    /// so they agree on it, and concurrent operations never match each other's messages.
-    fn next_tag(&self) -> c_int {
+    /// The tag of the next algorithm transport, of an operation whose signature hashes to
+    /// `hash`: all ranks make transports in the same order, so they agree on its number, and
+    /// concurrent operations never match each other's messages; calls that differ carry
+    /// different hashes (`transport::tag`).
+    fn next_tag(&self, hash: u64) -> c_int {
         let s = self.seq.get();
         self.seq.set(s.wrapping_add(1));
-        let ub = self.core.tag_ub.max(1).unsigned_abs();
-        // Below `tag_ub`, a positive `c_int`.
-        c_int::try_from(s % ub).unwrap_or(0)
+        self.core.tags.tag(s, hash)
+    }
+
+    /// Makes `op` the operation whose signature the algorithm transports made from now on
+    /// carry (see [`MpiCommunicator::transport`]).
+    pub(crate) fn set_current(&self, op: OpId) {
+        self.current.set(Some(op));
+    }
+
+    /// What a transport of the current operation does with sends in flight when the operation
+    /// fails (see [`OnError`]).
+    fn on_error(&self) -> OnError {
+        let m = &self.core.monitor;
+        if m.on_timeout() == OnTimeout::Abort || m.guarded() {
+            OnError::Abandon { leaked: self.core.scratch.leak_flag() }
+        } else if ffi::ulfm::available() {
+            OnError::Revoke
+        } else {
+            OnError::Wait
+        }
     }
 
     fn engine(&self) -> Result<&Arc<Engine>> {

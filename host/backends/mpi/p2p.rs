@@ -40,7 +40,8 @@ impl MpiCommunicator {
         check::tag(tag, self.core.tag_ub)?;
         let dt = datatype::<T>()?;
         let max = self.tuning.max_message_elements;
-        Ok(MpiTransport::new(self.core.p2p, dt, tag as c_int, (self.rank(), self.size()), max, mode == Mode::Blocking))
+        let comm = (self.core.p2p, &self.core.p2p_matcher);
+        Ok(MpiTransport::new(comm, dt, tag as c_int, (self.rank(), self.size()), max, mode == Mode::Blocking))
     }
 
     blocking_and_nonblocking! {

@@ -3,9 +3,17 @@
 //!
 //! Each communicator whose ranks share a node owns a [`NodeWindow`]: its own node-local
 //! communicator and one `MPI_Win_allocate_shared` window in which every rank owns a part of
-//! [`PART_BYTES`], two buffers of [`BUFFER_BYTES`]. The window is made by the first operation
-//! that uses it, so memory does not grow with the message: messages are pipelined through it
-//! one chunk of at most a buffer at a time, the buffers alternating.
+//! [`PART_BYTES`]: a [`Header`] and two buffers of [`BUFFER_BYTES`]. The window is made by the
+//! first operation that uses it, once every rank is known to be in that operation (a barrier
+//! on the operation's own tag, which carries its signature), so memory does not grow with the
+//! message: messages are pipelined through it one chunk of at most a buffer at a time, the
+//! buffers alternating.
+//!
+//! What a peer writes into the window is untrusted. Every operation writes its call into its
+//! rank's header before the first barrier and compares every other rank's after it: a rank
+//! in another call ([`Error::Mismatch`] on every rank) is found before anyone reads a slot,
+//! and every copy out of a slot is bounded by this rank's own count (the slots of a chunk lie
+//! within one buffer whatever the count).
 //!
 //! Per chunk `c` (slices cut as [`block_range`] cuts a ring's blocks):
 //! 1. every rank copies the slices of its input the others reduce into its buffer, each at
@@ -51,8 +59,9 @@ use crate::buffer::RawBuf;
 use crate::error::{Error, Result};
 use crate::ffi::win::{self, RawWin};
 use crate::ffi::{self, RawComm, c_rank, u32_rank};
+use crate::progress::unless;
 use crate::reducer::{HostReducer, Reducer};
-use crate::reliability::monitor::Monitor;
+use crate::reliability::monitor::{Asker, Monitor};
 use crate::reliability::recorder::{OpKind, Signature, State};
 use crate::transport::{MpiTransport, Transport};
 
@@ -72,8 +81,37 @@ const STREAM_BYTES: usize = 4 << 20;
 /// copied from the first-level cache.
 const REDUCE_BLOCK_BYTES: usize = 16 << 10;
 
-/// Bytes of each rank's part of the window: two buffers.
-const PART_BYTES: usize = 2 * BUFFER_BYTES;
+/// Bytes at the start of each rank's part that hold its [`Header`] (a cache line).
+const HEADER_BYTES: usize = 64;
+
+/// Bytes of each rank's part of the window: its header and two buffers.
+const PART_BYTES: usize = HEADER_BYTES + 2 * BUFFER_BYTES;
+
+/// The call a rank is in, written at the start of its part before an operation's first barrier
+/// and read by the others after it. The previous operation's is read by every rank before it
+/// enters that operation's second barrier, which every rank passes before writing the next.
+/// Ranks agree on everything but the number (a collective refused on one rank alone took a
+/// number there only).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    /// The operation's number on the communicator (for the error only).
+    seq: u64,
+    /// [`Signature::agreement_hash`] of the operation.
+    hash: u64,
+    /// Elements of this chunk of the operation (of a HostTransfer chunk, the chunk's).
+    count: u64,
+    elem_size: u64,
+}
+
+const _: () = assert!(size_of::<Header>() <= HEADER_BYTES && HEADER_BYTES % ALIGN == 0);
+
+impl Header {
+    /// Whether two ranks' calls agree.
+    fn agrees(&self, other: &Header) -> bool {
+        (self.hash, self.count, self.elem_size) == (other.hash, other.count, other.elem_size)
+    }
+}
 
 /// The alignment of every part of the window (each starts at the first such address of the
 /// memory MPI gave), so any element of at most this alignment can be placed at any element
@@ -170,8 +208,34 @@ impl Window {
 
     /// Buffer `b` (0 or 1) of rank `j`'s part, as `len` elements of `T`.
     fn buffer<T>(&self, j: usize, b: usize, len: usize) -> RawBuf<T> {
-        // SAFETY: `b < 2` and each part holds two buffers, so the offset stays inside the part.
-        RawBuf::from_raw(unsafe { self.parts[j].add((b % 2) * BUFFER_BYTES) }.cast(), len)
+        // SAFETY: `b % 2 < 2` and each part holds the header and two buffers, so the offset
+        // stays inside the part.
+        RawBuf::from_raw(unsafe { self.parts[j].add(HEADER_BYTES + (b % 2) * BUFFER_BYTES) }.cast(), len)
+    }
+
+    /// Writes this rank's header.
+    ///
+    /// # Safety
+    /// The caller holds the window's turn, before the operation's first barrier (see
+    /// [`Header`]).
+    unsafe fn write_header(&self, h: Header) {
+        // SAFETY: the part starts `ALIGN`-aligned with `HEADER_BYTES` for the header, which
+        // only this rank writes, and nobody reads until the barrier.
+        unsafe { std::ptr::write_volatile(self.parts[self.rank].cast::<Header>(), h) };
+    }
+
+    /// The first rank whose header differs from `mine`, and its header.
+    ///
+    /// # Safety
+    /// Between the operation's first and second barriers (see [`Header`]).
+    unsafe fn differing(&self, mine: Header) -> Option<(usize, Header)> {
+        (0..self.size).filter(|&j| j != self.rank).find_map(|j| {
+            // SAFETY: every part starts with a header the rank wrote before the barrier just
+            // passed, and none is written again before the next one; any bit pattern is a
+            // valid `Header` (plain integers).
+            let h = unsafe { std::ptr::read_volatile(self.parts[j].cast::<Header>()) };
+            (!h.agrees(&mine)).then_some((j, h))
+        })
     }
 
     /// Orders this process's window accesses before (and after) a barrier.
@@ -332,7 +396,19 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         })));
     }
     let core = &comm.core;
-    let w = core.shm.get_or_make(core.coll, core.rank)?;
+    let x = comm.transport::<u8>(mode)?;
+    let op = comm.current.get();
+    if !core.shm.is_made() {
+        // Making the window is collective over the node: every rank must be in this very
+        // operation first, which a barrier on its tag (which carries its signature) shows; a
+        // rank in another call never passes it (it finds the other call's messages, or the
+        // deadline gives the communicator up), and no rank starts a collective the others are
+        // not in.
+        let handshake = x.clone();
+        let given_up = || core.monitor.poisoned().map(|p| p.error(op.map_or(Asker::New, Asker::Op)));
+        crate::progress::block_on(unless(Box::pin(async move { barrier(&handshake).await }), given_up))??;
+    }
+    let w = core.shm.get_or_make(core.algo, core.rank)?;
     if w.size != n {
         return Err(Error::AlgorithmUnsupported {
             algorithm: ALGORITHM,
@@ -346,7 +422,12 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     if w.rank != core.rank {
         return Err(Error::Progress("the shared-memory window's ranks differ from the communicator's"));
     }
-    let x = comm.transport::<u8>(mode)?;
+    let header = Header {
+        seq: op.map_or(0, |o| o.seq),
+        hash: op.map_or(0, |o| o.sig.agreement_hash()),
+        count: out.len() as u64,
+        elem_size: size_of::<T>() as u64,
+    };
     let turn = Turn::take(Arc::clone(core));
     Ok(Job::Future(Box::pin(async move {
         let first = turn.come_up().await;
@@ -354,19 +435,21 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         let r = HostReducer::<O>::new();
         // SAFETY: the public method borrows `send` and `out` for the whole operation (the
         // same slice in place); this operation holds the window's turn.
-        let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first) }.await?;
+        let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first, header) }.await?;
         turn.continue_at(first + chunks);
         Ok(())
     })))
 }
 
 /// The chunk pipeline (see the module docs); returns the number of chunks (buffers used).
+/// `header` is this rank's call; a rank whose header differs fails the operation on every rank
+/// before any slot is read.
 ///
 /// # Safety
 /// `input` (only read) and `out` have equal lengths, are valid and not otherwise accessed until
 /// the future completes; they are the same buffer or do not overlap. The caller holds the
-/// window's turn and `first` is the buffer it starts in; every rank of the node runs the same
-/// operation with the same `first`.
+/// window's turn and `first` is the buffer it starts in; every rank of the node that passes the
+/// first barrier runs an operation with the same `first`.
 async unsafe fn pipeline<T: Element, R: Reducer<T>>(
     w: &Window,
     x: &MpiTransport,
@@ -374,6 +457,7 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
     input: RawBuf<T>,
     out: RawBuf<T>,
     first: usize,
+    header: Header,
 ) -> Result<usize> {
     let (n, me) = (w.size, w.rank);
     let k = (BUFFER_BYTES / size_of::<T>().max(1)).max(1);
@@ -439,11 +523,17 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
             unsafe { put(out.block(off + s, sl), buffer(j, c).block(at, sl), stream) };
         }
     };
+    // SAFETY: this operation holds the turn, before its first barrier.
+    unsafe { w.write_header(header) };
     stage(0);
     for c in 0..=chunks {
         w.fence()?;
         barrier(x).await?;
         w.fence()?;
+        // SAFETY: between the first and second barriers.
+        if let Some((j, theirs)) = (c == 0).then(|| unsafe { w.differing(header) }).flatten() {
+            return Err(header_mismatch(x, j, &theirs, &header));
+        }
         if c > 0 {
             copy_out(c - 1);
         }
@@ -455,6 +545,20 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
         }
     }
     Ok(chunks)
+}
+
+/// The error of an operation whose peer `j` wrote `theirs` into its header where this rank
+/// wrote `mine`.
+fn header_mismatch(x: &MpiTransport, j: usize, theirs: &Header, mine: &Header) -> Error {
+    let (op, seq) = x.label.map_or(("allreduce", mine.seq), |l| (l.name, l.seq));
+    let call =
+        |h: &Header| format!("#{} of {} elements of {} bytes (signature {:016x})", h.seq, h.count, h.elem_size, h.hash);
+    let what = format!(
+        "rank {j} is in another call on the shared-memory window: its header says {}, this rank's {}",
+        call(theirs),
+        call(mine)
+    );
+    Error::Mismatch { op, seq, peer: j, what, report: String::new() }
 }
 
 /// Copies a result block into the output: streamed around the caches when `stream`.
