@@ -14,6 +14,8 @@
 pub struct Topology {
     node_of: Vec<usize>,
     nodes: Vec<Vec<usize>>,
+    /// [`Topology::shape`], which every automatic choice reads.
+    shape: Shape,
 }
 
 impl Topology {
@@ -27,7 +29,13 @@ impl Topology {
         for (rank, &node) in node_of.iter().enumerate() {
             nodes[node].push(rank);
         }
-        Topology { node_of, nodes }
+        let sizes = nodes.iter().map(Vec::len);
+        let shape = Shape {
+            nodes: nodes.len(),
+            min_per_node: sizes.clone().min().unwrap_or(0),
+            max_per_node: sizes.max().unwrap_or(0),
+        };
+        Topology { node_of, nodes, shape }
     }
 
     /// The number of nodes.
@@ -52,12 +60,7 @@ impl Topology {
 
     /// The summary the automatic algorithm choice works from.
     pub fn shape(&self) -> Shape {
-        let sizes = self.nodes.iter().map(Vec::len);
-        Shape {
-            nodes: self.nodes.len(),
-            min_per_node: sizes.clone().min().unwrap_or(0),
-            max_per_node: sizes.max().unwrap_or(0),
-        }
+        self.shape
     }
 }
 

@@ -343,6 +343,26 @@ pub(crate) mod p2p {
         Ok(req)
     }
 
+    /// `MPI_Irecv`.
+    ///
+    /// # Safety
+    /// `buf` must point to room for `count` elements of `dt`, valid and not otherwise accessed
+    /// until the returned request completes, and no message longer than that may match it (MPI
+    /// libraries write a truncated message past the buffer: `transport::matcher`).
+    pub(crate) unsafe fn irecv(
+        buf: *mut c_void,
+        count: c_int,
+        dt: RawDatatype,
+        peer: c_int,
+        tag: c_int,
+        comm: RawComm,
+    ) -> Result<RawRequest> {
+        let mut req = RawRequest::null();
+        // SAFETY: guaranteed by the caller; `req` is ours to write.
+        check(unsafe { sys::MPI_Irecv(buf, count, dt.0, peer, tag, comm.0, &mut req.0) }, "MPI_Irecv")?;
+        Ok(req)
+    }
+
     /// A zeroed status, for MPI to fill.
     pub(crate) fn empty_status() -> sys::MPI_Status {
         // SAFETY: MPI_Status is a plain C struct of integers; all-zero is a valid value.
@@ -360,6 +380,17 @@ pub(crate) mod p2p {
             unsafe { sys::MPI_Test(&mut req.0, &mut flag, &mut status) }
         });
         check(code, "MPI_Test")?;
+        Ok((flag != 0).then_some(status))
+    }
+
+    /// `MPI_Test` on a point-to-point request of a communicator whose errors return (all of
+    /// Duralumin's): as [`test`], without the handling that failed non-blocking collectives
+    /// need, which costs two calls per test of a request polled in a loop.
+    pub(crate) fn test_p2p(req: &mut RawRequest) -> Result<Option<sys::MPI_Status>> {
+        let mut flag: c_int = 0;
+        let mut status = empty_status();
+        // SAFETY: as for `test`.
+        check(unsafe { sys::MPI_Test(&mut req.0, &mut flag, &mut status) }, "MPI_Test")?;
         Ok((flag != 0).then_some(status))
     }
 

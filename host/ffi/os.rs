@@ -14,3 +14,20 @@ pub(crate) fn set_timer_slack(ns: u64) {
     #[cfg(not(target_os = "linux"))]
     let _ = ns;
 }
+
+/// The address of a page of this process that no access is allowed to (`PROT_NONE`), made on
+/// first use and never unmapped; `None` if the kernel refused it. An empty receive posted on it
+/// cannot have a longer message written into memory of ours: MPI's write past the buffer (a
+/// truncation: `transport::matcher`) faults instead, or the library reports the truncation.
+pub(crate) fn trap_page() -> Option<*mut std::ffi::c_void> {
+    static TRAP: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let addr = *TRAP.get_or_init(|| {
+        // SAFETY: an anonymous private mapping of one page with no access: it aliases nothing,
+        // and nothing of ours ever reads or writes it.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        (p != libc::MAP_FAILED).then_some(p as usize)
+    });
+    addr.map(|a| a as *mut std::ffi::c_void)
+}

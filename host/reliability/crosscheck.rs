@@ -190,17 +190,17 @@ pub(crate) fn run(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, 
 /// `docs/reliability.md`). It compares the calls, not their numbers: a collective refused on one
 /// rank alone (its own arguments, an earlier request's error) took a number there only, which
 /// shifts nothing the ranks send.
-pub(crate) async fn verify(m: Arc<Monitor>, op: OpId) -> Result<()> {
-    let (call, bufs) = exchange_of(op, &op.sig, None, m.size);
+pub(crate) async fn verify(m: Arc<Monitor>, op: OpId, sig: Signature) -> Result<()> {
+    let (call, bufs) = exchange_of(op, &sig, None, m.size);
     let got = collective_polled(&m, op, call, bufs).await?;
-    verdict(&m, op, &op.sig, None, &got, false).map(drop)
+    verdict(&m, op, &sig, None, &got, false).map(drop)
 }
 
 /// [`verify`] on this thread.
-pub(crate) fn verify_blocking(m: &Monitor, op: OpId) -> Result<()> {
-    let (call, bufs) = exchange_of(op, &op.sig, None, m.size);
+pub(crate) fn verify_blocking(m: &Monitor, op: OpId, sig: &Signature) -> Result<()> {
+    let (call, bufs) = exchange_of(op, sig, None, m.size);
     let got = collective(m, op, call, bufs)?;
-    verdict(m, op, &op.sig, None, &got, false).map(drop)
+    verdict(m, op, sig, None, &got, false).map(drop)
 }
 
 /// The verdict on the records gathered (`got[0]` this rank's, `got[1]` every rank's): a

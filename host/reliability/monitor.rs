@@ -11,13 +11,12 @@ use super::recorder::{self, OpKind, RecordId, RecordView, Recorder, Signature, S
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawComm};
 
-/// An operation being recorded: where its record is, its number and what it is.
+/// An operation being recorded: where its record is, and its number.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpId {
     pub(crate) rec: RecordId,
     pub(crate) seq: u64,
     pub(crate) kind: OpKind,
-    pub(crate) sig: Signature,
 }
 
 /// What ran past its deadline: an operation (its record's insertion number) or a wait.
@@ -316,7 +315,7 @@ impl Monitor {
         };
         let rec = st.recorder.push(seq, sig, state, now);
         st.last_activity = now;
-        Ok(OpId { rec, seq, kind: sig.kind, sig })
+        Ok(OpId { rec, seq, kind: sig.kind })
     }
 
     /// Moves an operation to `state`; `note` says why it failed or was refused.

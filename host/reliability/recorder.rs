@@ -223,54 +223,29 @@ impl Signature {
     /// for a collision, differs where two ranks' calls differ. Duralumin's algorithms carry it in
     /// their message tags (`transport::tag`), so the messages of calls that differ never match.
     pub(crate) fn agreement_hash(&self) -> u64 {
-        let mut h = Fnv::default();
-        h.u64(self.kind as u64);
-        h.text(self.elem);
-        h.u64(u64::from(self.elem_size));
-        h.text(self.operator);
-        h.text(self.algorithm);
-        h.u64(self.root.filter(|_| self.kind.has_root()).map_or(u64::MAX, u64::from));
-        h.u64(if self.kind.common_count() { self.count } else { u64::MAX });
-        h.u64(if self.kind.common_digest() { self.digest } else { 0 });
-        h.0
+        use std::hash::{Hash, Hasher};
+        // FxHash: no random state, so every rank (of one architecture) computes the same value.
+        let mut h = rustc_hash::FxHasher::default();
+        (self.kind as u8).hash(&mut h);
+        (self.elem, self.elem_size, self.operator, self.algorithm).hash(&mut h);
+        self.root.filter(|_| self.kind.has_root()).hash(&mut h);
+        (if self.kind.common_count() { self.count } else { u64::MAX }).hash(&mut h);
+        (if self.kind.common_digest() { self.digest } else { 0 }).hash(&mut h);
+        h.finish()
     }
 }
 
 /// FNV-1a over the counts: equal vectors give equal digests on every rank.
 fn digest(counts: &[usize]) -> u64 {
-    let mut h = Fnv::default();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
     for &c in counts {
-        h.u64(c as u64);
-    }
-    h.0
-}
-
-/// A 64-bit FNV-1a hash: the same bytes give the same value on every rank and build.
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    fn bytes(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        for b in (c as u64).to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
     }
-
-    fn u64(&mut self, v: u64) {
-        self.bytes(&v.to_le_bytes());
-    }
-
-    /// A string and its end, so that `("ab", "c")` and `("a", "bc")` differ.
-    fn text(&mut self, s: &str) {
-        self.bytes(s.as_bytes());
-        self.bytes(&[0xff]);
-    }
+    h
 }
+
 
 /// How far an operation got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

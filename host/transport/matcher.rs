@@ -15,9 +15,11 @@
 //! of its pair was; and any receive's poll claims what has arrived for the others of its pairs,
 //! so a receive posted early still has its message moving while its owner waits on another.
 
-use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 
 use crate::error::Result;
 use crate::ffi::{RawComm, RawDatatype, RawRequest, p2p, sys};
@@ -29,16 +31,24 @@ pub(crate) struct Matcher {
     state: Mutex<State>,
 }
 
-/// A receive's handle in its [`Matcher`].
-pub(crate) type SlotId = u64;
+/// A receive's handle in its [`Matcher`]: its place in the slots.
+pub(crate) type SlotId = usize;
+
+/// The receives of one (source, tag) not yet claimed, oldest first.
+type Queue = SmallVec<[SlotId; 2]>;
+
+/// A short list kept without a heap allocation (the receives of one operation's post, the
+/// keys of one poll).
+pub(crate) type Few<T> = SmallVec<[T; 2]>;
 
 #[derive(Debug, Default)]
 struct State {
-    next: SlotId,
-    /// Per (source, tag): the receives not yet claimed, oldest first.
-    queues: HashMap<(c_int, c_int), VecDeque<SlotId>>,
-    /// Every receive not yet collected by its owner.
-    slots: HashMap<SlotId, Slot>,
+    /// Per (source, tag): the receives not yet claimed, oldest first (usually one).
+    queues: HashMap<(c_int, c_int), Queue>,
+    /// Every receive not yet collected by its owner, by [`SlotId`]; `None`: a free place.
+    slots: Vec<Option<Slot>>,
+    /// The free places of `slots`.
+    free: Vec<SlotId>,
     /// Messages of another length, received into memory of their own, which lives as long as
     /// the receive.
     drains: Vec<(RawRequest, Vec<u8>)>,
@@ -117,22 +127,20 @@ impl Matcher {
         dt: RawDatatype,
     ) -> SlotId {
         let mut st = self.state();
-        let id = st.next;
-        st.next += 1;
         let key = (source, tag);
-        st.queues.entry(key).or_default().push_back(id);
-        st.slots.insert(id, Slot { key, buf, count, dt, state: SlotState::Waiting });
+        let id = st.insert(Slot { key, buf, count, dt, state: SlotState::Waiting });
+        st.queues.entry(key).or_default().push(id);
         id
     }
 
     /// Claims what has arrived for the pairs of `ids`, tests the receives of `ids` and drops the
     /// completed ones from `ids`. A failed receive stays in `ids` until released.
-    pub(crate) fn poll(&self, ids: &mut Vec<SlotId>) -> Result<Progress> {
+    pub(crate) fn poll(&self, ids: &mut Few<SlotId>) -> Result<Progress> {
         let mut st = self.state();
         st.complete_drains();
-        let mut claimed = Vec::new();
-        for id in ids.iter() {
-            if let Some(slot) = st.slots.get(id).filter(|s| matches!(s.state, SlotState::Waiting)) {
+        let mut claimed: Few<(c_int, c_int)> = SmallVec::new();
+        for &id in ids.iter() {
+            if let Some(slot) = st.slot(id).filter(|s| matches!(s.state, SlotState::Waiting)) {
                 let key = slot.key;
                 if !claimed.contains(&key) {
                     claimed.push(key);
@@ -143,15 +151,15 @@ impl Matcher {
         let mut i = 0;
         let mut progress = Progress::Done;
         while i < ids.len() {
-            let Some(slot) = st.slots.get_mut(&ids[i]) else {
+            let Some(slot) = st.slot_mut(ids[i]) else {
                 ids.swap_remove(i);
                 continue;
             };
             match &mut slot.state {
                 SlotState::Waiting => progress = Progress::Pending,
-                SlotState::Receiving(req) => match p2p::test(req)? {
+                SlotState::Receiving(req) => match p2p::test_p2p(req)? {
                     Some(_) => {
-                        st.slots.remove(&ids[i]);
+                        st.remove(ids[i]);
                         ids.swap_remove(i);
                         crate::progress::made_progress();
                         continue;
@@ -166,10 +174,10 @@ impl Matcher {
     }
 
     /// The distinct sources of the receives of `ids` that have no message yet.
-    pub(crate) fn waiting_sources(&self, ids: &[SlotId]) -> Vec<c_int> {
+    pub(crate) fn waiting_sources(&self, ids: &[SlotId]) -> Few<c_int> {
         let st = self.state();
-        let mut sources = Vec::new();
-        for slot in ids.iter().filter_map(|id| st.slots.get(id)) {
+        let mut sources = SmallVec::new();
+        for slot in ids.iter().filter_map(|&id| st.slot(id)) {
             if matches!(slot.state, SlotState::Waiting) && !sources.contains(&slot.key.0) {
                 sources.push(slot.key.0);
             }
@@ -184,10 +192,10 @@ impl Matcher {
         let mut receiving = Vec::new();
         {
             let mut st = self.state();
-            for id in ids {
-                let Some(slot) = st.slots.remove(id) else { continue };
+            for &id in ids {
+                let Some(slot) = st.remove(id) else { continue };
                 if let Some(q) = st.queues.get_mut(&slot.key) {
-                    q.retain(|x| x != id);
+                    q.retain(|x| *x != id);
                     if q.is_empty() {
                         st.queues.remove(&slot.key);
                     }
@@ -204,18 +212,47 @@ impl Matcher {
 }
 
 impl State {
+    fn insert(&mut self, slot: Slot) -> SlotId {
+        match self.free.pop() {
+            Some(id) => {
+                self.slots[id] = Some(slot);
+                id
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn slot(&self, id: SlotId) -> Option<&Slot> {
+        self.slots.get(id).and_then(Option::as_ref)
+    }
+
+    fn slot_mut(&mut self, id: SlotId) -> Option<&mut Slot> {
+        self.slots.get_mut(id).and_then(Option::as_mut)
+    }
+
+    fn remove(&mut self, id: SlotId) -> Option<Slot> {
+        let slot = self.slots.get_mut(id)?.take();
+        if slot.is_some() {
+            self.free.push(id);
+        }
+        slot
+    }
+
     /// Claims messages for the receives waiting on `key`, oldest first, while messages of the
     /// pair have arrived.
     fn claim(&mut self, comm: RawComm, key: (c_int, c_int)) -> Result<()> {
-        while let Some(&id) = self.queues.get(&key).and_then(VecDeque::front) {
+        while let Some(&id) = self.queues.get(&key).and_then(|q| q.first()) {
             let Some((msg, status)) = p2p::improbe(key.0, key.1, comm)? else { break };
             if let Some(q) = self.queues.get_mut(&key) {
-                q.pop_front();
+                q.remove(0);
                 if q.is_empty() {
                     self.queues.remove(&key);
                 }
             }
-            let Some(slot) = self.slots.get_mut(&id) else { continue };
+            let Some(slot) = self.slot_mut(id) else { continue };
             let elements = p2p::received_elements(&status, slot.dt)?;
             if elements == usize::try_from(slot.count).ok() {
                 // SAFETY: the slot's buffer holds `count` elements of `dt` and is reserved for
@@ -260,7 +297,7 @@ impl State {
 
     /// Lets go of the drained messages that have arrived.
     fn complete_drains(&mut self) {
-        self.drains.retain_mut(|(req, _)| matches!(p2p::test(req), Ok(None)));
+        self.drains.retain_mut(|(req, _)| matches!(p2p::test_p2p(req), Ok(None)));
     }
 }
 

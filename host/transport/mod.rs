@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::ffi::{RawComm, RawDatatype, RawRequest, c_rank, p2p};
 use crate::topology::Topology;
 pub(crate) use matcher::Matcher;
-use matcher::{Misfit, Progress, SlotId};
+use matcher::{Few, Misfit, Progress, SlotId};
 pub(crate) use tag::TagLayout;
 
 /// A point-to-point transport between the ranks of one communicator.
@@ -149,9 +149,12 @@ pub(crate) struct MpiPending {
     comm: RawComm,
     tag: c_int,
     /// The receives not yet complete.
-    recvs: Vec<SlotId>,
+    recvs: Few<SlotId>,
     /// The sends not yet complete.
-    sends: Vec<RawRequest>,
+    sends: Few<RawRequest>,
+    /// Empty receives posted ahead ([`MpiTransport::signal`]), not yet complete, and their
+    /// sources.
+    signals: Few<(RawRequest, c_int)>,
     blocking: bool,
     label: Option<OpLabel>,
     on_error: OnError,
@@ -175,17 +178,7 @@ impl<T: Element> Transport<T> for MpiTransport {
     }
 
     unsafe fn post(&self, sends: &[(RawBuf<T>, usize)], recvs: &[(RawBuf<T>, usize)]) -> Result<MpiPending> {
-        let mut pending = MpiPending {
-            matcher: Arc::clone(&self.matcher),
-            comm: self.comm,
-            tag: self.tag,
-            recvs: Vec::new(),
-            sends: Vec::new(),
-            blocking: self.blocking,
-            label: self.label,
-            on_error: self.on_error.clone(),
-            polls: 0,
-        };
+        let mut pending = self.pending();
         // Receives first, so a message arriving early is claimed in order.
         for &(buf, from) in recvs {
             for (start, len) in segments(buf.len(), self.max_to(from)) {
@@ -211,6 +204,45 @@ impl<T: Element> Transport<T> for MpiTransport {
 }
 
 impl MpiTransport {
+    /// An empty message to `to` and one from `from`, whose receive is posted ahead rather than
+    /// claimed by length (claiming costs a message a trip through MPI's unexpected queue): for
+    /// a tag whose messages are all empty, so that no receive of it is claimed (the
+    /// shared-memory allreduce's barriers). The receive's buffer is the trap page
+    /// ([`os::trap_page`](crate::ffi::os::trap_page)): a longer message, which only a peer in
+    /// another call whose tag collides could send, is MPI's truncation error or faults, and is
+    /// never written into memory of ours. Without a trap page, the receive is claimed.
+    pub(crate) fn signal(&self, to: usize, from: usize) -> Result<MpiPending> {
+        let empty = RawBuf::<u8>::from_raw(std::ptr::null_mut(), 0);
+        let Some(trap) = crate::ffi::os::trap_page() else {
+            // SAFETY: zero-length messages: no memory is read or written.
+            return unsafe { Transport::<u8>::post(self, &[(empty, to)], &[(empty, from)]) };
+        };
+        let mut pending = self.pending();
+        // SAFETY: a receive of zero elements into the trap page, which MPI may write only by
+        // faulting (see above); nothing of ours is there.
+        let req = unsafe { p2p::irecv(trap, 0, self.dt, c_rank(from), self.tag, self.comm) }?;
+        pending.signals.push((req, c_rank(from)));
+        // SAFETY: zero elements: MPI reads no memory.
+        pending.sends.push(unsafe { p2p::isend(empty.ptr().cast(), 0, self.dt, c_rank(to), self.tag, self.comm) }?);
+        Ok(pending)
+    }
+
+    /// An empty set of this transport's messages.
+    fn pending(&self) -> MpiPending {
+        MpiPending {
+            matcher: Arc::clone(&self.matcher),
+            comm: self.comm,
+            tag: self.tag,
+            recvs: Few::new(),
+            sends: Few::new(),
+            signals: Few::new(),
+            blocking: self.blocking,
+            label: self.label,
+            on_error: self.on_error.clone(),
+            polls: 0,
+        }
+    }
+
     /// Messages of elements `dt` with `tag` on `comm` (whose expected receives `matcher`
     /// keeps), whose ranks are `0..size` (this one `rank`), at most `max_count` elements each
     /// whoever the peer; completed on the caller's thread (`blocking`) or by polling. A user's
@@ -298,7 +330,9 @@ impl MpiPending {
     /// the error. Only algorithm messages carry signatures.
     fn diagnose(&self) -> Result<()> {
         let Some(op) = self.label else { return Ok(()) };
-        for source in self.matcher.waiting_sources(&self.recvs) {
+        let mut sources = self.matcher.waiting_sources(&self.recvs);
+        sources.extend(self.signals.iter().map(|s| s.1));
+        for source in sources {
             if let Some(seen) = p2p::head_tag(source, self.comm)?
                 && op.layout.differs(self.tag, seen)
             {
@@ -322,19 +356,12 @@ impl MpiPending {
             if let Progress::Failed(m) = progress {
                 return Err(self.misfit(m));
             }
-            let mut i = 0;
-            while i < self.sends.len() {
-                if p2p::test(&mut self.sends[i])?.is_some() {
-                    self.sends.swap_remove(i);
-                    crate::progress::made_progress();
-                } else {
-                    i += 1;
-                }
-            }
-            if progress == Progress::Done && self.sends.is_empty() {
+            test_all(&mut self.sends, |r| r)?;
+            test_all(&mut self.signals, |s| &mut s.0)?;
+            if progress == Progress::Done && self.sends.is_empty() && self.signals.is_empty() {
                 return Ok(true);
             }
-            if progress == Progress::Pending {
+            if progress == Progress::Pending || !self.signals.is_empty() {
                 self.polls = self.polls.wrapping_add(1);
                 if self.polls % DIAGNOSE_EVERY == 0 {
                     self.diagnose()?;
@@ -345,6 +372,20 @@ impl MpiPending {
             }
         }
     }
+}
+
+/// Tests the request of every entry of `reqs` and drops the completed ones.
+fn test_all<E>(reqs: &mut Few<E>, req: impl Fn(&mut E) -> &mut RawRequest) -> Result<()> {
+    let mut i = 0;
+    while i < reqs.len() {
+        if p2p::test_p2p(req(&mut reqs[i]))?.is_some() {
+            reqs.swap_remove(i);
+            crate::progress::made_progress();
+        } else {
+            i += 1;
+        }
+    }
+    Ok(())
 }
 
 impl Future for MpiPending {
@@ -364,6 +405,9 @@ impl Drop for MpiPending {
     fn drop(&mut self) {
         // An error path can leave messages in flight: make sure MPI no longer touches the
         // buffers before they are released, or that they are never released (see `OnError`).
+        for (req, _) in &mut self.signals {
+            p2p::cancel_and_wait(req);
+        }
         if self.recvs.is_empty() && self.sends.is_empty() {
             return;
         }

@@ -507,12 +507,17 @@ impl<D: Device> HostTransferCommunicator<D> {
 
     /// Numbers, records and plans an operation (see [`crate::reliability::prepare`]); a
     /// planned one is recorded as queued.
-    fn prepare<P>(&self, sig: Signature, pairs: Option<Pairs>, plan: impl FnOnce() -> Result<P>) -> Result<(OpId, P)> {
+    fn prepare<P>(
+        &self,
+        sig: Signature,
+        pairs: Option<Pairs>,
+        plan: impl FnOnce() -> Result<P>,
+    ) -> Result<((OpId, Signature), P)> {
         let m = &self.shared.monitor;
         let op = m.begin(sig, State::Running)?;
         let planned = crate::reliability::prepare(m, &self.shared.errors, op, &sig, pairs, plan)?;
         m.set(op, State::Queued, None);
-        Ok((op, planned))
+        Ok(((op, sig), planned))
     }
 
     /// Whether the signature check is on for operations like `sig`.

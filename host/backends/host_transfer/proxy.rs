@@ -18,7 +18,7 @@ use crate::device::{Device, KeepAlive};
 use crate::error::{Error, Result};
 use crate::progress::OpFuture;
 use crate::reliability::monitor::{Asker, Monitor, OpId};
-use crate::reliability::recorder::State;
+use crate::reliability::recorder::{Signature, State};
 use crate::request::ErrorSlot;
 
 /// The flags and staging memory of an operation in flight. Dropping it (normally after the
@@ -191,6 +191,8 @@ pub(super) struct HostPart<D: Device, T> {
     pub(super) early: bool,
     pub(super) monitor: Arc<Monitor>,
     pub(super) id: OpId,
+    /// The operation's signature, which its chunks' messages carry.
+    pub(super) sig: Signature,
     /// Set when the calling thread's queueing failed, after what it queued has run through
     /// with its waits released: this thread then lets the operation go.
     pub(super) caller_gave_up: Arc<AtomicBool>,
@@ -355,7 +357,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
         let mpi = self.op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // The chunk's messages carry the whole operation's signature: ranks that cut another
         // plan (another count) never exchange a chunk.
-        mpi.set_current(self.id);
+        mpi.set_current(self.id, self.sig);
         let job = mpi.gate((self.chunk)(&mpi, bufs)?, !self.checked);
         self.checked |= job.waits_for_check();
         Ok(mpi.job_future(job))

@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::progress::Task;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::{Asker, OpId};
-use crate::reliability::recorder::State;
+use crate::reliability::recorder::{Signature, State};
 use crate::request::ErrorSlot;
 
 /// An operation handed to the proxy thread and queued on a stream.
@@ -138,19 +138,19 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// *start* and waits for *done*, and the proxy thread queues the copies once it sees
     /// *start*: two flag operations on the calling thread whatever the size.
     ///
-    /// `id` is the operation's record: the proxy thread marks it running when the stream
-    /// reaches the operation, and done or failed when its MPI part ends; a failure to queue
-    /// marks it failed. Errors of the MPI part go to `errors`: the request's or the
+    /// `(id, sig)` is the operation's record and signature: the proxy thread marks it running
+    /// when the stream reaches the operation, and done or failed when its MPI part ends (whose
+    /// messages carry the signature); a failure to queue marks it failed. Errors of the MPI part go to `errors`: the request's or the
     /// communicator's (a failure to queue is returned here, and later errors then go to the
     /// communicator).
     pub(crate) fn enqueue<T: Element>(
         &self,
         stream: &D::Stream,
         plan: Plan<T>,
-        id: OpId,
+        (id, sig): (OpId, Signature),
         errors: Arc<ErrorSlot>,
     ) -> Result<Queued<D>> {
-        let queued = self.enqueue_recorded(stream, plan, id, Arc::clone(&errors));
+        let queued = self.enqueue_recorded(stream, plan, (id, sig), Arc::clone(&errors));
         if let Err(e) = &queued {
             self.shared.monitor.set(id, State::Failed, Some(e.to_string()));
             errors.let_go();
@@ -162,13 +162,13 @@ impl<D: Device> HostTransferCommunicator<D> {
         &self,
         stream: &D::Stream,
         mut plan: Plan<T>,
-        id: OpId,
+        op: (OpId, Signature),
         errors: Arc<ErrorSlot>,
     ) -> Result<Queued<D>> {
         let geo = self.cut_into_chunks(&plan)?;
         let staging = self.take_staging(&geo)?;
         let set_up = self.set_up(stream, &mut plan, geo, staging)?;
-        let handed = self.hand_over(set_up, plan.chunk, id, Arc::clone(&errors));
+        let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors));
         if let Err(failed) = self.queue_device_work(stream, &handed) {
             return Err(self.abandon_queueing(stream, handed, failed));
         }
@@ -309,7 +309,7 @@ impl<D: Device> HostTransferCommunicator<D> {
         &self,
         set_up: SetUp<D>,
         chunk: ChunkFn<T>,
-        id: OpId,
+        (id, sig): (OpId, Signature),
         errors: Arc<ErrorSlot>,
     ) -> HandedOver<D> {
         let SetUp { geo, staging, flags, deferred, work, keeps, .. } = set_up;
@@ -347,6 +347,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             early: set_up.early,
             monitor: Arc::clone(&self.shared.monitor),
             id,
+            sig,
             caller_gave_up: Arc::clone(&caller_gave_up),
             failed: false,
             checked: false,

@@ -81,26 +81,30 @@ impl<T: Copy> Post<T> {
 /// ([`MpiCommunicator::gate`]).
 pub(crate) const NATIVE_UNCHECKED_BYTES: usize = 2 << 10;
 
+/// The native calls of a job: one, but for operations split at MPI's `int` counts, so held
+/// without a heap allocation.
+pub(crate) type NativeCalls = smallvec::SmallVec<[Native; 1]>;
+
 /// An operation ready to run.
 pub(crate) enum Job<T> {
     /// Native MPI collectives (several when a large operation is split), then `post`. `bytes`
     /// is the operation's data (its size in the nccl-tests convention: the largest buffer any
     /// rank has), which decides whether it waits for the signature check; `gate` is what it
     /// waits for before its calls start.
-    Native { dt: RawDatatype, calls: Vec<Native>, post: Vec<Post<T>>, bytes: usize, gate: Gate },
+    Native { dt: RawDatatype, calls: NativeCalls, post: Vec<Post<T>>, bytes: usize, gate: Gate },
     /// One of Duralumin's algorithms (its future includes any finishing step).
     Future(OpFuture),
 }
 
 impl<T> Job<T> {
     /// Native `calls` on `bytes` of data (see [`Job::Native`]), then `post`.
-    pub(crate) fn natives(dt: RawDatatype, calls: Vec<Native>, post: Vec<Post<T>>, bytes: usize) -> Self {
+    pub(crate) fn natives(dt: RawDatatype, calls: NativeCalls, post: Vec<Post<T>>, bytes: usize) -> Self {
         Job::Native { dt, calls, post, bytes, gate: Gate::default() }
     }
 
     /// One native call on `bytes` of data.
     pub(crate) fn native(dt: RawDatatype, call: Native, bytes: usize) -> Self {
-        Job::natives(dt, vec![call], Vec::new(), bytes)
+        Job::natives(dt, smallvec::smallvec![call], Vec::new(), bytes)
     }
 
     /// Whether it waits for the signature check before its calls start.
@@ -117,10 +121,10 @@ impl<T> Job<T> {
 }
 
 /// What a native job waits for before its calls start: its turn ([`StartOrder`]), then the
-/// signature check.
+/// signature check (boxed: a job without one stays small).
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
-    check: Option<(Arc<Monitor>, OpId)>,
+    check: Option<Box<(Arc<Monitor>, OpId, Signature)>>,
     turn: Option<StartTurn>,
 }
 
@@ -135,7 +139,10 @@ impl Gate {
             std::future::poll_fn(|_| if turn.is_up() { Poll::Ready(()) } else { Poll::Pending }).await;
         }
         match self.check.take() {
-            Some((m, op)) => crate::reliability::crosscheck::verify(m, op).await,
+            Some(c) => {
+                let (m, op, sig) = *c;
+                crate::reliability::crosscheck::verify(m, op, sig).await
+            }
             None => Ok(()),
         }
     }
@@ -146,7 +153,7 @@ impl Gate {
             block_on(std::future::poll_fn(|_| if turn.is_up() { Poll::Ready(()) } else { Poll::Pending }));
         }
         match self.check.take() {
-            Some((m, op)) => crate::reliability::crosscheck::verify_blocking(&m, op),
+            Some(c) => crate::reliability::crosscheck::verify_blocking(&c.0, c.1, &c.2),
             None => Ok(()),
         }
     }
@@ -275,17 +282,22 @@ impl MpiCommunicator {
     /// current operation (`check` false: it was checked already, as a HostTransfer operation's
     /// earlier chunk was), unless every call is checked already (`DURALUMIN_CHECK`), and any
     /// native job behind one that waits ([`StartOrder`]). Other jobs are returned as they are.
-    pub(crate) fn gate<T>(&self, job: Job<T>, check: bool) -> Job<T> {
-        let Job::Native { dt, calls, post, bytes, .. } = job else { return job };
-        let m = &self.core.monitor;
-        let check = self
-            .current
-            .get()
-            .filter(|op| check && bytes > NATIVE_UNCHECKED_BYTES && self.size() > 1 && !m.checks(&op.sig))
-            .map(|op| (Arc::clone(m), op));
-        let order = &self.core.start_order;
-        let turn = (check.is_some() || !order.is_empty()).then(|| order.enqueue());
-        Job::Native { dt, calls, post, bytes, gate: Gate { check, turn } }
+    pub(crate) fn gate<T>(&self, mut job: Job<T>, check: bool) -> Job<T> {
+        if let Job::Native { bytes, gate, .. } = &mut job {
+            let m = &self.core.monitor;
+            if check && *bytes > NATIVE_UNCHECKED_BYTES && self.size() > 1 {
+                gate.check = self
+                    .current
+                    .get()
+                    .filter(|(_, sig)| !m.checks(sig))
+                    .map(|(op, sig)| Box::new((Arc::clone(m), op, sig)));
+            }
+            let order = &self.core.start_order;
+            if gate.check.is_some() || !order.is_empty() {
+                gate.turn = Some(order.enqueue());
+            }
+        }
+        job
     }
 
     /// Runs a job to completion on this thread.
@@ -380,7 +392,7 @@ impl MpiCommunicator {
         // A refused operation sends nothing, so it gives back the algorithm tags its plan took:
         // a rank whose own checks refuse it plans nothing, and every rank must stay in step.
         let seq = self.seq.get();
-        self.set_current(op);
+        self.set_current(op, *sig);
         let r = crate::reliability::prepare(&self.core.monitor, &self.core.errors, op, sig, pairs, plan);
         if r.is_err() {
             self.seq.set(seq);

@@ -80,7 +80,9 @@ pub struct Tuning {
     /// On one node, allreduces of at least this many bytes run through the node's shared-memory
     /// window ([`AllreduceAlgorithm::SharedMemory`]; commutative operators): blocking ones, and
     /// non-blocking ones once a blocking one has made the window (making it is collective).
-    /// Below it the window's two barriers cost more than Open MPI's one exchange.
+    /// Below it the window's two barriers cost more than Open MPI's one exchange; from 2 KiB
+    /// (the default) Open MPI's own would first wait for the signature check
+    /// (`docs/reliability.md`), which costs more than the barriers.
     pub shared_memory_allreduce_bytes: usize,
     /// On several nodes (see [`MpiCommunicator::topology`]), allreduces of at least this many bytes run the hierarchical
     /// algorithm (commutative operators).
@@ -145,7 +147,9 @@ impl Tuning {
         // have no node phase to save and take over later too.
         let several_per_node = shape.max_per_node > 1;
         Tuning {
-            shared_memory_allreduce_bytes: 4 << 10,
+            // From where a native allreduce would wait for the signature check
+            // (`NATIVE_UNCHECKED_BYTES`): the window's barriers cost less than that.
+            shared_memory_allreduce_bytes: 2 << 10,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
             nodes_recursive_doubling_bytes: 64 << 10,
             hierarchical_bcast_bytes: 4 << 10,
@@ -225,7 +229,7 @@ impl Drop for Core {
 /// ```
 ///
 /// **Dropping it is collective** once an allreduce used the shared-memory algorithm (which
-/// `Auto` picks from 4 KiB when every rank is on one node): freeing the window waits for every
+/// `Auto` picks from 2 KiB when every rank is on one node): freeing the window waits for every
 /// rank of the node to drop its communicator too. Drop communicators in the same order on
 /// every rank, as MPI asks of `MPI_Comm_free`. A drop that waits past the communicator's
 /// deadline is reported, and ends the job (`docs/reliability.md`).
@@ -236,10 +240,13 @@ pub struct MpiCommunicator {
     local_size: usize,
     /// The number of the next algorithm transport (see [`MpiCommunicator::next_tag`]).
     seq: Cell<u32>,
-    /// The operation being planned, whose signature the algorithm tags carry: set as each
-    /// operation of this communicator is planned, and by HostTransfer before each chunk's MPI
-    /// part.
-    current: Cell<Option<OpId>>,
+    /// The operation being planned and its signature, which the algorithm tags carry: set as
+    /// each operation of this communicator is planned, and by HostTransfer before each chunk's
+    /// MPI part.
+    current: Cell<Option<(OpId, Signature)>>,
+    /// The current operation's [`Signature::agreement_hash`], once a transport or header
+    /// needed it.
+    current_hash: Cell<Option<u64>>,
     tuning: Tuning,
     topology: Arc<Topology>,
     engine: OnceCell<Arc<Engine>>,
@@ -307,6 +314,7 @@ impl MpiCommunicator {
             local_size,
             seq: Cell::new(0),
             current: Cell::new(None),
+            current_hash: Cell::new(None),
             tuning: Tuning::for_shape(topology.shape()),
             topology: Arc::new(topology),
             engine: OnceCell::new(),
@@ -521,10 +529,21 @@ impl MpiCommunicator {
         self.core.tags.tag(s, hash)
     }
 
-    /// Makes `op` the operation whose signature the algorithm transports made from now on
-    /// carry (see [`MpiCommunicator::transport`]).
-    pub(crate) fn set_current(&self, op: OpId) {
-        self.current.set(Some(op));
+    /// Makes `op` (of signature `sig`) the operation whose signature the algorithm transports
+    /// made from now on carry (see [`MpiCommunicator::transport`]).
+    pub(crate) fn set_current(&self, op: OpId, sig: Signature) {
+        self.current.set(Some((op, sig)));
+        self.current_hash.set(None);
+    }
+
+    /// The current operation's signature hash (0 without one).
+    pub(crate) fn current_hash(&self) -> u64 {
+        if let Some(h) = self.current_hash.get() {
+            return h;
+        }
+        let h = self.current.get().map_or(0, |(_, sig)| sig.agreement_hash());
+        self.current_hash.set(Some(h));
+        h
     }
 
     /// What a transport of the current operation does with sends in flight when the operation

@@ -63,7 +63,7 @@ use crate::progress::unless;
 use crate::reducer::{HostReducer, Reducer};
 use crate::reliability::monitor::{Asker, Monitor};
 use crate::reliability::recorder::{OpKind, Signature, State};
-use crate::transport::{MpiTransport, Transport};
+use crate::transport::MpiTransport;
 
 /// Bytes of one of a rank's two buffers: the most a rank stages (and the chunk length) per
 /// step. Small enough that a chunk stays in the caches between being staged by one rank and
@@ -397,7 +397,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     }
     let core = &comm.core;
     let x = comm.transport::<u8>(mode)?;
-    let op = comm.current.get();
+    let op = comm.current.get().map(|(op, _)| op);
     if !core.shm.is_made() {
         // Making the window is collective over the node: every rank must be in this very
         // operation first, which a barrier on its tag (which carries its signature) shows; a
@@ -424,7 +424,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     }
     let header = Header {
         seq: op.map_or(0, |o| o.seq),
-        hash: op.map_or(0, |o| o.sig.agreement_hash()),
+        hash: comm.current_hash(),
         count: out.len() as u64,
         elem_size: size_of::<T>() as u64,
     };
@@ -579,14 +579,13 @@ unsafe fn put<T: Copy>(dst: RawBuf<T>, src: RawBuf<T>, stream: bool) {
 /// Dissemination barrier of zero-length messages: `ceil(log2 n)` rounds; in round `k` each rank
 /// signals `rank + 2^k` and waits for `rank - 2^k`. The sources of one barrier's rounds are
 /// distinct and messages between two ranks do not overtake, so consecutive barriers with one
-/// tag cannot mix.
+/// tag cannot mix. Every message on the operation's tag is one of these, so the receives are
+/// posted ahead ([`MpiTransport::signal`]).
 async fn barrier(x: &MpiTransport) -> Result<()> {
     let (n, me) = (x.size, x.rank);
-    let empty = RawBuf::<u8>::from_raw(std::ptr::null_mut(), 0);
     let mut dist = 1;
     while dist < n {
-        // SAFETY: zero-length messages: no memory is read or written.
-        unsafe { Transport::<u8>::post(x, &[(empty, (me + dist) % n)], &[(empty, (me + n - dist) % n)]) }?.await?;
+        x.signal((me + dist) % n, (me + n - dist) % n)?.await?;
         dist *= 2;
     }
     Ok(())
