@@ -3,17 +3,29 @@
 # run under mpirun at 1..5 ranks from the test harness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's end is printed with the seconds since the start (where CI's time goes).
+step() { echo "== test.sh: $* done at ${SECONDS} s" >&2; }
 bash scripts/setup.sh
+step setup
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The device kernels and ptxas are installed by setup.sh: their checks may not skip here.
 export DURALUMIN_REQUIRE_KERNELS=1
+# The HIP device (Debian's libamdhip64-dev, installed by setup.sh) is compiled, linted, linked
+# and tested with everything else: the tests and benchmarks below build once, with it (its
+# code only adds; the default build is linted on its own), and its test (tests/hip_device.rs)
+# reports itself skipped without an AMD GPU.
+export HIP_PATH=/usr
+hip=(--features duralumin/hip)
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --release -- -D warnings
+cargo clippy --release "${hip[@]}" --lib --test hip_device -- -D warnings
+step clippy
 # The API docs: every intra-doc link resolves (the kernels' builder is behind its feature).
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin -p duralumin-cudasim
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin -p duralumin-cudasim "${hip[@]}"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin-kernels --features builder
 # Undefined behaviour in the unit tests of the unsafe code, under Miri (see the script).
 bash scripts/miri.sh
+step miri
 # The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
 # on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim
@@ -25,24 +37,22 @@ export DURALUMIN_REQUIRE_CLUSTER=1
 # devices): allow each launch 30 minutes (a hang still ends within the per-operation deadline,
 # DURALUMIN_TIMEOUT, with the ranks' report).
 export DURALUMIN_LAUNCH_TIMEOUT=1800
-cargo test --workspace --release
+cargo test --workspace --release "${hip[@]}"
+step "cargo test"
 # Recovery on ULFM: the survivor example built against Open MPI 5 (installed by setup.sh), run
 # with a rank killed mid-loop; these trials may not skip here.
 ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}
-OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc \
+# The example uses no device kernels: skip their nested nightly builds.
+OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc DURALUMIN_SKIP_KERNELS=1 \
     cargo build --release --example 03-survive-rank-loss --target-dir target/ulfm
 DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/release/examples/03-survive-rank-loss \
-    DURALUMIN_REQUIRE_ULFM=1 cargo test --release --test ulfm
+    DURALUMIN_REQUIRE_ULFM=1 cargo test --release "${hip[@]}" --test ulfm
+step ulfm
 # The GPU benchmark programs must run to their end on the simulator (its numbers are the CPU's).
 # (tests/mpi_ranks linked it as target/release/cudasim/libcuda.so.)
 LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout -k 10 600 cargo bench --bench host_transfer_gpu -- --np 1,2 --max-bytes 65536
+    timeout -k 10 600 cargo bench "${hip[@]}" --bench host_transfer_gpu -- --np 1,2 --max-bytes 65536
 # The same for the NCCL benchmark, on ncclsim (it verifies every path's result first).
 LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout -k 10 600 cargo bench --bench nccl -- --np 1,2 --max-bytes 65536
-# The HIP device (Debian's libamdhip64-dev, installed by setup.sh): compiled, linted and linked;
-# its test reports itself skipped without an AMD GPU.
-export HIP_PATH=/usr
-cargo clippy --release --features hip --lib --test hip_device -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin --features hip
-cargo test --release --features hip --lib --test hip_device
+    timeout -k 10 600 cargo bench "${hip[@]}" --bench nccl -- --np 1,2 --max-bytes 65536
+step "GPU benches on the simulators"

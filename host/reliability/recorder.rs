@@ -246,7 +246,6 @@ fn digest(counts: &[usize]) -> u64 {
     h
 }
 
-
 /// How far an operation got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

@@ -276,7 +276,8 @@ impl MpiCommunicator {
     pub(crate) fn transport<T: Element>(&self, mode: Mode) -> Result<MpiTransport> {
         let dt = datatype::<T>()?;
         let tag = self.next_tag(self.current_hash());
-        let label = self.current.get().map(|(op, _)| OpLabel { name: op.kind.name(), seq: op.seq, layout: self.core.tags });
+        let label =
+            self.current.get().map(|(op, _)| OpLabel { name: op.kind.name(), seq: op.seq, layout: self.core.tags });
         let x = MpiTransport::new(
             (self.core.algo, &self.core.algo_matcher),
             dt,
