@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The unit tests of the unsafe code under Miri, which reports undefined behaviour (out-of-bounds
 # or misaligned accesses, aliasing violations, data races, leaks) where a native run may pass:
-#   - the kernel bodies: duralumin-kernels' own tests and tests/kernels_bodies.rs (smaller sizes
-#     under cfg(miri)), with strict provenance;
+#   - the kernel bodies: duralumin-kernels' own tests and tests/kernels_bodies.rs (under
+#     cfg(miri), smaller sizes and each element's first operator), with strict provenance;
 #   - the library's unit tests: staging pool, buffers and scratch memory, kernel argument lists,
 #     the host device's memory and executors, and the rest. The library keeps device addresses as
 #     integers (a host device's are host addresses), so these run with permissive provenance.

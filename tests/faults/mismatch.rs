@@ -116,6 +116,8 @@ pub fn cases(n: usize, nodes: usize) -> Vec<Case> {
 trait Calls {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
+    /// The deadline of the operations from now on.
+    fn set_timeout(&mut self, timeout: Duration);
     /// Sum allreduce of `send`; the result and whether its guards held.
     fn allreduce(&self, send: &[f32], algo: AllreduceAlgorithm) -> (Result<Vec<f32>>, bool);
     /// Broadcast of `buf` from `root`; the result and whether its guards held.
@@ -146,6 +148,9 @@ impl Calls for MpiCommunicator {
     fn size(&self) -> usize {
         MpiCommunicator::size(self)
     }
+    fn set_timeout(&mut self, timeout: Duration) {
+        MpiCommunicator::set_timeout(self, Some(timeout));
+    }
     fn allreduce(&self, send: &[f32], algo: AllreduceAlgorithm) -> (Result<Vec<f32>>, bool) {
         let mut recv = guarded(&vec![0.0; send.len()]);
         let r = self.allreduce_with(send, &mut recv[GUARD..GUARD + send.len()], Sum, algo);
@@ -173,6 +178,9 @@ impl Calls for Ht {
     }
     fn size(&self) -> usize {
         self.comm.size()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        self.comm.set_timeout(Some(timeout));
     }
     fn allreduce(&self, send: &[f32], algo: AllreduceAlgorithm) -> (Result<Vec<f32>>, bool) {
         let run = || {
@@ -259,7 +267,7 @@ pub fn main(backend: &str) {
             "mpi" => {
                 let mut c = MpiCommunicator::new(&world).expect("communicator");
                 c.set_on_timeout(OnTimeout::Error);
-                let r = one(i, case, &c, &world);
+                let r = one(i, case, &mut c, &world);
                 world.barrier();
                 r
             }
@@ -270,8 +278,8 @@ pub fn main(backend: &str) {
                 let mut comm =
                     HostTransferCommunicator::with_config(&world, dev.clone(), stream, config).expect("communicator");
                 comm.set_on_timeout(OnTimeout::Error);
-                let ht = Ht { dev, comm };
-                let r = one(i, case, &ht, &world);
+                let mut ht = Ht { dev, comm };
+                let r = one(i, case, &mut ht, &world);
                 world.barrier();
                 drop(ht);
                 r
@@ -283,16 +291,24 @@ pub fn main(backend: &str) {
     println!("DONE {me}");
 }
 
+/// The deadline of a case's correct call before it: generous, so that a machine slowed by
+/// other work cannot make a correct call time out (the case's own deadline is
+/// `DURALUMIN_TIMEOUT`, short, since it ends the cases nothing can find sooner).
+pub const WARMUP_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Case `i` on `c`, after a correct call of the same shape when the case asks for one: the
 /// lines to print.
-fn one(i: usize, case: &Case, c: &impl Calls, world: &SimpleCommunicator) -> String {
+fn one(i: usize, case: &Case, c: &mut impl Calls, world: &SimpleCommunicator) -> String {
     let me = c.rank();
     if case.warm {
+        let deadline = std::env::var("DURALUMIN_TIMEOUT").ok().and_then(|v| v.parse::<f64>().ok());
+        c.set_timeout(WARMUP_TIMEOUT);
         let warm = Case { kind: Kind::Count, faulty: usize::MAX, ..*case };
         let (word, e, _) = run_case(&warm, c);
         if word != "ok" {
             return format!("WARMUP {i} {me} {word} {}\n", e.map(|e| e.to_string()).unwrap_or_default());
         }
+        c.set_timeout(Duration::from_secs_f64(deadline.expect("the launcher sets DURALUMIN_TIMEOUT")));
     }
     world.barrier();
     let start = Instant::now();
