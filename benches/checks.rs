@@ -26,11 +26,8 @@ fn main() {
         rank_main();
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
-    let nps: Vec<usize> = get("--np").unwrap_or_else(|| "2".into()).split(',').filter_map(|s| s.parse().ok()).collect();
-    let env = [("DURALUMIN_BENCH_ROUNDS", get("--rounds").unwrap_or_else(|| "9".into()))];
-    for np in nps {
+    let env = [("DURALUMIN_BENCH_ROUNDS", relaunch::flag("--rounds").unwrap_or_else(|| "9".into()))];
+    for np in relaunch::rank_counts("2") {
         relaunch(np, &env, &[]);
     }
 }

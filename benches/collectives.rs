@@ -55,10 +55,8 @@ fn main() {
         rank_main();
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
-    let nps: Vec<usize> =
-        get("--np").unwrap_or_else(|| "2,4".into()).split(',').filter_map(|s| s.parse().ok()).collect();
+    let get = relaunch::flag;
+    let nps = relaunch::rank_counts("2,4");
     let csv = get("--csv").unwrap_or_else(|| "target/bench-collectives.csv".into());
     let _ = std::fs::remove_file(&csv);
     let env = [

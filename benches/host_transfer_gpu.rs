@@ -58,10 +58,8 @@ mod gpu {
             println!("SKIPPED: no CUDA device");
             return;
         }
-        let args: Vec<String> = std::env::args().collect();
-        let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
-        let max = get("--max-bytes").unwrap_or_else(|| (256usize << 20).to_string());
-        for np in get("--np").unwrap_or_else(|| "1,2".into()).split(',').filter_map(|s| s.parse::<usize>().ok()) {
+        let max = super::relaunch::flag("--max-bytes").unwrap_or_else(|| (256usize << 20).to_string());
+        for np in super::relaunch::rank_counts("1,2") {
             relaunch(np, &[("DURALUMIN_BENCH_MAX", max.clone())], &[]);
         }
     }

@@ -219,17 +219,16 @@ mod gpu {
     const USER_OF_BUILTIN: f64 = 0.6;
 
     struct Opts {
-        nps: String,
+        nps: Vec<usize>,
         max_bytes: usize,
         /// Calls per timed round; by size when not given.
         iters: Option<usize>,
     }
 
     fn opts() -> Opts {
-        let args: Vec<String> = std::env::args().collect();
-        let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+        let get = super::relaunch::flag;
         Opts {
-            nps: get("--np").unwrap_or_else(|| "1,2".into()),
+            nps: super::relaunch::rank_counts("1,2"),
             max_bytes: get("--max-bytes").and_then(|s| s.parse().ok()).unwrap_or(256 << 20),
             iters: get("--iters").and_then(|s| s.parse().ok()).filter(|&n| n > 0),
         }
@@ -260,7 +259,7 @@ mod gpu {
         }
         let opts = opts();
         let args: Vec<String> = std::env::args().skip(1).collect();
-        for np in opts.nps.split(',').filter_map(|s| s.parse::<usize>().ok()) {
+        for &np in &opts.nps {
             relaunch(np, &[], &args);
         }
     }

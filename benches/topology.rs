@@ -29,9 +29,7 @@ fn main() {
         return;
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
-    let nps: Vec<usize> = get("--np").unwrap_or_else(|| "4".into()).split(',').filter_map(|s| s.parse().ok()).collect();
-    for np in nps {
+    for np in relaunch::rank_counts("4") {
         relaunch::relaunch(np, &[], &args);
     }
 }
@@ -99,8 +97,7 @@ fn rank_main() {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
     let mut comm = MpiCommunicator::new(&world).expect("communicator");
-    let args: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let get = relaunch::flag;
     let min_bytes: usize = get("--min-bytes").and_then(|s| s.parse().ok()).unwrap_or(0);
     let max_bytes: usize = get("--max-bytes").and_then(|s| s.parse().ok()).unwrap_or(64 << 20);
     let ops = get("--op").unwrap_or_else(|| "allreduce,bcast,reduce_scatter,allgather".into());

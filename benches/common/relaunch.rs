@@ -13,6 +13,18 @@ const LIMIT_S: f64 = 3600.0;
 /// How long mpirun has, once asked to stop, to take its ranks down before it is killed.
 const GRACE: Duration = Duration::from_secs(10);
 
+/// The value after `name` on this program's command line (`--np 2,4`), if given.
+pub fn flag(name: &str) -> Option<String> {
+    let mut args = std::env::args().skip_while(|a| a != name);
+    args.next()?;
+    args.next()
+}
+
+/// The rank counts of `--np` (a comma-separated list), or of `default`.
+pub fn rank_counts(default: &str) -> Vec<usize> {
+    flag("--np").as_deref().unwrap_or(default).split(',').filter_map(|s| s.parse().ok()).collect()
+}
+
 /// Runs this program under `mpirun -np np` as one rank of the job (`DURALUMIN_BENCH_RANK=1`),
 /// with `env` set and `args` passed on; panics if the job fails or outruns its limit (it is
 /// then stopped). `DURALUMIN_MPIRUN` names another mpirun program (another MPI's, or
