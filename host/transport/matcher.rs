@@ -295,17 +295,28 @@ impl State {
         Ok(())
     }
 
-    /// Lets go of the drained messages that have arrived.
+    /// Lets go of the drained messages that have arrived. A drain whose test fails (a revoked
+    /// communicator) may still be written by MPI: its memory is leaked, never freed.
     fn complete_drains(&mut self) {
-        self.drains.retain_mut(|(req, _)| matches!(p2p::test_p2p(req), Ok(None)));
+        self.drains.retain_mut(|(req, buf)| match p2p::test_p2p(req) {
+            Ok(None) => true,
+            Ok(Some(_)) => false,
+            Err(_) => {
+                std::mem::forget(std::mem::take(buf));
+                false
+            }
+        });
     }
 }
 
 impl Drop for Matcher {
     fn drop(&mut self) {
-        // A drained message still arriving keeps its memory: MPI may yet write it.
+        // A drained message still arriving keeps its memory: MPI may yet write it. After
+        // MPI_Finalize no request may be tested: every drain is left as it is.
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        st.complete_drains();
+        if !crate::ffi::is_finalized() {
+            st.complete_drains();
+        }
         std::mem::forget(std::mem::take(&mut st.drains));
     }
 }
