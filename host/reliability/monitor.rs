@@ -388,9 +388,13 @@ impl Monitor {
                 op.seq
             ));
         }
-        // A mismatch comes back with the report the exchange wrote.
+        // A mismatch comes back with the report the exchange wrote; if another rank's fault
+        // poisoned the communicator first, with this rank's own finding.
         match (poison, &e) {
-            (Some(p), Error::Mismatch { .. }) => p.error(Asker::Op(op)),
+            (Some(p), Error::Mismatch { .. }) => match p.error(Asker::Op(op)) {
+                reported @ Error::Mismatch { .. } => reported,
+                _ => e,
+            },
             _ => e,
         }
     }
