@@ -579,12 +579,9 @@ fn host_transfer_rows(b: &mut Bench) {
     };
     let direct = comm(HostTransferConfig::default());
     let pipelined = comm(HostTransferConfig::default().with_direct(false));
-    // Every operation in `chunk_bytes` chunks however many (the default grows them past
-    // `max_chunks`); timed only where that differs.
-    let config_default = pipelined.config();
-    let fixed = comm(config_default.with_max_chunks(usize::MAX));
-    let unpipelined =
-        comm(HostTransferConfig::default().with_chunk_bytes(usize::MAX / 4).with_depth(1).with_direct(false));
+    // Aluminum's method: the whole buffer staged at once (one chunk, a ring of two).
+    let whole = HostTransferConfig::default().with_direct(false).with_pipeline_chunks(1).with_ring_cells(2);
+    let unpipelined = comm(whole.with_chunk_bytes(b.max_bytes.max(4)));
     for bytes in sizes(b.max_bytes) {
         let len = bytes / 4;
         let host: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
@@ -601,47 +598,32 @@ fn host_transfer_rows(b: &mut Bench) {
             });
             b.push(name, bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
         }
-        let grows = len.div_ceil((config_default.chunk_bytes / 4).max(1)) > config_default.max_chunks;
-        if grows {
-            let ours = b.time(bytes, || {
-                fixed.allreduce(&send, &mut out, Sum).unwrap();
-                fixed.synchronize().unwrap();
-            });
-            b.push("ht-allreduce/staged-fixed-chunks", bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
-        }
-        // Eight allreduces queued back to back, then one synchronize: with the default pool,
-        // and with a pool whose cap holds one operation's staging (each waits for the one
-        // before it to give its block back). Time per operation.
-        let config = pipelined.config();
-        let c_elems = (config.chunk_bytes / 4).max(1);
-        let slots = config.depth.min(len.div_ceil(c_elems).max(1));
-        let one_op = (slots * 2 * c_elems.min(len) * 4).max(duralumin::device::pool::MIN_BLOCK).next_power_of_two();
-        // Fresh communicators, so the pinned high-water mark reported below stays one operation's.
-        let (roomy, tight) = (comm(config), comm(config.with_pool_cap_bytes(one_op)));
-        for (name, ht) in [("ht-allreduce/queued8", &roomy), ("ht-allreduce/queued8-one-op-pool", &tight)] {
-            let ours = b.time(8 * bytes, || {
-                for _ in 0..8 {
-                    ht.allreduce(&send, &mut out, Sum).unwrap();
-                }
-                ht.synchronize().unwrap();
-            }) / 8.0;
-            b.push(name, bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
-        }
-        drop((roomy, tight));
-        // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile).
-        let iters = Bench::iters(bytes).clamp(5, 200);
-        let rows = [("ht-allreduce/enqueue", &pipelined), ("ht-allreduce/enqueue-fixed-chunks", &fixed)];
-        for (name, ht) in rows.into_iter().take(if grows { 2 } else { 1 }) {
-            let mut enqueue = 0.0;
+        // Eight allreduces queued back to back, then one synchronize: they stream through the
+        // ring one after the other. Time per operation.
+        let ours = b.time(8 * bytes, || {
+            for _ in 0..8 {
+                pipelined.allreduce(&send, &mut out, Sum).unwrap();
+            }
+            pipelined.synchronize().unwrap();
+        }) / 8.0;
+        b.push("ht-allreduce/queued8", bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
+        // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile):
+        // the median and the slowest call, the slowest rank's.
+        let iters = Bench::iters(bytes).clamp(10, 200);
+        for (name, ht) in [("ht-allreduce/enqueue", &pipelined), ("ht-allreduce/enqueue-direct", &direct)] {
+            let mut enqueue = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let t = Instant::now();
                 ht.allreduce(&send, &mut out, Sum).unwrap();
-                enqueue += t.elapsed().as_secs_f64() * 1e6;
+                enqueue.push(t.elapsed().as_secs_f64() * 1e6);
                 ht.synchronize().unwrap();
             }
-            let mut worst = [0.0f64];
-            b.world.all_reduce_into(&[enqueue / iters as f64], &mut worst[..], SystemOperation::max());
-            b.push(name, bytes, "host", worst[0], None, 0.0);
+            enqueue.sort_by(f64::total_cmp);
+            let (p50, max) = (enqueue[iters / 2], enqueue[iters - 1]);
+            let mut worst = [0.0f64; 2];
+            b.world.all_reduce_into(&[p50, max][..], &mut worst[..], SystemOperation::max());
+            b.push(&format!("{name}-p50"), bytes, "host", worst[0], None, 0.0);
+            b.push(&format!("{name}-max"), bytes, "host", worst[1], None, 0.0);
         }
     }
     // V-collectives staged in chunks (their blocks cut and packed per chunk, the chunks sent as
@@ -667,8 +649,9 @@ fn host_transfer_rows(b: &mut Bench) {
     if c.rank() == 0 {
         let stats = pipelined.pool_stats();
         println!(
-            "(info) pinned staging high-water mark after messages up to {} bytes: {} bytes (pipelined), {} bytes (unpipelined)",
+            "(info) pinned staging after messages up to {} bytes: {} bytes held, high-water mark {} (the ring, taken at creation); {} bytes whole-buffer",
             b.max_bytes,
+            stats.held_bytes,
             stats.high_water_bytes,
             unpipelined.pool_stats().high_water_bytes
         );
@@ -724,8 +707,13 @@ fn targets(rows: &[Row], idle_before: f64, idle_after: f64, n: usize) {
         ratio("ht-allreduce", 64 << 20, "stream"),
         1.1,
     );
-    let enqueue = rows.iter().filter(|r| r.op == "ht-allreduce/enqueue").map(|r| r.ours_us).reduce(f64::max);
-    check("HostTransfer enqueue time per operation, us (max over sizes)", enqueue, 10.0);
+    let enqueue = |op: &str| rows.iter().filter(|r| r.op == op).map(|r| r.ours_us).reduce(f64::max);
+    check("HostTransfer<host> staged enqueue p50, us (max over sizes)", enqueue("ht-allreduce/enqueue-p50"), 10.0);
+    check(
+        "HostTransfer<host> direct enqueue p50, us (max over sizes)",
+        enqueue("ht-allreduce/enqueue-direct-p50"),
+        10.0,
+    );
     let pipe = find(rows, "ht-allreduce/staged", 64 << 20, "stream").map(|r| r.ours_us);
     let whole = find(rows, "ht-allreduce/unpipelined", 64 << 20, "stream").map(|r| r.ours_us);
     if n == 2 {

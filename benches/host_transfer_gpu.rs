@@ -1,17 +1,21 @@
 //! HostTransfer on a CUDA GPU: in-place f32 sum allreduce from 4 KiB to 256 MiB, pipelined
-//! (the default settings) against staging the whole buffer at once (Aluminum's method), the
-//! bulk-synchronous manual way (synchronize, copy to pinned memory, `MPI_Allreduce`, copy back)
-//! and the device-reduction path (allgather, reduce on the GPU); each as algorithm bandwidth and
-//! as a fraction of the measured min(D2H, H2D) copy bandwidth, with the host-thread enqueue
-//! time per operation; the pipelined path again with the proxy thread queueing the copies
-//! (`proxy_queues_copies`: its time and enqueue time), and in fixed `chunk_bytes` chunks however
-//! many (`max_chunks = usize::MAX`: its time and enqueue time); then the stream-wait release
-//! latency of both flag paths.
+//! through the communicator's staging ring (the default settings) against staging the whole
+//! buffer at once (Aluminum's method) and the bulk-synchronous manual way (synchronize, copy to
+//! pinned memory, `MPI_Allreduce`, copy back), each against the bound: a device-to-host and a
+//! host-to-device copy of the same bytes at once, on two streams, measured in the same run
+//! (`fraction of bound` = bound time / operation time). At np >= 2 also the host MPI allreduce
+//! of the same bytes. The host thread's enqueue time per operation as the median and the
+//! slowest call. The flag release latency of both flag paths is measured first, before any
+//! communicator exists.
 //!
-//! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N]` relaunches itself under
-//! `mpirun` per rank count (the ranks share GPU 0). Without a CUDA device it prints `SKIPPED`.
-//! Rows start with `| ` (what `scripts/gpu.sh` collects); targets are printed as checks, never
-//! asserted.
+//! Every row runs untimed warm-up repetitions, then at least 10 timed ones (`--reps N`
+//! overrides that, for the simulator's timing model in CI).
+//!
+//! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N --reps N]` relaunches
+//! itself under `mpirun` per rank count (the ranks share GPU 0). Without a CUDA device it
+//! prints `SKIPPED`. On cudasim with `CUDASIM_COPY_GBPS` set the copies take modelled time, so
+//! the fractions say how well the pipeline overlaps. Rows start with `| ` (what
+//! `scripts/gpu.sh` collects); targets are printed as checks, never asserted.
 
 #[cfg(not(feature = "cuda"))]
 fn main() {
@@ -59,20 +63,30 @@ mod gpu {
             return;
         }
         let max = super::relaunch::flag("--max-bytes").unwrap_or_else(|| (256usize << 20).to_string());
+        let reps = super::relaunch::flag("--reps").unwrap_or_default();
         for np in super::relaunch::rank_counts("1,2") {
-            relaunch(np, &[("DURALUMIN_BENCH_MAX", max.clone())], &[]);
+            relaunch(np, &[("DURALUMIN_BENCH_MAX", max.clone()), ("DURALUMIN_BENCH_REPS", reps.clone())], &[]);
         }
     }
 
-    /// Microseconds per call of `op` after one warm-up call (see [`timing::time_us`]).
-    fn time_us(world: &SimpleCommunicator, reps: usize, mut op: impl FnMut(), finish: impl Fn()) -> f64 {
-        op();
-        finish();
-        timing::time_us(world, reps, op, finish)
+    /// Untimed repetitions before each row.
+    const WARM_UP: usize = 2;
+
+    /// Timed repetitions at `bytes`: at least 10, or `--reps`.
+    fn reps(bytes: usize) -> usize {
+        match std::env::var("DURALUMIN_BENCH_REPS").ok().and_then(|s| s.parse().ok()) {
+            Some(r) if r > 0 => r,
+            _ => ((64usize << 20) / bytes).clamp(10, 200),
+        }
     }
 
-    fn reps(bytes: usize) -> usize {
-        ((64usize << 20) / bytes).clamp(3, 200)
+    /// Microseconds per call of `op` after [`WARM_UP`] untimed calls (see [`timing::time_us`]).
+    fn time_us(world: &SimpleCommunicator, reps: usize, mut op: impl FnMut(), finish: impl Fn()) -> f64 {
+        for _ in 0..WARM_UP {
+            op();
+        }
+        finish();
+        timing::time_us(world, reps, op, finish)
     }
 
     struct Pinned {
@@ -105,48 +119,37 @@ mod gpu {
         let (me, np) = (world.rank(), usize::try_from(world.size()).expect("an MPI size"));
         let max: usize = std::env::var("DURALUMIN_BENCH_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(256 << 20);
         let ctx = CudaContext::new(0).expect("CUDA context");
+        let name = ctx.name().unwrap_or_else(|_| "an unnamed device".into());
+        // Before any communicator exists: the flag round trip of both paths.
+        let mut latency = Vec::new();
+        for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
+            latency.push((path, max_over(&world, release_latency(&ctx, path))));
+        }
         let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
-        let stream = ctx.new_stream().expect("stream");
+        let (stream, other) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
         let top = SIZES.into_iter().filter(|&s| s <= max).max().unwrap_or(4 << 10);
         let mut buf: CudaSlice<f32> = stream.alloc_zeros(top / 4).expect("device buffer");
+        let mut spare: CudaSlice<f32> = stream.alloc_zeros(top / 4).expect("device buffer");
         let (mut p_in, mut p_out) = (Pinned::new(&dev, top), Pinned::new(&dev, top));
-
-        // Copy bandwidth with every rank copying at once (they share the GPU's PCIe link).
-        let ptr = {
-            let (p, _sync) = buf.device_ptr(&stream);
+        let dptr = |b: &mut CudaSlice<f32>| {
+            let (p, _sync) = b.device_ptr(&stream);
             duralumin::device::DevicePtr::new(p)
         };
-        let sync = || stream.synchronize().expect("synchronize");
-        let shape = Copy2d::contiguous(top);
-        let d2h = time_us(
-            &world,
-            3,
-            // SAFETY: both sides hold `top` bytes and outlive the synchronized copies.
-            || unsafe { dev.copy_d2h(&stream, p_in.ptr, ptr, shape, None) }.expect("d2h"),
-            sync,
-        );
-        let h2d = time_us(
-            &world,
-            3,
-            // SAFETY: as above.
-            || unsafe { dev.copy_h2d(&stream, ptr, p_in.ptr, shape, None) }.expect("h2d"),
-            sync,
-        );
-        let gbs = |bytes: usize, us: f64| bytes as f64 / (us * 1e3);
-        let copy_bw = gbs(top, d2h).min(gbs(top, h2d));
+        let (ptr, spare_ptr) = (dptr(&mut buf), dptr(&mut spare));
+        let sync = || {
+            stream.synchronize().expect("synchronize");
+            other.synchronize().expect("synchronize");
+        };
         if me == 0 {
             // The device's name says when this ran on the driver simulator ("cudasim (CPU)"),
-            // whose numbers are the CPU's.
-            let name = ctx.name().unwrap_or_else(|_| "an unnamed device".into());
-            println!("\n== np = {np} (ranks share GPU 0: {name}), flag path {:?} ==", dev.flag_path());
+            // whose numbers are the CPU's (or its timing model's, with CUDASIM_COPY_GBPS).
+            let model = std::env::var("CUDASIM_COPY_GBPS").map_or(String::new(), |g| format!(", copy model {g} GB/s"));
+            println!("\n== np = {np} (ranks share GPU 0: {name}{model}), flag path {:?} ==", dev.flag_path());
+            for (path, us) in &latency {
+                println!("| stream-wait release + signal round trip, {path:?} | {us:.1} us |");
+            }
             println!(
-                "| copy {} MiB | D2H {:.1} GB/s | H2D {:.1} GB/s | per rank, all ranks at once |",
-                top >> 20,
-                gbs(top, d2h),
-                gbs(top, h2d)
-            );
-            println!(
-                "| bytes | pipelined us | GB/s | of copy bw | whole-buffer us | manual us | device-reduce us | pipelined/whole | enqueue us | proxy-queued us | its enqueue us | fixed chunks us | its enqueue us |"
+                "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us |"
             );
         }
 
@@ -155,52 +158,47 @@ mod gpu {
                 .expect("communicator")
         };
         let pipelined = comm(HostTransferConfig::default());
-        let whole = comm(HostTransferConfig::default().with_chunk_bytes(usize::MAX >> 2).with_depth(1));
-        let device_reduce = comm(HostTransferConfig::default().with_device_reduce_max_bytes(usize::MAX));
-        // The proxy thread queueing the copies: O(1) enqueue, unsafe when streams share a queue.
-        let proxied = comm(HostTransferConfig::default().with_proxy_queues_copies(true));
-        // Every operation in `chunk_bytes` chunks, however many (the default grows them past
-        // `max_chunks`): a few device calls per chunk on the calling thread.
-        let fixed = comm(HostTransferConfig::default().with_max_chunks(usize::MAX));
+        // Aluminum's method: one chunk of the whole buffer, in place (one ring cell).
+        let whole =
+            comm(HostTransferConfig::default().with_chunk_bytes(top).with_pipeline_chunks(1).with_ring_cells(1));
         let mut checks = Vec::new();
         for bytes in SIZES.into_iter().filter(|&s| s <= max) {
             let n = bytes / 4;
             let r = reps(bytes);
+            let shape = Copy2d::contiguous(bytes);
+            // The bound: both directions at once, on two streams.
+            let t_bound = time_us(
+                &world,
+                r,
+                || {
+                    // SAFETY: each side holds at least `bytes` bytes and outlives the
+                    // synchronized copies; the two copies touch different buffers.
+                    unsafe {
+                        dev.copy_d2h(&stream, p_in.ptr, ptr, shape, None).expect("d2h");
+                        dev.copy_h2d(&other, spare_ptr, p_out.ptr, shape, None).expect("h2d");
+                    }
+                },
+                sync,
+            );
             let mut view = buf.slice_mut(0..n);
-            // An operation's time, and the host thread's enqueue time of each repetition.
-            let mut timed = |c: &HostTransferCommunicator<CudaDevice>| {
-                let mut enqueue = Vec::new();
-                let t = time_us(
-                    &world,
-                    r,
-                    || {
-                        let t = Instant::now();
-                        c.allreduce_in_place(&mut view, Sum).expect("allreduce");
-                        enqueue.push(t.elapsed());
-                    },
-                    || c.synchronize().expect("synchronize"),
-                );
-                (t, enqueue)
-            };
-            let (t_pipe, enqueue) = timed(&pipelined);
-            let (t_proxied, enqueue_proxied) = timed(&proxied);
-            let (t_fixed, enqueue_fixed) = timed(&fixed);
+            let mut enqueue = Vec::new();
+            let t_pipe = time_us(
+                &world,
+                r,
+                || {
+                    let t = Instant::now();
+                    pipelined.allreduce_in_place(&mut view, Sum).expect("allreduce");
+                    enqueue.push(t.elapsed());
+                },
+                || pipelined.synchronize().expect("synchronize"),
+            );
             let t_whole = time_us(
                 &world,
                 r,
                 || whole.allreduce_in_place(&mut view, Sum).expect("allreduce"),
                 || whole.synchronize().expect("synchronize"),
             );
-            let t_dev = (np > 1 && bytes <= 16 << 20).then(|| {
-                time_us(
-                    &world,
-                    r,
-                    || device_reduce.allreduce_in_place(&mut view, Sum).expect("allreduce"),
-                    || device_reduce.synchronize().expect("synchronize"),
-                )
-            });
             // The manual way: synchronize, copy out, MPI_Allreduce, copy back, synchronize.
-            let shape = Copy2d::contiguous(bytes);
             let t_manual = time_us(
                 &world,
                 r,
@@ -217,42 +215,41 @@ mod gpu {
                 },
                 || {},
             );
-            let median = |mut v: Vec<std::time::Duration>| {
-                v.sort();
-                max_over(&world, v[v.len() / 2].as_secs_f64() * 1e6)
-            };
-            let (enq, enq_proxied, enq_fixed) = (median(enqueue), median(enqueue_proxied), median(enqueue_fixed));
-            let frac = gbs(bytes, t_pipe) / copy_bw;
+            let t_mpi = (np > 1).then(|| {
+                let src = vec![1.0f32; n];
+                time_us(&world, r, || world.all_reduce_into(&src[..], p_out.f32s(n), SystemOperation::sum()), || {})
+            });
+            // The timed calls' enqueue times (the warm-up's left out).
+            let mut timed: Vec<f64> = enqueue[WARM_UP..].iter().map(|d| d.as_secs_f64() * 1e6).collect();
+            timed.sort_by(f64::total_cmp);
+            let (p50, slowest) = (max_over(&world, timed[timed.len() / 2]), max_over(&world, timed[timed.len() - 1]));
+            let frac = t_bound / t_pipe;
+            let bound_both = t_mpi.map_or(t_bound, |m| m.max(t_bound));
             if me == 0 {
                 println!(
-                    "| {bytes} | {t_pipe:.1} | {:.2} | {frac:.2} | {t_whole:.1} | {t_manual:.1} | {} | {:.2}x | {enq:.1} | {t_proxied:.1} | {enq_proxied:.1} | {t_fixed:.1} | {enq_fixed:.1} |",
-                    gbs(bytes, t_pipe),
-                    t_dev.map_or("-".into(), |t| format!("{t:.1}")),
+                    "| {bytes} | {t_bound:.1} | {t_pipe:.1} | {frac:.2} | {t_whole:.1} | {:.2} | {:.2}x | {t_manual:.1} | {} | {p50:.1} | {slowest:.1} |",
+                    t_bound / t_whole,
                     t_whole / t_pipe,
+                    t_mpi.map_or("-".into(), |t| format!("{t:.1}")),
                 );
             }
             if bytes == top {
+                let what = format!("pipelined allreduce {} MiB, fraction of min(copy bound, host MPI)", top >> 20);
+                checks.push((what, bound_both / t_pipe, 0.8, true));
+            }
+            if bytes >= 16 << 20 {
                 checks.push((
-                    format!("pipelined allreduce {} MiB, fraction of copy bandwidth", top >> 20),
-                    frac,
-                    0.8,
+                    format!("pipelined speed-up over whole-buffer staging, {bytes} B"),
+                    t_whole / t_pipe,
+                    1.5,
                     true,
                 ));
-                checks.push(("pipelined speed-up over whole-buffer staging".into(), t_whole / t_pipe, 1.5, true));
             }
-            checks.push((format!("enqueue time {bytes} B, us"), enq, 10.0, false));
+            checks.push((format!("enqueue time {bytes} B, slowest call, us"), slowest, 10.0, false));
         }
-        // The copy-out of the manual row used `p_in`/`p_out`; keep them alive until here.
+        // The copies of the manual row used `p_in`/`p_out`; keep them alive until here.
         drop((p_in, p_out));
-        drop((pipelined, whole, device_reduce, proxied, fixed));
-
-        for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
-            let us = release_latency(&ctx, path);
-            let us = max_over(&world, us);
-            if me == 0 {
-                println!("| stream-wait release + signal round trip, {path:?} | {us:.1} us |");
-            }
-        }
+        drop((pipelined, whole));
         if me == 0 {
             for (what, value, target, at_least) in checks {
                 let ok = if at_least { value >= target } else { value <= target };

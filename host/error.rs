@@ -196,8 +196,9 @@ pub enum Error {
     },
 
     /// A pinned staging block does not fit under the pool's configured cap: a HostTransfer
-    /// operation whose `depth` slots alone exceed it, or [`Pools::take`](crate::device::pool::Pools::take)
-    /// while the blocks in use leave no room.
+    /// operation one of whose chunks needs more than the communicator's whole staging ring
+    /// (`cap` is the ring's bytes), or [`Pools::take`](crate::device::pool::Pools::take) while
+    /// the blocks in use leave no room.
     #[error(
         "the pinned staging pool is full: {requested} more bytes would exceed its cap of {cap} bytes ({in_use} in use)"
     )]

@@ -22,7 +22,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
@@ -155,6 +155,51 @@ fn block_on_with<F: Future>(fut: F, mut sleep: impl FnMut(Duration)) -> F::Outpu
     }
 }
 
+/// Operations with chunks in flight on the devices (see [`Hot`]).
+static HOT: AtomicUsize = AtomicUsize::new(0);
+
+/// Held by an operation while its chunks are in flight: the proxy thread then polls without
+/// sleeping (spinning, then yielding its core to whoever wants it), so that each pipeline step
+/// costs its copies and its MPI part and not a sleep; a device's flag write cannot wake a
+/// sleeping thread. Not where the cores are oversubscribed (see [`oversubscribed`]).
+#[derive(Debug)]
+pub(crate) struct Hot(());
+
+impl Hot {
+    pub(crate) fn new() -> Hot {
+        HOT.fetch_add(1, Ordering::AcqRel);
+        Hot(())
+    }
+}
+
+impl Drop for Hot {
+    fn drop(&mut self) {
+        HOT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether any operation holds a [`Hot`] and the cores are not oversubscribed.
+fn hot() -> bool {
+    HOT.load(Ordering::Acquire) > 0 && !oversubscribed()
+}
+
+/// Whether this node's ranks (and their proxy threads) fill its cores, or Open MPI was told
+/// they do (`mpi_yield_when_idle`): the proxy thread then keeps its usual backoff, sleeps
+/// included, even with chunks in flight, since a thread that only yields still takes most of
+/// a core from the ranks it shares it with.
+fn oversubscribed() -> bool {
+    static OVER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OVER.get_or_init(|| {
+        let var = |name: &str| std::env::var(name).ok();
+        let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"]
+            .iter()
+            .find_map(|v| var(v)?.parse::<usize>().ok())
+            .unwrap_or(1);
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        var("OMPI_MCA_mpi_yield_when_idle").as_deref() == Some("1") || 2 * local > cores
+    })
+}
+
 /// Spin, then yield, then sleep with doubling durations.
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
@@ -168,6 +213,12 @@ impl Backoff {
 
     pub(crate) fn snooze(&mut self) {
         self.snooze_with(std::thread::sleep);
+    }
+
+    /// As [`Backoff::snooze`], without the sleeps: spin, then yield.
+    fn snooze_hot(&mut self) {
+        self.step = self.step.saturating_add(1);
+        if self.step <= 32 { std::hint::spin_loop() } else { std::thread::yield_now() }
     }
 
     /// As [`Backoff::snooze`], with `sleep` doing the sleeping (e.g. a timed wait that others
@@ -449,6 +500,8 @@ fn run(shared: &Shared) {
         active.retain(|t| !t.poll_once());
         if active.len() < before || progress_count() != moved {
             backoff.reset();
+        } else if hot() {
+            backoff.snooze_hot();
         } else {
             // Sleeping on the condition variable lets a submission or a device's flag write
             // ([`nudge`]) cut the sleep short.

@@ -25,9 +25,10 @@
 #   flag paths (stream memory operations and the Rust kernels), small chunks and defaults, at
 #   np = 1, 2, 3 sharing the GPU (part of it through the public Collectives trait);
 # * examples/05-cuda-stream.rs: HostTransfer built from a cudarc stream, at np = 2;
-# * benches/host_transfer_gpu.rs: HostTransfer allreduce 4 KiB..256 MiB, pipelined vs
-#   whole-buffer staging vs bulk-synchronous vs device reduction, fraction of copy bandwidth,
-#   enqueue time, stream-wait release latency of both flag paths, at np = 1 and 2;
+# * benches/host_transfer_gpu.rs: HostTransfer allreduce 4 KiB..256 MiB through the staging
+#   ring vs whole-buffer staging vs bulk-synchronous, each as a fraction of the simultaneous
+#   D2H+H2D copy bound measured in the same run, the host MPI allreduce at np 2, enqueue time
+#   (median and slowest), stream-wait release latency of both flag paths, at np = 1 and 2;
 # * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/mpi_ranks
 #   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
 #   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels

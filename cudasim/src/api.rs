@@ -17,6 +17,7 @@ use duralumin_kernels::flag::reached;
 use crate::exec::{self, Context, Event, Marker, Stream, Work};
 use crate::kernels::{self, Function, Module, Params};
 use crate::memory::{self, Kind};
+use crate::timing;
 use crate::{Fault, usize_of};
 
 thread_local! {
@@ -195,21 +196,26 @@ fn wait_idle(what: &str) -> Result<(), Fault> {
 
 /// A contiguous copy between addresses (device sides checked when it runs).
 fn copy_work(dst: usize, dst_device: bool, src: usize, src_device: bool, n: usize, what: &'static str) -> Work {
-    Box::new(move || {
-        if dst_device {
-            memory::device_range(dst as u64, n, what)?;
-        }
-        if src_device {
-            memory::device_range(src as u64, n, what)?;
-        }
-        if n > 0 {
-            // SAFETY: device sides are live allocations (checked); host sides are the caller's,
-            // valid until the copy has run (pinned memory) or until the call returns, which
-            // waits for it (pageable memory).
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-        }
-        Ok(())
-    })
+    let engine = timing::engine_of(dst_device, src_device);
+    timing::timed(
+        engine,
+        n,
+        Box::new(move || {
+            if dst_device {
+                memory::device_range(dst as u64, n, what)?;
+            }
+            if src_device {
+                memory::device_range(src as u64, n, what)?;
+            }
+            if n > 0 {
+                // SAFETY: device sides are live allocations (checked); host sides are the caller's,
+                // valid until the copy has run (pinned memory) or until the call returns, which
+                // waits for it (pageable memory).
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+            }
+            Ok(())
+        }),
+    )
 }
 
 /// A copy with a host side: asynchronous when the host side is pinned, else (pageable memory)
@@ -295,6 +301,7 @@ fn memcpy_2d(p: &Memcpy2d, s: CUstream) -> Result<(), Fault> {
         }
         Ok(())
     });
+    let work = timing::timed(timing::engine_of(dst_dev, src_dev), width.saturating_mul(height), work);
     let pageable = (!src_dev && !memory::pinned(src, se, what)?) || (!dst_dev && !memory::pinned(dst, de, what)?);
     if pageable { submit_and_wait(&s, what, work) } else { submit(&s, what, work) }
 }
@@ -794,8 +801,10 @@ driver! {
         let run = unsafe { kernels::launch(&f, &Params(params), gx as usize * bx as usize)? };
         let module = Arc::clone(&f.module);
         module.pending.fetch_add(1, Ordering::AcqRel);
+        let threads = gx as usize * bx as usize;
+        let work = timing::timed(timing::Engine::Sms, threads.saturating_mul(8), Box::new(run));
         let queued = submit(&s, "cuLaunchKernel", Box::new(move || {
-            let r = run();
+            let r = work();
             module.pending.fetch_sub(1, Ordering::AcqRel);
             r
         }));

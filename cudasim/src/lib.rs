@@ -31,6 +31,10 @@
 //! * **modules**: PTX is read for its entry points and their parameter counts, which must match
 //!   the kernel bodies (and their widths); unloading a module with launches of it still queued is a fault.
 //!
+//! `CUDASIM_COPY_GBPS=B` turns on a timing model (see `timing.rs`): each copy takes at least
+//! its bytes at B GB/s on a copy engine per direction shared by all streams, kernels a modelled
+//! time on the SMs, so a pipeline's overlap shows in wall-clock time on a CPU.
+//!
 //! `CUDASIM_TRACE=1` prints every call on stderr. `CUDASIM_FAIL_CALLS=cuLaunchHostFunc,...`
 //! makes the named calls fail (`CUDA_ERROR_UNKNOWN`, doing nothing), for tests of what their
 //! callers do then.
@@ -84,6 +88,7 @@ mod exec;
 mod kernels;
 mod memory;
 mod nccl;
+mod timing;
 
 use cudarc::driver::sys::CUresult;
 

@@ -382,12 +382,16 @@ impl<D: Device> FlagSlot<D> {
         self.pools.device.host_wrote_flag();
     }
 
-    /// Raises the flag from the host to `value` unless it is already higher (flags that count
-    /// chunks only go up, whichever of two threads writes last).
+    /// Raises the flag from the host to `value` unless it has already reached it, compared
+    /// modulo 2³² as the device compares (flags that count chunks only go up, whichever of two
+    /// threads writes last).
     pub fn raise(&self, value: u32) {
         // SAFETY: the slot is held.
-        unsafe { self.flag.atomic() }.fetch_max(value, Ordering::AcqRel);
-        self.pools.device.host_wrote_flag();
+        let word = unsafe { self.flag.atomic() };
+        let behind = |cur: u32| (!reached(cur, value)).then_some(value);
+        if word.fetch_update(Ordering::AcqRel, Ordering::Acquire, behind).is_ok() {
+            self.pools.device.host_wrote_flag();
+        }
     }
 }
 

@@ -342,18 +342,18 @@ pub struct HostTransfer<D: TestDevice = HostDevice> {
     pub algorithms: bool,
 }
 
-/// Staged (not direct, though the host device allows it) in chunks of 256 bytes and 2 slots:
-/// every "big" operation of the sweep pipelines through many chunks and reuses its slots, as
-/// on a GPU.
+/// Staged (not direct, though the host device allows it) in chunks of 64 to 256 bytes through
+/// a ring of 16 cells: every "big" operation of the sweep pipelines through many chunks and
+/// reuses the ring's cells, as on a GPU.
 pub fn small_chunks() -> HostTransferConfig {
     HostTransferConfig::default()
         .with_chunk_bytes(256)
-        // Operations of more than 4 such chunks get larger ones, up to 512 bytes: the sweep
-        // has operations of few chunks, of grown chunks and of many capped ones, and roots and
+        // Operations of fewer than 4 full chunks are cut into 4 of at least 64 bytes: the
+        // sweep has operations of one chunk, of cut chunks and of many full ones, and roots and
         // in-place ranks must cut the same chunks as the others.
-        .with_max_chunks(4)
-        .with_max_chunk_bytes(512)
-        .with_depth(2)
+        .with_min_chunk_bytes(64)
+        .with_pipeline_chunks(4)
+        .with_ring_cells(16)
         .with_direct(false)
         // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.
         .with_device_reduce_max_bytes(64)

@@ -65,12 +65,10 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         drop(c);
         // Code generic over the public trait, on this device.
         crate::generic::on_device(world, dev.clone(), ctx.new_stream().expect("stream"));
-        // Everything else a stream-ordered backend has, written once for every device. The
-        // proxy thread queueing copies needs streams that do not share a hardware queue.
-        let shared = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref() == Ok("1");
+        // Everything else a stream-ordered backend has, written once for every device.
         let t = std::time::Instant::now();
         within(format!("HostTransfer<cuda> {path:?}"), || {
-            crate::host_transfer::stream_ordered(world, &dev, || ctx.new_stream().expect("stream"), shared)
+            crate::host_transfer::stream_ordered(world, &dev, || ctx.new_stream().expect("stream"))
         });
         if world.rank() == 0 {
             println!("cuda stream-ordered checks {path:?}: ok in {:.2?}", t.elapsed());

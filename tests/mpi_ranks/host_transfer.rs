@@ -3,9 +3,10 @@
 //! through several, then what only a stream-ordered backend has ([`stream_ordered`], written
 //! once for every device and run on CUDA too): ordering against work queued before and after
 //! on the stream, many outstanding non-blocking operations on several streams, point-to-point,
-//! operations beyond and waiting for the pinned pool, early release, bad input (typed errors
-//! before anything is queued), an MPI failure on the proxy thread reaching the caller, and
-//! every pool counter back to zero; on the host device also a device whose streams share one
+//! operations far larger than the staging ring and more chunks queued than it holds, early
+//! release, bad input (typed errors before anything is queued), an MPI failure on the proxy
+//! thread reaching the caller, and the pool lending only the ring once operations are through;
+//! on the host device also a device whose streams share one
 //! queue, buffers and streams of another device, and no pinned memory left once the
 //! communicator is dropped.
 
@@ -32,7 +33,7 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     assert_idle(&staged.comm, "after the sweep");
     drop(staged);
     let dev = HostDevice::new(0);
-    within("HostTransfer<host>", || stream_ordered(world, &dev, || dev.stream().unwrap(), false));
+    within("HostTransfer<host>", || stream_ordered(world, &dev, || dev.stream().unwrap()));
     one_hardware_queue(world);
     let ht = HostTransfer::new(world, small_chunks());
     within("wrong_device", || wrong_device(&ht, world));
@@ -46,57 +47,44 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     }
 }
 
-/// What only a stream-ordered backend has, written once for every device; `shared_queues`
-/// when the device's streams may share a hardware queue, where the proxy thread must not queue
-/// copies (`proxy_queues_copies`).
-pub fn stream_ordered<D: TestDevice>(
-    world: &SimpleCommunicator,
-    dev: &D,
-    new_stream: impl Fn() -> D::Stream,
-    shared_queues: bool,
-) {
+/// What only a stream-ordered backend has, written once for every device.
+pub fn stream_ordered<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: impl Fn() -> D::Stream) {
     let ht = HostTransfer::on(world, dev.clone(), new_stream(), small_chunks());
     within("ordering", || ordering(&ht));
     within("p2p", || p2p(&ht));
     assert_idle(&ht.comm, "after ordering and point-to-point");
-    if !shared_queues {
-        // The proxy thread queueing every pipelined operation's copies.
-        let proxy = small_chunks().with_proxy_queues_copies(true);
-        let pq = HostTransfer::on(world, dev.clone(), new_stream(), proxy);
-        within("ordering, the proxy thread queueing copies", || ordering(&pq));
-        within("p2p, the proxy thread queueing copies", || p2p(&pq));
-        assert_idle(&pq.comm, "with the proxy thread queueing copies");
-    }
     within("many_outstanding", || many_outstanding(world, dev, &new_stream));
     within("algorithms", || algorithms(world, dev, &new_stream));
     within("queued_on_fresh_communicators", || queued_on_fresh_communicators(world, dev, &new_stream));
-    within("beyond_pool", || beyond_pool(world, dev, &new_stream, false));
+    within("beyond_the_ring", || beyond_the_ring(world, dev, &new_stream, false));
     if dev.host_accessible() {
-        within("beyond_pool, direct", || beyond_pool(world, dev, &new_stream, true));
+        within("beyond_the_ring, direct", || beyond_the_ring(world, dev, &new_stream, true));
     }
-    within("grown_chunks", || grown_chunks(world, dev, &new_stream));
     within("long_pipelines", || long_pipelines(world, dev, &new_stream));
-    within("waits_for_the_pool", || waits_for_the_pool(world, dev, &new_stream, false));
-    if !shared_queues {
-        within("waits_for_the_pool, the proxy thread queueing copies", || {
-            waits_for_the_pool(world, dev, &new_stream, true)
-        });
-    }
+    within("streams_through_the_ring", || streams_through_the_ring(world, dev, &new_stream));
     within("early_release", || early_release(world, dev, &new_stream));
     within("bad_input", || bad_input(&ht));
     within("proxy_error", || proxy_error(&ht));
     assert_idle(&ht.comm, "at the end");
 }
 
-/// Every staging block and flag is back in the pool once the operations have completed.
+/// The flags the staging ring holds for the communicator's life.
+const RING_FLAGS: usize = 4;
+
+/// Once the operations have completed, the pool lends only the ring (one block, held since
+/// the communicator was made) and its counters: every operation's flags are back, and nothing
+/// was ever allocated beyond the ring.
 pub fn assert_idle<D: Device>(c: &HostTransferCommunicator<D>, when: &str) {
-    // The proxy thread returns an operation's staging right after the stream's last copy; give
+    // The proxy thread returns an operation's flags right after the stream's last copy; give
     // it a moment to see that.
     let start = std::time::Instant::now();
     loop {
         let stats = c.pool_stats();
-        if stats.in_use_bytes == 0 && stats.blocks_in_use == 0 && stats.flags_in_use == 0 {
-            assert!(stats.high_water_bytes <= stats.cap_bytes, "{when}: {stats:?}");
+        if stats.blocks_in_use == 1 && stats.flags_in_use == RING_FLAGS {
+            assert!(
+                stats.high_water_bytes == stats.in_use_bytes && stats.held_bytes == stats.in_use_bytes,
+                "{when}: the pool lent more than the ring: {stats:?}"
+            );
             return;
         }
         assert!(start.elapsed().as_secs() < 10, "{when}: the pool still lends {stats:?}");
@@ -177,7 +165,7 @@ fn p2p<D: TestDevice>(ht: &HostTransfer<D>) {
 /// Three communicators on three streams, each with several non-blocking operations in flight
 /// at once, plus stream-side waits: all complete with the right results.
 fn many_outstanding<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
-    let config = HostTransferConfig::default().with_chunk_bytes(256).with_depth(2).with_direct(false);
+    let config = HostTransferConfig::default().with_chunk_bytes(256).with_ring_cells(4).with_direct(false);
     let comms: Vec<HostTransferCommunicator<D>> = (0..3)
         .map(|_| HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap())
         .collect();
@@ -250,7 +238,7 @@ fn queued_on_fresh_communicators<D: TestDevice>(
 /// streams, and a stream's wait holds up everything queued after it. An operation whose
 /// stream waited for copies queued later (by the proxy thread) would never finish here; the
 /// staged sweep, the ordering checks (work queued right behind each operation) and operations
-/// waiting for a full pool must.
+/// streaming through a full ring must.
 fn one_hardware_queue(world: &SimpleCommunicator) {
     let dev = HostDevice::with_queues(0, 1);
     let stream = dev.stream().unwrap();
@@ -259,55 +247,21 @@ fn one_hardware_queue(world: &SimpleCommunicator) {
     within("ordering on one hardware queue", || ordering(&ht));
     ht.comm.synchronize().expect("synchronize after the sweep on one hardware queue");
     assert_idle(&ht.comm, "after the sweep on one hardware queue");
-    // Operations waiting for staging memory: the calling thread waits for it, then queues.
-    within("waits_for_the_pool on one hardware queue", || {
-        waits_for_the_pool(world, &ht.dev, || ht.dev.stream().unwrap(), false)
+    // More chunks queued than the ring holds: the device waits for cells the proxy thread
+    // hands back as earlier chunks drain, which were queued before the wait.
+    within("streams_through_the_ring on one hardware queue", || {
+        streams_through_the_ring(world, &ht.dev, &|| ht.dev.stream().unwrap())
     });
-}
-
-/// An operation of more than `max_chunks` chunks gets larger ones, up to `max_chunk_bytes`:
-/// the pinned memory it holds grows with them and stays within `depth` slots of the largest.
-fn grown_chunks<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
-    let (chunk, largest, depth) = (4 << 10, 64 << 10, 3);
-    let config = HostTransferConfig::default()
-        .with_chunk_bytes(chunk)
-        .with_max_chunks(4)
-        .with_max_chunk_bytes(largest)
-        .with_depth(depth)
-        .with_direct(false);
-    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
-    let s = c.stream().clone();
-    let (me, n) = (c.rank() as u32, c.size() as u32);
-    // 16 chunks of 4 KiB grow to four of 16 KiB; 1024 of them grow to 64 of 64 KiB.
-    for len in [16 * chunk / 4, 1024 * chunk / 4] {
-        let send = dev.up(&s, &(0..len as u32).map(|i| i ^ me).collect::<Vec<_>>());
-        let mut out = dev.up(&s, &vec![0u32; len]);
-        c.allreduce(&send, &mut out, Sum).unwrap();
-        c.synchronize().unwrap();
-        let want: Vec<u32> = (0..len as u32).map(|i| (0..n).map(|r| i ^ r).sum()).collect();
-        assert!(dev.down(&s, &out) == want, "allreduce of {len} u32 in grown chunks");
-        assert_idle(&c, "after an allreduce in grown chunks");
-    }
-    // At `chunk_bytes`, `depth` slots of a send and a receive chunk would be 24 KiB.
-    let high = c.pool_stats().high_water_bytes;
-    let most = (depth * 2 * largest).next_power_of_two();
-    assert!(
-        high > depth * 2 * chunk && high <= most,
-        "pinned high-water mark {high} B, want above 24 KiB, at most {most} B"
-    );
 }
 
 /// Operations of a thousand chunks and more, each chunk a few device calls: far more work than
 /// a GPU's command queue holds (about a thousand items), so the calling thread blocks while it
 /// queues them, until the device has run some, which needs the proxy thread to run the
-/// operation's first chunks meanwhile. Point-to-point and alltoallv (chunks always of
-/// `chunk_bytes`) and an allreduce whose chunks may not grow.
+/// operation's first chunks meanwhile, and through a ring of four cells, which each chunk
+/// refills after the one four before it has drained. Point-to-point, alltoallv and an
+/// allreduce, all in full chunks.
 fn long_pipelines<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
-    let config = HostTransferConfig::default()
-        .with_chunk_bytes(256)
-        .with_depth(2)
-        .with_direct(false)
-        .with_max_chunks(usize::MAX);
+    let config = HostTransferConfig::default().with_chunk_bytes(256).with_ring_cells(4).with_direct(false);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
     let len = 64 << 10; // 256 KiB of u32: 1024 chunks.
@@ -377,28 +331,24 @@ fn early_release<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream:
     drop(c);
 }
 
-/// More operations queued at once than the pool can stage together (each holds its one
-/// block): the later ones wait for the earlier ones' memory, in queue order, on two streams,
-/// instead of failing; an operation that needs more than the cap by itself fails with a typed
-/// error before anything is queued. By default the calling thread waits for the memory before
-/// it queues the operation; with `proxy_queues` the stream waits on the device and the proxy
-/// thread queues the copies once the memory comes. Written once for every device.
-pub fn waits_for_the_pool<D: TestDevice>(
+/// More chunks queued at once than the ring holds (each operation 16 chunks, the ring 4
+/// cells), by operations on two streams (the communicator's, and the internal one of
+/// non-blocking operations), interleaved, then a bcast (released early at the root) and an
+/// allgather, with nothing synchronized between: the device waits for cells the proxy thread
+/// hands back, in queue order, and the pool never lends more than the ring. An operation whose
+/// one chunk needs more cells than the ring has fails with a typed error before anything is
+/// queued, and the communicator goes on. Written once for every device.
+pub fn streams_through_the_ring<D: TestDevice>(
     world: &SimpleCommunicator,
     dev: &D,
-    new_stream: impl Fn() -> D::Stream,
-    proxy_queues: bool,
+    new_stream: &impl Fn() -> D::Stream,
 ) {
-    let cap = duralumin::device::pool::MIN_BLOCK;
-    let config = HostTransferConfig::default()
-        .with_chunk_bytes(512)
-        .with_depth(2)
-        .with_direct(false)
-        .with_pool_cap_bytes(cap)
-        .with_proxy_queues_copies(proxy_queues);
+    let config = HostTransferConfig::default().with_chunk_bytes(512).with_ring_cells(4).with_direct(false);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
-    let len = cap / size_of::<u32>();
+    let ring = c.pool_stats();
+    assert!(ring.blocks_in_use == 1 && ring.in_use_bytes >= 4 * 512, "the ring is lent from the start: {ring:?}");
+    let len = 16 * 512 / size_of::<u32>();
     let val = |r: usize, i: usize, k: usize| (r * 1_000_000 + i * 10 + k) as u32;
     let inputs: Vec<_> = (0..6).map(|k| dev.up(&s, &(0..len).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();
     let sum = |k: usize| (0..len).map(|i| (0..n).map(|r| val(r, i, k)).sum::<u32>()).collect::<Vec<_>>();
@@ -408,11 +358,9 @@ pub fn waits_for_the_pool<D: TestDevice>(
     let mut bc = dev.up(&s, &if me == root { sum(0) } else { vec![0; len] });
     {
         let (stream_outs, side_outs) = outs.split_at_mut(3);
-        // Three on the stream, three non-blocking on the internal stream, interleaved, then a
-        // bcast (released early at the root) and an allgather: nothing synchronizes between.
         let mut requests = Vec::new();
         for (k, (o, x)) in stream_outs.iter_mut().zip(side_outs.iter_mut()).enumerate() {
-            c.allreduce(&inputs[k], o, Sum).unwrap_or_else(|e| panic!("allreduce {k} while the pool is busy: {e}"));
+            c.allreduce(&inputs[k], o, Sum).unwrap_or_else(|e| panic!("allreduce {k} while the ring is full: {e}"));
             requests.push(c.iallreduce(&inputs[k + 3], x, Sum).unwrap_or_else(|e| panic!("iallreduce {k}: {e}")));
         }
         c.bcast(&mut bc, root).unwrap();
@@ -423,64 +371,46 @@ pub fn waits_for_the_pool<D: TestDevice>(
     }
     c.synchronize().unwrap();
     for (k, o) in outs.iter().enumerate() {
-        assert!(dev.down(&s, o) == sum(k), "allreduce {k} queued behind a full pool: wrong result");
+        assert!(dev.down(&s, o) == sum(k), "allreduce {k} streamed through a full ring: wrong result");
     }
-    assert!(dev.down(&s, &bc) == sum(0), "bcast queued behind a full pool");
+    assert!(dev.down(&s, &bc) == sum(0), "bcast queued behind a full ring");
     let want: Vec<u32> = (0..n).flat_map(|r| (0..len).map(move |i| val(r, i, 0))).collect();
-    assert!(dev.down(&s, &gathered) == want, "allgather queued behind a full pool");
-    assert_idle(&c, "after operations waiting for the pool");
-    assert!(c.pool_stats().high_water_bytes <= cap, "{:?}", c.pool_stats());
+    assert!(dev.down(&s, &gathered) == want, "allgather queued behind a full ring");
+    assert_idle(&c, "after operations streaming through the ring");
+    assert_eq!(c.pool_stats().held_bytes, ring.held_bytes, "nothing allocated beyond the ring");
 
-    // One chunk of 8 KiB and its result need more than the 4 KiB cap, whatever else is queued.
-    let big = config.with_chunk_bytes(8192);
-    let b = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), big).unwrap();
+    // An out-of-place chunk takes two cells (its send and its receive side): more than a
+    // one-cell ring, whatever else is queued; in place it takes one and runs.
+    let one = config.with_ring_cells(1);
+    let b = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), one).unwrap();
     let x = dev.up(&s, &vec![1u32; 2048]);
     let mut y = dev.up(&s, &vec![0u32; 2048]);
     match b.allreduce(&x, &mut y, Sum) {
-        Err(Error::PoolExhausted { cap: got, .. }) => assert_eq!(got, cap),
-        other => panic!("an operation larger than the pool: expected PoolExhausted, got {other:?}"),
+        Err(Error::PoolExhausted { cap, .. }) => assert_eq!(cap, 512),
+        other => panic!("a chunk larger than the ring: expected PoolExhausted, got {other:?}"),
     }
-    assert_idle(&b, "after an operation larger than the pool");
-    let one = dev.up(&s, &[me as u32]);
-    let mut total = dev.up(&s, &[0u32]);
-    b.allreduce(&one, &mut total, Sum).unwrap();
+    assert_idle(&b, "after an operation larger than the ring");
+    let mut mine = dev.up(&s, &vec![me as u32; 2048]);
+    b.allreduce_in_place(&mut mine, Sum).unwrap();
     b.synchronize().unwrap();
-    assert_eq!(dev.down(b.stream(), &total), [(0..n as u32).sum::<u32>()], "a small operation after the refused one");
+    let total = (0..n as u32).sum::<u32>();
+    assert!(dev.down(b.stream(), &mine) == vec![total; 2048], "an in-place allreduce after the refused one");
     assert_idle(&b, "after the refused operation");
-
-    // Two one-slot operations fill an 8 KiB pool with 4 KiB blocks; a two-slot one (8 KiB)
-    // queued behind them finds, once they are through, only those idle blocks and no room.
-    // The calling thread frees them for an 8 KiB block; the proxy thread frees no pinned memory
-    // (that may wait for the device), so there the operation runs through one slot.
-    let tight = config.with_chunk_bytes(2048).with_depth(2).with_pool_cap_bytes(2 * cap);
-    let t = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), tight).unwrap();
-    let small: Vec<_> = (0..2).map(|k| dev.up(&s, &(0..512).map(|i| val(me, i, k)).collect::<Vec<_>>())).collect();
-    let mut small_out: Vec<_> = (0..2).map(|_| dev.up(&s, &vec![0u32; 512])).collect();
-    let large = dev.up(&s, &(0..1024).map(|i| val(me, i, 2)).collect::<Vec<_>>());
-    let mut large_out = dev.up(&s, &vec![0u32; 1024]);
-    for (x, y) in small.iter().zip(small_out.iter_mut()) {
-        t.allreduce(x, y, Sum).unwrap();
-    }
-    t.allreduce(&large, &mut large_out, Sum).unwrap();
-    t.synchronize().unwrap_or_else(|e| panic!("an operation behind idle blocks too small for it: {e}"));
-    let summed =
-        |k: usize, count: usize| (0..count).map(|i| (0..n).map(|r| val(r, i, k)).sum::<u32>()).collect::<Vec<_>>();
-    for (k, y) in small_out.iter().enumerate() {
-        assert!(dev.down(t.stream(), y) == summed(k, 512), "one-slot allreduce {k}");
-    }
-    assert!(dev.down(t.stream(), &large_out) == summed(2, 1024), "allreduce through fewer slots");
-    assert_idle(&t, "after an operation through fewer slots");
 }
 
 /// Every kind of staging (rows, pieces, point-to-point; in place and not) with messages four
-/// times the pool's cap: each operation pipelines through `depth` chunks of pinned memory, and
-/// the pool never holds more than its cap. With `direct`, the operations the host device runs
+/// times the ring: each operation streams through the ring's cells, and the pool never lends
+/// more than the ring. With `direct`, the operations the host device runs
 /// on its buffers meet staged ones on other ranks (a gatherv's root stages, its senders would
 /// not), and must still cut their messages alike.
-fn beyond_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream, direct: bool) {
-    let cap = duralumin::device::pool::MIN_BLOCK;
-    let config =
-        HostTransferConfig::default().with_chunk_bytes(512).with_depth(2).with_direct(direct).with_pool_cap_bytes(cap);
+fn beyond_the_ring<D: TestDevice>(
+    world: &SimpleCommunicator,
+    dev: &D,
+    new_stream: &impl Fn() -> D::Stream,
+    direct: bool,
+) {
+    let cap = 8 * 512;
+    let config = HostTransferConfig::default().with_chunk_bytes(512).with_ring_cells(8).with_direct(direct);
     let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
     let s = c.stream().clone();
     let (me, n) = (c.rank(), c.size());
@@ -497,8 +427,7 @@ fn beyond_pool<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &
         assert_idle(&c, what);
     };
 
-    // Back to back with only a synchronize between them: the pool's one block is free again as
-    // soon as the stream is through, before the proxy thread has seen it.
+    // Back to back with only a synchronize between them.
     let mut sum = dev.up(&s, &vec![0u32; len]);
     for _ in 0..10 {
         c.allreduce(&mine, &mut sum, Sum).unwrap();
@@ -639,11 +568,20 @@ fn wrong_device(ht: &HostTransfer, world: &SimpleCommunicator) {
         Err(Error::WrongDevice { .. }) => {}
         r => panic!("stream of another device: expected WrongDevice, got {:?}", r.map(|_| ())),
     }
-    let zero = HostTransferConfig::default().with_depth(0);
-    assert!(matches!(
-        HostTransferCommunicator::with_config(world, dev.clone(), dev.stream().unwrap(), zero),
-        Err(Error::InvalidConfig(_))
-    ));
+    for bad in [
+        HostTransferConfig::default().with_ring_cells(3),
+        HostTransferConfig::default().with_ring_cells(0),
+        HostTransferConfig::default().with_chunk_bytes(0),
+        HostTransferConfig::default().with_pipeline_chunks(0),
+    ] {
+        assert!(
+            matches!(
+                HostTransferCommunicator::with_config(world, dev.clone(), dev.stream().unwrap(), bad),
+                Err(Error::InvalidConfig(_))
+            ),
+            "{bad:?}"
+        );
+    }
     assert!(dev.owns(c.stream()) && !other.owns(c.stream()));
     c.synchronize().unwrap();
 }

@@ -2,8 +2,12 @@
 //! chunk's copies and flag operations ([`Copies`]).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use duralumin_kernels::flag::reached;
 
 use super::plans::{InputArea, Region, cut};
+use super::ring::Place;
 use crate::device::{Copy2d, Device, DevicePtr, Flag, ReduceFns};
 use crate::error::Result;
 
@@ -27,22 +31,31 @@ pub(super) struct Geometry {
     pub(super) chunk_elems: usize,
     pub(super) count: usize,
     pub(super) chunks: usize,
-    /// `chunks` as a flag value (the output and freed flags end at it).
+    /// `chunks` as a `u32` (an operation's chunk numbers fit a flag).
     pub(super) last_flag: u32,
-    pub(super) slots: usize,
+    /// Staging elements per chunk.
     pub(super) slot_elems: usize,
     pub(super) send_parts: usize,
-    /// Host address of the staging block (0 when direct).
-    pub(super) base: usize,
+    /// Where the chunks lie in the communicator's ring (none when direct).
+    pub(super) place: Option<Place>,
     /// The device buffers' own addresses when the MPI part works on them.
     pub(super) direct: Option<(usize, usize)>,
 }
 
 impl Geometry {
-    /// The flag value that says chunk `k` is through a step: `k + 1`. Chunks are numbered
-    /// below `chunks`, which fits a `u32` (`last_flag`), so this never saturates.
+    /// The flag value that says chunk `k` is through a step: the ring's counter value for it,
+    /// or `k + 1` on an operation's own flags (chunks are numbered below `chunks`, which fits a
+    /// `u32`).
     pub(super) fn flag(&self, k: usize) -> u32 {
-        u32::try_from(k + 1).unwrap_or(self.last_flag)
+        match &self.place {
+            Some(place) => place.flag(k),
+            None => u32::try_from(k + 1).unwrap_or(self.last_flag),
+        }
+    }
+
+    /// The flag value of the operation's last chunk.
+    pub(super) fn last(&self) -> u32 {
+        self.flag(self.chunks.max(1) - 1)
     }
 
     /// Elements of each row chunk `k` covers.
@@ -50,29 +63,39 @@ impl Geometry {
         self.chunk_elems.min(self.count - (k * self.chunk_elems).min(self.count))
     }
 
-    /// Bytes of the staging block: `slots` slots of `slot_elems` elements.
-    pub(super) fn staging_bytes(&self) -> usize {
-        self.slots * self.slot_elems * self.sz
+    /// Bytes of one chunk's staging.
+    pub(super) fn chunk_bytes(&self) -> usize {
+        self.slot_elems * self.sz
+    }
+
+    /// How many chunks the input stream stages ahead of the output stream: as many as the
+    /// ring holds (chunk `k + ahead` refills chunk `k`'s cells).
+    pub(super) fn ahead(&self) -> usize {
+        match &self.place {
+            Some(p) => usize::try_from(p.cells / p.span).unwrap_or(usize::MAX).clamp(1, self.chunks.max(1)),
+            None => 1,
+        }
     }
 
     /// Host addresses of chunk `k`'s send and receive areas.
     pub(super) fn areas(&self, k: usize) -> (usize, usize) {
-        match self.direct {
-            Some(areas) => areas,
-            None => {
-                let slot = self.base + (k % self.slots) * self.slot_elems * self.sz;
-                (slot, slot + self.send_parts * self.len_of(k) * self.sz)
+        match (self.direct, &self.place) {
+            (Some(areas), _) => areas,
+            (None, Some(place)) => {
+                let cell = place.addr(k);
+                (cell, cell + self.send_parts * self.len_of(k) * self.sz)
             }
+            (None, None) => (0, 0),
         }
     }
 }
 
 /// The device side of an operation: every chunk's copies and flag operations, queued at once
-/// by [`Copies::queue`]: by the calling thread, or by the proxy thread once the stream reaches
-/// an operation that waited for staging memory there (or with `proxy_queues_copies`).
+/// by the calling thread ([`Copies::queue`]).
 pub(super) struct Copies<D: Device> {
     pub(super) device: Arc<D>,
-    /// Device-to-host and host-to-device streams (the same stream for one chunk).
+    /// Device-to-host and host-to-device streams: the communicator's copy streams, or the
+    /// operation's stream itself when the MPI part works on the device buffers.
     pub(super) ins: D::Stream,
     pub(super) outs: D::Stream,
     pub(super) input: Option<(Region, InputArea)>,
@@ -80,11 +103,12 @@ pub(super) struct Copies<D: Device> {
     pub(super) device_reduce: Option<ReduceFns>,
     pub(super) recv_parts: usize,
     pub(super) geo: Geometry,
+    /// Raised when a chunk is staged (the ring's *staged*, or the operation's own flag).
     pub(super) input_flag: Flag,
+    /// Raised by the proxy thread when a chunk's MPI part is done.
     pub(super) output_flag: Flag,
-    /// Raised when a chunk's slot may be refilled (two streams only): by the output stream,
-    /// or by the proxy thread for operations released early.
-    pub(super) freed: Option<Flag>,
+    /// The ring's *drained* and *free* counters (staged operations only).
+    pub(super) ring: Option<(Flag, Flag)>,
     pub(super) done: Flag,
     /// The operation only sends from staging (no output, not direct): the stream is released
     /// once the last chunk is staged, without waiting for the MPI part (a bcast root, a send).
@@ -92,16 +116,23 @@ pub(super) struct Copies<D: Device> {
 }
 
 impl<D: Device> Copies<D> {
-    /// Queues chunk `k`'s device-to-host copy and raises the input flag.
+    /// Queues chunk `k`'s device-to-host copy and raises the input flag, after the ring's
+    /// *free* counter says its cells may be refilled (no wait where it says so already).
     ///
     /// # Safety
-    /// The flags and the staging block stay held until the output stream raised `done`.
+    /// The flags stay held until the output stream raised `done`; the ring outlives the
+    /// operation.
     unsafe fn stage_in(&self, k: usize) -> Result<()> {
         let (device, ins, g) = (&*self.device, &self.ins, &self.geo);
         let sz = g.sz;
-        if let (Some(freed), true) = (self.freed, k >= g.slots) {
-            // SAFETY: guaranteed by the caller; the output stream raises it independently.
-            unsafe { device.wait_flag(ins, freed, g.flag(k - g.slots), None)? };
+        if let (Some((_, free)), Some(needs)) = (self.ring, g.place.and_then(|p| p.needs_free(k))) {
+            // SAFETY: the ring's counters live as long as the communicator's shared state,
+            // which the operation holds.
+            let now = unsafe { free.atomic() }.load(Ordering::Acquire);
+            if !reached(now, needs) {
+                // SAFETY: guaranteed by the caller; the proxy thread raises it.
+                unsafe { device.wait_flag(ins, free, needs, None)? };
+            }
         }
         if let (Some((src, area)), None) = (&self.input, g.direct) {
             let len = g.len_of(k);
@@ -112,7 +143,7 @@ impl<D: Device> Copies<D> {
             };
             // SAFETY: the source rows or pieces were checked against the device buffers'
             // lengths when the plan was made and the buffers are kept alive (or freed in stream
-            // order); the destination is this operation's staging slot, which no one else
+            // order); the destination is this chunk's cells of the ring, which no one else
             // touches until the proxy thread has seen the input flag.
             unsafe {
                 match src {
@@ -147,7 +178,7 @@ impl<D: Device> Copies<D> {
     }
 
     /// Queues the wait for chunk `k`'s output flag and its host-to-device copy (or device
-    /// reduction), then frees its slot if a later chunk refills it.
+    /// reduction), then raises the ring's *drained* counter.
     ///
     /// # Safety
     /// As [`Copies::stage_in`].
@@ -160,7 +191,7 @@ impl<D: Device> Copies<D> {
             let len = g.len_of(k);
             let (_, recv) = g.areas(k);
             // SAFETY: as in `stage_in`, the other way round; the proxy thread finished with the
-            // slot before raising the output flag.
+            // cells before raising the output flag, and leaves them to this copy until *drained*.
             unsafe {
                 match (dst, self.device_reduce) {
                     (Region::Rows(dst), Some(fns)) => {
@@ -183,10 +214,9 @@ impl<D: Device> Copies<D> {
                 }
             }
         }
-        // Only a chunk whose slot is refilled (by chunk `k + slots`) says it is free.
-        if let (Some(freed), true) = (self.freed, k + g.slots < g.chunks) {
+        if let Some((drained, _)) = self.ring {
             // SAFETY: guaranteed by the caller.
-            unsafe { device.write_flag(outs, freed, g.flag(k))? };
+            unsafe { device.write_flag(outs, drained, g.flag(k))? };
         }
         Ok(())
     }
@@ -198,13 +228,13 @@ impl<D: Device> Copies<D> {
         let _ = self.device.synchronize(&self.outs);
     }
 
-    /// Queues every chunk, `depth` slots ahead, then raises `done` on the output stream once
-    /// both streams are through.
+    /// Queues every chunk, the input side as far ahead as the ring allows, then raises `done`
+    /// once the output side is through (the input side, for operations released early).
     ///
     /// # Safety
     /// As [`Copies::stage_in`].
     pub(super) unsafe fn queue(&self) -> Result<()> {
-        let (chunks, slots) = (self.geo.chunks, self.geo.slots);
+        let (chunks, ahead) = (self.geo.chunks, self.geo.ahead());
         // SAFETY: forwarded from the caller throughout.
         unsafe {
             if self.early {
@@ -213,17 +243,15 @@ impl<D: Device> Copies<D> {
                 }
                 return self.device.write_flag(&self.ins, self.done, 1);
             }
-            for k in 0..slots {
+            // Chunk `k + ahead` may wait for chunk `k` to be drained: queued after it.
+            for k in 0..ahead.min(chunks) {
                 self.stage_in(k)?;
             }
             for k in 0..chunks {
                 self.stage_out(k)?;
-                if k + slots < chunks {
-                    self.stage_in(k + slots)?;
+                if k + ahead < chunks {
+                    self.stage_in(k + ahead)?;
                 }
-            }
-            if self.freed.is_some() {
-                self.device.join(&self.outs, &self.ins)?;
             }
             self.device.write_flag(&self.outs, self.done, 1)
         }

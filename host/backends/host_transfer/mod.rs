@@ -4,23 +4,25 @@
 //! A [`HostTransferCommunicator`] is an MPI communicator bound to a stream of a [`Device`]. Every operation
 //! is queued on that stream and the calling thread returns at once:
 //!
-//! 1. the stream copies chunk `k` of the input from the device into a pinned staging slot and
-//!    raises the operation's *input* flag to `k + 1`;
-//! 2. the proxy thread (the progress engine), which polls that flag, runs the MPI part of chunk
-//!    `k` on the staging slot (the Mpi backend's own plans: native MPI or Duralumin's
-//!    algorithms), then raises the *output* flag to `k + 1`;
-//! 3. the stream, waiting on the device for the output flag, copies the chunk's result back
-//!    into the device buffer, then stages chunk `k + depth` into the freed slot.
+//! 1. a copy stream copies chunk `k` of the input from the device into the chunk's cells of the
+//!    communicator's pinned staging ring and raises the ring's *staged* counter;
+//! 2. the proxy thread (the progress engine), which polls that counter, runs the MPI part of
+//!    chunk `k` on the cells (the Mpi backend's own plans: native MPI or Duralumin's
+//!    algorithms), then raises the *output* counter;
+//! 3. the other copy stream, waiting on the device for the output counter, copies the chunk's
+//!    result back into the device buffer; the proxy thread then hands the cells back, and a
+//!    later chunk refills them.
 //!
 //! Chunks are pipelined: while MPI works on chunk `k`, the stream copies the results of earlier
 //! chunks back and stages later ones. Operations with nothing to copy back (a bcast root, a
 //! send, a reduce or gather off the root) release the stream once their input is staged: the
-//! stream does not wait for the MPI part, which sends from pinned memory the operation keeps
-//! until it is through (its request completes with the stream; an MPI error is then reported by
-//! the communicator's next call). Pinned memory held by an operation is `depth` slots of one
-//! chunk each, whatever the message size ([`HostTransferConfig`]); operations take it from the
-//! communicator's pool in the order they were queued, and one that finds the pool's cap reached
-//! waits for earlier ones to give memory back (see [`HostTransferConfig::pool_cap_bytes`]). The
+//! stream does not wait for the MPI part, which sends from ring cells that are handed back only
+//! once it is through (its request completes with the stream; an MPI error is then reported by
+//! the communicator's next call). Every staged operation streams through the communicator's
+//! staging ring, pinned memory taken once when the communicator is made
+//! ([`HostTransferConfig::ring_cells`] cells of [`HostTransferConfig::chunk_bytes`]), in the
+//! order operations were queued: the device waits for a cell until the proxy thread hands it
+//! back, so queueing an operation never allocates or waits, whatever its size. The
 //! proxy thread starts the MPI parts of one communicator's operations in the order they were
 //! queued (a ticket per operation), which is the same order on every rank, as MPI requires.
 //!
@@ -49,10 +51,10 @@ mod copies;
 mod plans;
 mod proxy;
 mod request;
+mod ring;
 mod staging;
 
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -80,51 +82,38 @@ use crate::request::DeferredError;
 ///
 /// Start from [`HostTransferConfig::default()`] and change what you need with the `with_*`
 /// setters (or the fields): the struct is `#[non_exhaustive]`, so settings can be added
-/// without breaking callers.
+/// without breaking callers. The defaults and the measurements behind them are in
+/// `docs/host_transfer.md`.
 ///
 /// ```
-/// let c = duralumin::HostTransferConfig::default().with_chunk_bytes(256 << 10).with_depth(4);
-/// assert_eq!((c.chunk_bytes, c.depth), (256 << 10, 4));
+/// let c = duralumin::HostTransferConfig::default().with_chunk_bytes(256 << 10).with_ring_cells(8);
+/// assert_eq!((c.chunk_bytes, c.ring_cells), (256 << 10, 8));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HostTransferConfig {
-    /// Bytes per chunk and direction, rounded down to whole elements: reductions and
-    /// point-to-point messages are cut into chunks of this size; collectives over per-rank
-    /// blocks (v-collectives included) cut each block into chunks of this size over the number
-    /// of ranks. Operations larger than one chunk are pipelined. A staging slot holds one
-    /// chunk of the send side and one of the receive side (`multi_sendrecv`: one chunk of
-    /// each message). Operations that would need more than [`max_chunks`](Self::max_chunks)
-    /// chunks of this size get larger ones.
+    /// The largest chunk, in bytes per direction (rounded down to whole elements), and the size
+    /// of a cell of the staging ring. A chunk of a reduction occupies one cell in place and two
+    /// out of place (its send and its receive side); collectives over per-rank blocks
+    /// (v-collectives included) cut each block into chunks of this size over the number of
+    /// ranks; point-to-point lists take a cell per message. Operations larger than
+    /// [`pipeline_chunks`](Self::pipeline_chunks) chunks of this size are cut into as many
+    /// chunks as they need.
     pub chunk_bytes: usize,
-    /// The most chunks an operation is cut into while its chunks can grow: beyond it, chunks
-    /// grow from [`chunk_bytes`](Self::chunk_bytes) to `count / max_chunks`, up to
-    /// [`max_chunk_bytes`](Self::max_chunk_bytes) and to a staging block of a quarter of
-    /// [`pool_cap_bytes`](Self::pool_cap_bytes). The calling thread queues a few device calls
-    /// per chunk, so this bounds an operation's enqueue time as well as the per-chunk costs
-    /// (flag round trips, one MPI call each). Operations whose ranks may cut different numbers
-    /// of chunks (gatherv, scatterv, alltoallv, point-to-point, which send their chunks as
-    /// point-to-point messages) always use `chunk_bytes`. At least 1; `usize::MAX` keeps every
-    /// chunk at `chunk_bytes`.
-    pub max_chunks: usize,
-    /// The largest chunk [`max_chunks`](Self::max_chunks) may grow chunks to, in bytes per
-    /// direction as for `chunk_bytes` (below `chunk_bytes`, chunks stay at `chunk_bytes`). The
-    /// pinned memory an operation holds is at most `depth` slots of chunks of this size,
-    /// whatever the message size.
-    pub max_chunk_bytes: usize,
-    /// Staging slots per operation: how many chunks can be between "copied to the host" and
-    /// "copied back" at once. At least 1.
-    pub depth: usize,
-    /// Cap on the pinned staging memory the communicator's pool holds. An operation holds
-    /// `depth` slots whatever its size, so messages larger than the cap work. Operations take
-    /// their staging in the order they were queued: one queued while earlier ones hold the
-    /// rest of the pool waits for their memory. The calling thread waits, then queues it (the
-    /// earlier operations need nothing more from it); with
-    /// [`proxy_queues_copies`](Self::proxy_queues_copies) the stream waits on the device
-    /// instead and the calling thread returns at once. Only an operation whose `depth` slots
-    /// alone (rounded up to a power of two) exceed the cap fails, with
+    /// The smallest chunk an operation is cut into to pipeline it, in bytes per direction.
+    pub min_chunk_bytes: usize,
+    /// Operations of less than `pipeline_chunks` full chunks are cut into this many smaller
+    /// ones (of at least [`min_chunk_bytes`](Self::min_chunk_bytes)), so that their copies
+    /// overlap each other and the MPI part too. Operations whose ranks may cut different
+    /// numbers of chunks (gatherv, scatterv, alltoallv, point-to-point, which send their chunks
+    /// as point-to-point messages) always use full chunks. At least 1.
+    pub pipeline_chunks: usize,
+    /// Cells of the staging ring, a power of two: the communicator holds `ring_cells ×
+    /// chunk_bytes` of pinned memory from its creation on, and as many chunks can be between
+    /// "copied to the host" and "copied back" at once. An operation whose one chunk needs more
+    /// cells than the ring has (a point-to-point list of more messages than cells) fails with
     /// [`Error::PoolExhausted`] before anything is queued.
-    pub pool_cap_bytes: usize,
+    pub ring_cells: usize,
     /// On devices whose memory the host can address (the host device), run the MPI part on
     /// the device buffers themselves instead of staging copies. V-collectives and
     /// point-to-point operations still stage: they pack blocks, or send their chunks as
@@ -136,59 +125,52 @@ pub struct HostTransferConfig {
     /// moves `size` times the data to the device, so it pays only where host reduction is the
     /// bottleneck (operators MPI has no native form for, few ranks); 0 turns it off.
     pub device_reduce_max_bytes: usize,
-    /// Have the proxy thread queue a pipelined operation's copies (once the stream reaches the
-    /// operation) instead of the calling thread. Queueing costs the calling thread two flag
-    /// operations instead of a few device calls per chunk, but the stream then waits for
-    /// copies queued after the work the program queues behind the operation, which deadlocks
-    /// a GPU whose streams share a hardware queue (see [queue order](crate::backends::host_transfer#queue-order)), so
-    /// this is off by default. Operations that wait for staging memory always work this way.
-    pub proxy_queues_copies: bool,
 }
 
 impl HostTransferConfig {
     /// Elements per row and chunk of a staged operation with `count` elements per row, `width`
-    /// rows sharing the chunk size and `sz`-byte elements: `chunk_bytes`' worth, or more (see
-    /// [`max_chunks`](Self::max_chunks)) unless `fixed` (ranks that must cut their chunks alike
-    /// without knowing each other's counts, or that stage more rows than `2 × width`). It
-    /// depends only on what every rank of the operation knows alike (not on the rows a rank
-    /// stages, which differ at a root or in place), so every rank cuts the same chunks.
+    /// rows sharing the chunk size and `sz`-byte elements: `chunk_bytes`' worth, or less for
+    /// operations of fewer than `pipeline_chunks` full chunks, unless `fixed` (ranks that must
+    /// cut their chunks alike without knowing each other's counts, or that stage more rows than
+    /// `2 × width`). It depends only on what every rank of the operation knows alike (not on
+    /// the rows a rank stages, which differ at a root or in place), so every rank cuts the same
+    /// chunks.
     pub(crate) fn chunk_elems(&self, count: usize, sz: usize, width: usize, fixed: bool) -> usize {
         let (sz, width) = (sz.max(1), width.max(1));
         let elems = |bytes: usize| (bytes / sz / width).max(1);
-        let base = elems(self.chunk_bytes);
-        let chunks = self.max_chunks.max(1);
-        if fixed || count.div_ceil(base) <= chunks {
-            return base;
+        let full = elems(self.chunk_bytes);
+        if fixed {
+            return full;
         }
-        // A quarter of the pool for one operation's `depth` slots of (at most) a send and a
-        // receive block per row.
-        let pool_share = self.pool_cap_bytes / 4 / self.depth.max(1) / 2 / width / sz;
-        count.div_ceil(chunks).min(elems(self.max_chunk_bytes)).min(pool_share).max(base)
+        let smallest = elems(self.min_chunk_bytes).min(full);
+        count.div_ceil(self.pipeline_chunks.max(1)).clamp(smallest, full)
+    }
+
+    /// Bytes of one ring cell: `chunk_bytes` rounded up to a cache line, so every cell starts
+    /// aligned for any element.
+    fn cell_bytes(&self) -> Option<usize> {
+        self.chunk_bytes.checked_next_multiple_of(64)
     }
 }
 
 with_setters!(HostTransferConfig {
     chunk_bytes: usize => with_chunk_bytes,
-    max_chunks: usize => with_max_chunks,
-    max_chunk_bytes: usize => with_max_chunk_bytes,
-    depth: usize => with_depth,
-    pool_cap_bytes: usize => with_pool_cap_bytes,
+    min_chunk_bytes: usize => with_min_chunk_bytes,
+    pipeline_chunks: usize => with_pipeline_chunks,
+    ring_cells: usize => with_ring_cells,
     direct: bool => with_direct,
     device_reduce_max_bytes: usize => with_device_reduce_max_bytes,
-    proxy_queues_copies: bool => with_proxy_queues_copies,
 });
 
 impl Default for HostTransferConfig {
     fn default() -> Self {
         HostTransferConfig {
-            chunk_bytes: 1 << 20,
-            max_chunks: 16,
-            max_chunk_bytes: 16 << 20,
-            depth: 3,
-            pool_cap_bytes: 1 << 30,
+            chunk_bytes: 2 << 20,
+            min_chunk_bytes: 128 << 10,
+            pipeline_chunks: 8,
+            ring_cells: 16,
             direct: true,
             device_reduce_max_bytes: 0,
-            proxy_queues_copies: false,
         }
     }
 }
@@ -207,44 +189,11 @@ pub(crate) struct Shared<D: Device> {
     /// The MPI library's largest tag, read once (checking a tag must not wait for the proxy
     /// thread's hold on `mpi`).
     pub(crate) max_tag: i32,
-    /// Whose turn it is to take staging memory.
-    grants: Mutex<Grants>,
+    /// The staging ring every staged operation streams through.
+    pub(crate) ring: ring::Ring<D>,
     /// The operations' numbers, flight recorder, deadline and poisoned state (the Mpi
     /// communicator's: see [`crate::reliability`]).
     pub(crate) monitor: Arc<Monitor>,
-}
-
-/// Staging memory is taken in the order operations were queued: operation `g` (counting the
-/// staged operations of a communicator) takes its block only after operations `0..g` have
-/// theirs. An operation therefore only ever waits for memory held by earlier ones, which
-/// never wait for it (their MPI parts come first too), so waiting cannot deadlock.
-#[derive(Debug, Default)]
-pub(crate) struct Grants {
-    /// The operation that may take memory now.
-    pub(crate) next: u64,
-    /// Later operations that gave up their turn (their future was dropped before it came).
-    abandoned: BTreeSet<u64>,
-}
-
-impl Grants {
-    /// Operation `g`, whose turn it is, has its memory (or gave up on it): the next one may
-    /// take.
-    pub(crate) fn pass(&mut self, g: u64) {
-        debug_assert_eq!(self.next, g);
-        self.next = g + 1;
-        while self.abandoned.remove(&self.next) {
-            self.next += 1;
-        }
-    }
-
-    /// Operation `g` will not take memory: its turn passes now or when it comes.
-    pub(crate) fn abandon(&mut self, g: u64) {
-        if self.next == g {
-            self.pass(g);
-        } else {
-            self.abandoned.insert(g);
-        }
-    }
 }
 
 /// A HostTransfer communicator: an MPI communicator bound to a device stream.
@@ -260,8 +209,8 @@ pub struct HostTransferCommunicator<D: Device> {
     /// on first use).
     copies: OnceCell<(D::Stream, D::Stream)>,
     tickets: Cell<u64>,
-    /// Staging turns handed out (see [`Grants`]).
-    grants_issued: Cell<u64>,
+    /// The communicator's next chunk number and ring position (see [`ring`]).
+    ring_next: Cell<(u64, u64)>,
     /// The host parts of operations queued and maybe not yet through, which
     /// [`HostTransferCommunicator::synchronize`] drives while it waits.
     pending: RefCell<Vec<Arc<Task>>>,
@@ -312,12 +261,18 @@ impl<D: Device> HostTransferCommunicator<D> {
                 found: "a stream of another device or context".into(),
             });
         }
-        if config.depth == 0 || config.chunk_bytes == 0 || config.max_chunks == 0 {
-            return Err(Error::InvalidConfig("chunk_bytes, max_chunks and depth must be at least 1"));
-        }
+        let cell_bytes = config.cell_bytes().filter(|_| config.chunk_bytes > 0 && config.pipeline_chunks > 0);
+        let Some(cell_bytes) = cell_bytes.filter(|_| config.ring_cells.is_power_of_two()) else {
+            return Err(Error::InvalidConfig(
+                "chunk_bytes and pipeline_chunks must be at least 1, and ring_cells a power of two",
+            ));
+        };
         let (rank, size, max_tag) = (mpi.rank(), mpi.size(), mpi.max_tag());
         let monitor = Arc::clone(mpi.monitor());
-        let pools = Pools::new(Arc::clone(&device), config.pool_cap_bytes);
+        // The pool lends whole powers of two, of at least its smallest block.
+        let ring_bytes = config.ring_cells.saturating_mul(cell_bytes).max(crate::device::pool::MIN_BLOCK);
+        let pools = Pools::new(Arc::clone(&device), ring_bytes.checked_next_power_of_two().unwrap_or(ring_bytes));
+        let ring = ring::Ring::new(&pools, config.ring_cells, cell_bytes)?;
         Ok(HostTransferCommunicator {
             shared: Arc::new(Shared {
                 mpi: Mutex::new(mpi),
@@ -328,14 +283,14 @@ impl<D: Device> HostTransferCommunicator<D> {
                 rank,
                 size,
                 max_tag,
-                grants: Mutex::default(),
+                ring,
                 monitor,
             }),
             stream,
             side: OnceCell::new(),
             copies: OnceCell::new(),
             tickets: Cell::new(0),
-            grants_issued: Cell::new(0),
+            ring_next: Cell::new((0, 0)),
             pending: RefCell::default(),
             config,
             engine: Engine::get()?,
@@ -368,7 +323,9 @@ impl<D: Device> HostTransferCommunicator<D> {
         self.config
     }
 
-    /// The staging pool's counters (pinned bytes and flags in use, high-water mark).
+    /// The staging pool's counters: the ring (one block, lent for the communicator's life),
+    /// the flags in use, the high-water mark. Constant once the communicator is made, apart
+    /// from the flags of operations in flight.
     pub fn pool_stats(&self) -> PoolStats {
         self.shared.pools.stats()
     }
@@ -553,29 +510,20 @@ impl<D: Device> HostTransferCommunicator<D> {
         Ok(side)
     }
 
-    /// The internal copy streams (device-to-host, host-to-device), if `wanted`.
-    fn copy_streams_if(&self, wanted: bool) -> Result<Option<(&D::Stream, &D::Stream)>> {
-        if !wanted {
-            return Ok(None);
-        }
+    /// The internal copy streams (device-to-host, host-to-device), made on first use.
+    fn copy_streams(&self) -> Result<(&D::Stream, &D::Stream)> {
         if self.copies.get().is_none() {
             let pair = (self.shared.device.new_stream()?, self.shared.device.new_stream()?);
             let _ = self.copies.set(pair);
         }
         let (i, o) = self.copies.get().ok_or(Error::Progress("no copy streams"))?;
-        Ok(Some((i, o)))
+        Ok((i, o))
     }
 
     fn next_ticket(&self) -> u64 {
         let t = self.tickets.get();
         self.tickets.set(t + 1);
         t
-    }
-
-    fn next_grant(&self) -> u64 {
-        let g = self.grants_issued.get();
-        self.grants_issued.set(g + 1);
-        g
     }
 
     /// Checks that a buffer lives on this communicator's device.
@@ -626,50 +574,33 @@ impl<D: Device> Shared<D> {
     fn pass_turn(&self, ticket: u64) {
         self.turn.store(ticket + 1, Ordering::Release);
     }
-
-    /// The staging turns.
-    fn grants(&self) -> std::sync::MutexGuard<'_, Grants> {
-        self.grants.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::HostTransferConfig;
 
-    /// Chunks stay at `chunk_bytes` up to `max_chunks` of them, then grow to cut the operation
-    /// into `max_chunks`, up to `max_chunk_bytes` and a quarter of the pool; operations whose
-    /// ranks must cut alike without knowing each other's counts never grow.
+    /// Operations of fewer than `pipeline_chunks` full chunks are cut into that many chunks of
+    /// at least `min_chunk_bytes`; larger ones into full chunks, as many as they need;
+    /// operations whose ranks must cut alike without knowing each other's counts always use
+    /// full chunks.
     #[test]
-    fn chunks_grow_past_max_chunks_within_their_caps() {
+    fn chunks_are_full_or_cut_for_pipelining() {
         let config = HostTransferConfig {
-            chunk_bytes: 1 << 10,
-            max_chunks: 4,
-            max_chunk_bytes: 4 << 10,
-            depth: 2,
-            pool_cap_bytes: 1 << 30,
+            chunk_bytes: 4 << 10,
+            min_chunk_bytes: 1 << 10,
+            pipeline_chunks: 4,
             ..HostTransferConfig::default()
         };
-        let sz = 4; // 256 elements per chunk, 1024 at most.
-        assert_eq!(config.chunk_elems(256 * 4, sz, 1, false), 256, "four chunks: no growth");
-        assert_eq!(config.chunk_elems(256 * 4 + 1, sz, 1, false), 257, "five chunks' worth: four grown ones");
-        assert_eq!(config.chunk_elems(3000, sz, 1, false), 750);
-        assert_eq!(config.chunk_elems(1 << 20, sz, 1, false), 1024, "capped at max_chunk_bytes");
-        assert_eq!(config.chunk_elems(1 << 20, sz, 1, true), 256, "cut alike: chunk_bytes always");
-        assert_eq!(config.chunk_elems(1 << 20, sz, 4, false), 256, "per row over a width of 4: capped at 4 KiB / 4");
-        assert_eq!(config.chunk_elems(300, sz, 4, false), 75, "five chunks of 64 per row: four grown ones");
-        let fixed = HostTransferConfig { max_chunks: usize::MAX, ..config };
-        assert_eq!(fixed.chunk_elems(1 << 20, sz, 1, false), 256, "max_chunks = usize::MAX: never grows");
-        // A quarter of a 16 KiB pool over 2 slots of a send and a receive block: 1 KiB chunks,
-        // which is chunk_bytes: no growth.
-        let small_pool = HostTransferConfig { pool_cap_bytes: 16 << 10, ..config };
-        assert_eq!(small_pool.chunk_elems(1 << 20, sz, 1, false), 256);
-        let pool_64k = HostTransferConfig { pool_cap_bytes: 64 << 10, ..config };
-        assert_eq!(pool_64k.chunk_elems(1 << 20, sz, 1, false), 1024, "64 KiB pool: 4 KiB chunks fit its quarter");
-        let pool_32k = HostTransferConfig { pool_cap_bytes: 32 << 10, ..config };
-        assert_eq!(pool_32k.chunk_elems(1 << 20, sz, 1, false), 512, "32 KiB pool: 2 KiB chunks");
-        let below = HostTransferConfig { max_chunk_bytes: 16, ..config };
-        assert_eq!(below.chunk_elems(1 << 20, sz, 1, false), 256, "max_chunk_bytes below chunk_bytes");
+        let sz = 4; // 1024 elements per full chunk, 256 at least.
+        assert_eq!(config.chunk_elems(1 << 20, sz, 1, false), 1024, "large: full chunks");
+        assert_eq!(config.chunk_elems(4096, sz, 1, false), 1024, "four full chunks");
+        assert_eq!(config.chunk_elems(2048, sz, 1, false), 512, "two chunks' worth cut into four");
+        assert_eq!(config.chunk_elems(100, sz, 1, false), 256, "never below min_chunk_bytes");
+        assert_eq!(config.chunk_elems(2048, sz, 1, true), 1024, "cut alike: full chunks");
+        assert_eq!(config.chunk_elems(1 << 20, sz, 4, false), 256, "per row over a width of 4");
+        let tiny = HostTransferConfig { min_chunk_bytes: 1 << 20, ..config };
+        assert_eq!(tiny.chunk_elems(2048, sz, 1, false), 1024, "min_chunk_bytes above chunk_bytes");
         assert_eq!(config.chunk_elems(0, sz, 1, false), 256);
         assert_eq!(config.chunk_elems(usize::MAX, 1, 1, false), 4096, "no overflow near usize::MAX");
     }

@@ -1,17 +1,19 @@
 //! The staging engine: [`HostTransferCommunicator::enqueue`] queues a [`Plan`] on a stream and hands its
 //! MPI part to the proxy thread, in named steps:
 //!
-//! 1. [`cut_into_chunks`](HostTransferCommunicator::cut_into_chunks): the chunk size, the number of
-//!    chunks and staging slots, or one chunk on the device buffers themselves ([`Geometry`]);
-//! 2. [`take_staging`](HostTransferCommunicator::take_staging): the pinned staging block, in the order
-//!    operations were queued ([`Grants`](super::Grants));
-//! 3. [`set_up`](HostTransferCommunicator::set_up): the flags, and the device side laid out ([`Copies`]);
-//! 4. [`hand_over`](HostTransferCommunicator::hand_over): the operation goes to the proxy thread
+//! 1. [`cut_into_chunks`](HostTransferCommunicator::cut_into_chunks): the chunk size and the
+//!    number of chunks, and where they lie in the communicator's ring, or one chunk on the
+//!    device buffers themselves ([`Geometry`]);
+//! 2. [`set_up`](HostTransferCommunicator::set_up): the flags, and the device side laid out ([`Copies`]);
+//! 3. [`hand_over`](HostTransferCommunicator::hand_over): the operation goes to the proxy thread
 //!    ([`HostPart`]);
-//! 5. [`queue_device_work`](HostTransferCommunicator::queue_device_work): the calling thread queues the
-//!    device side (or the flag that lets the proxy thread queue it);
-//! 6. [`abandon_queueing`](HostTransferCommunicator::abandon_queueing) where that fails: what was queued
+//! 4. [`queue_device_work`](HostTransferCommunicator::queue_device_work): the calling thread queues the
+//!    device side;
+//! 5. [`abandon_queueing`](HostTransferCommunicator::abandon_queueing) where that fails: what was queued
 //!    runs through, and the proxy thread lets the operation go.
+//!
+//! The calling thread never allocates, frees or waits for staging memory: the ring was taken
+//! when the communicator was made, and the device waits for its cells (see [`super::ring`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,13 +23,13 @@ use duralumin_kernels::Element;
 use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
 use super::plans::{ChunkFn, InputArea, Plan};
-use super::proxy::{HostPart, InFlight, release_waits};
-use crate::device::pool::{FlagSlot, PinnedBlock};
-use crate::device::{Device, Flag, KeepAlive};
+use super::proxy::{HostPart, InFlight};
+use crate::device::pool::FlagSlot;
+use crate::device::{Device, KeepAlive};
 use crate::error::{Error, Result};
 use crate::progress::Task;
 use crate::reliability::OnTimeout;
-use crate::reliability::monitor::{Asker, OpId};
+use crate::reliability::monitor::OpId;
 use crate::reliability::recorder::{Signature, State};
 use crate::request::ErrorSlot;
 
@@ -41,102 +43,43 @@ pub(crate) struct Queued<D: Device> {
     pub(crate) errors: Arc<ErrorSlot>,
 }
 
-/// The flags of an operation (see [`InFlight`] for what each says).
-struct Flags<D: Device> {
-    input: FlagSlot<D>,
-    output: Arc<FlagSlot<D>>,
-    done: Arc<FlagSlot<D>>,
-    freed: Option<Arc<FlagSlot<D>>>,
-    start: Option<FlagSlot<D>>,
-}
-
 /// An operation set up on the calling thread, its device side laid out but not queued.
 struct SetUp<D: Device> {
     geo: Geometry,
-    staging: Option<PinnedBlock<D>>,
-    flags: Flags<D>,
-    /// The device side when the proxy thread queues it.
-    deferred: Option<Copies<D>>,
-    work: DeviceWork<D>,
+    /// Its own input and output flags when it works on the device buffers.
+    own: Option<(FlagSlot<D>, Arc<FlagSlot<D>>)>,
+    done: Arc<FlagSlot<D>>,
+    copies: Copies<D>,
     /// What keeps the device buffers alive.
     keeps: Vec<KeepAlive>,
-    /// Its staging is taken later, by the proxy thread.
-    waits_for_memory: bool,
-    /// Its copies go on the internal copy streams.
-    two_streams: bool,
     in_place: bool,
-    early: bool,
     recv_parts: usize,
-}
-
-/// Who queues an operation's device side.
-#[allow(clippy::large_enum_variant)] // One per operation, on the calling thread's stack.
-enum DeviceWork<D: Device> {
-    /// The calling thread, these copies.
-    Copies(Copies<D>),
-    /// The proxy thread, once the stream raises this `start` flag.
-    Start(Flag),
 }
 
 /// What is left to the calling thread of an operation handed to the proxy thread.
 struct HandedOver<D: Device> {
-    work: DeviceWork<D>,
+    copies: Copies<D>,
+    geo: Geometry,
     done: Arc<FlagSlot<D>>,
-    output: Arc<FlagSlot<D>>,
-    freed: Option<Arc<FlagSlot<D>>>,
-    last_flag: u32,
-    two_streams: bool,
+    /// The operation's own output flag (direct operations).
+    output: Option<Arc<FlagSlot<D>>>,
     keeps: Vec<KeepAlive>,
     /// Tells the proxy thread that queueing failed (see `HostPart`).
     caller_gave_up: Arc<AtomicBool>,
     task: Arc<Task>,
 }
 
-/// A failure to queue an operation's device work.
-struct QueueingFailed {
-    error: Error,
-    /// Whether the operation is to be let go: not when the stream already raised (or will
-    /// raise) `start`, after which the proxy thread runs it to its end.
-    let_go: bool,
-}
-
 impl<D: Device> HostTransferCommunicator<D> {
-    /// Waits on the calling thread until the pool can lend `bytes` of staging: the earlier
-    /// operations holding it are fully queued, so the proxy thread and the device finish them
-    /// without this thread (as NCCL's host waits when its queue of work is full). An MPI
-    /// failure recorded meanwhile ends the wait with that error.
-    fn wait_for_staging(&self, bytes: usize) -> Result<PinnedBlock<D>> {
-        let m = &self.shared.monitor;
-        let wait = m.wait_begin("a wait for staging memory");
-        let mut backoff = crate::progress::Backoff::default();
-        let got = loop {
-            match self.shared.pools.try_take(bytes, true) {
-                Ok(Some(block)) => break Ok(block),
-                Err(e) => break Err(e),
-                Ok(None) => {}
-            }
-            if let Err(e) = self.shared.errors.check().and_then(|()| m.check_poison(Asker::Waiter(wait))) {
-                break Err(e);
-            }
-            backoff.snooze();
-        };
-        m.wait_end(wait);
-        got
-    }
-
     /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
     /// stream raises to 1 when the operation has completed on it, and the task of its host part
     /// (which [`HostTransferCommunicator::synchronize`] drives too).
     ///
-    /// The calling thread queues the device work of every chunk: one chunk on `stream`; more on
-    /// the two internal copy streams (device-to-host on one, host-to-device on the other, so
-    /// both directions overlap each other and the MPI work), which start where `stream` is and
-    /// which `stream` then waits for, each item after whatever it waits for (see the
-    /// [module docs](super#queue-order)). When the pool cannot lend the staging until earlier
-    /// operations give theirs back, the calling thread waits for that first. With
-    /// `proxy_queues_copies` (and for operations waiting for memory then), the stream raises
-    /// *start* and waits for *done*, and the proxy thread queues the copies once it sees
-    /// *start*: two flag operations on the calling thread whatever the size.
+    /// The calling thread queues the device work of every chunk on the communicator's two copy
+    /// streams (device-to-host on one, host-to-device on the other, so both directions overlap
+    /// each other and the MPI work), which start where `stream` is and which `stream` then
+    /// waits for, each item after whatever it waits for (see the
+    /// [module docs](super#queue-order)). It takes no memory and waits for nothing: the chunks
+    /// stream through the communicator's ring, whose cells the device waits for.
     ///
     /// `(id, sig)` is the operation's record and signature: the proxy thread marks it running
     /// when the stream reaches the operation, and done or failed when its MPI part ends (whose
@@ -166,25 +109,24 @@ impl<D: Device> HostTransferCommunicator<D> {
         errors: Arc<ErrorSlot>,
     ) -> Result<Queued<D>> {
         let geo = self.cut_into_chunks(&plan)?;
-        let staging = self.take_staging(&geo)?;
-        let set_up = self.set_up(stream, &mut plan, geo, staging)?;
+        let set_up = self.set_up(stream, &mut plan, geo)?;
         let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors));
-        if let Err(failed) = self.queue_device_work(stream, &handed) {
-            return Err(self.abandon_queueing(stream, handed, failed));
+        if let Err(error) = self.queue_device_work(stream, &handed) {
+            return Err(self.abandon_queueing(stream, handed, error));
         }
         self.shared.device.release(stream, &handed.keeps)?;
         Ok(Queued { done: handed.done, task: handed.task, errors })
     }
 
     /// How the operation is cut: in one chunk on the device buffers themselves where the host
-    /// can address them, else into chunks of [`HostTransferConfig::chunk_elems`] staged through
-    /// up to `depth` slots.
+    /// can address them, else into chunks of [`HostTransferConfig::chunk_elems`] placed in the
+    /// ring after the communicator's earlier chunks.
     ///
     /// [`HostTransferConfig::chunk_elems`]: super::HostTransferConfig::chunk_elems
     fn cut_into_chunks<T>(&self, plan: &Plan<T>) -> Result<Geometry> {
         let sz = size_of::<T>().max(1);
         // Not when the operation may be abandoned (`OnTimeout::Error`): MPI must then only hold
-        // memory the library owns (staging, which is leaked with the operation).
+        // memory the library owns (the ring, which is leaked then).
         let abandonable = self.shared.monitor.on_timeout() == OnTimeout::Error;
         let direct = (self.config.direct && !plan.exchange && self.shared.device.host_accessible() && !abandonable)
             .then(|| plan.direct_areas(sz))
@@ -199,70 +141,48 @@ impl<D: Device> HostTransferCommunicator<D> {
         let chunks = plan.count.div_ceil(chunk_elems).max(1);
         let last_flag =
             u32::try_from(chunks).map_err(|_| Error::CountOverflow { what: "chunks", value: chunks as u128 })?;
-        Ok(Geometry {
+        let mut geo = Geometry {
             sz,
             chunk_elems,
             count: plan.count,
             chunks,
             last_flag,
-            slots: self.config.depth.min(chunks),
             slot_elems: (plan.send_parts + plan.recv_parts) * chunk_elems.min(plan.count),
             send_parts: plan.send_parts,
-            base: 0,
+            place: None,
             direct,
-        })
-    }
-
-    /// The staging block (none on the device buffers themselves). It is taken now only if no
-    /// earlier operation is waiting for memory (else this one could hold what that one waits
-    /// for, while waiting for that one's MPI turn). Without room now, the calling thread waits
-    /// for the memory; with `proxy_queues_copies` (or behind a waiting operation), the proxy
-    /// thread takes it when the operation's turn and the memory come, and the stream waits on
-    /// the device meanwhile.
-    fn take_staging(&self, geo: &Geometry) -> Result<Option<PinnedBlock<D>>> {
-        if geo.direct.is_some() {
-            return Ok(None);
+        };
+        if direct.is_none() {
+            let span = self.shared.ring.span_of(geo.chunk_bytes())?;
+            let (mut next_chunk, mut next_pos) = self.ring_next.get();
+            geo.place = Some(self.shared.ring.place(chunks, span, &mut next_chunk, &mut next_pos));
+            self.ring_next.set((next_chunk, next_pos));
         }
-        let (pools, bytes) = (&self.shared.pools, geo.staging_bytes());
-        if self.shared.grants().next != self.grants_issued.get() {
-            pools.check_fits(bytes)?;
-            return Ok(None);
-        }
-        match pools.try_take(bytes, true)? {
-            None if !self.config.proxy_queues_copies => Ok(Some(self.wait_for_staging(bytes)?)),
-            got => Ok(got),
-        }
+        Ok(geo)
     }
 
     /// Takes the operation's flags, orders it after the work on its buffers, and lays out its
     /// device side (taking the plan's regions).
-    fn set_up<T>(
-        &self,
-        stream: &D::Stream,
-        plan: &mut Plan<T>,
-        mut geo: Geometry,
-        staging: Option<PinnedBlock<D>>,
-    ) -> Result<SetUp<D>> {
-        let (device, pools, direct) = (&*self.shared.device, &self.shared.pools, geo.direct.is_some());
-        let waits_for_memory = !direct && staging.is_none();
-        let (input, output, done) = (pools.flag()?, Arc::new(pools.flag()?), Arc::new(pools.flag()?));
-        geo.base = staging.as_ref().map_or(0, |s| s.ptr() as usize);
+    fn set_up<T>(&self, stream: &D::Stream, plan: &mut Plan<T>, geo: Geometry) -> Result<SetUp<D>> {
+        let (device, pools, ring) = (&*self.shared.device, &self.shared.pools, &self.shared.ring);
+        let own = match geo.place {
+            Some(_) => None,
+            None => Some((pools.flag()?, Arc::new(pools.flag()?))),
+        };
+        let done = Arc::new(pools.flag()?);
         let keeps = plan.keep_alives();
         let in_place = !matches!(plan.input, Some((_, InputArea::Send)));
         device.acquire(stream, &keeps)?;
-        let two_streams = !direct && (geo.chunks > 1 || waits_for_memory);
-        // Send-only operations staged through pinned memory: once the data is staged, the device
+        let (ins, outs) = match (geo.place, self.copy_streams()?) {
+            (Some(_), (i, o)) => (i.clone(), o.clone()),
+            (None, _) => (stream.clone(), stream.clone()),
+        };
+        // Send-only operations staged through the ring: once the data is staged, the device
         // buffers are free, so the stream need not wait for the MPI part.
-        let early = !direct && plan.output.is_none() && plan.input.is_some();
-        // The calling thread queues every chunk's copies (see the module docs of `host_transfer`
-        // on queue order); only an operation that waits for staging memory (or a communicator
-        // configured to) has the proxy thread queue them, once the stream raises `start`.
-        let deferred = waits_for_memory || (two_streams && self.config.proxy_queues_copies);
-        let freed = if two_streams { Some(Arc::new(pools.flag()?)) } else { None };
-        let start = if deferred { Some(pools.flag()?) } else { None };
-        let (ins, outs) = match self.copy_streams_if(two_streams)? {
-            Some((i, o)) => (i.clone(), o.clone()),
-            None => (stream.clone(), stream.clone()),
+        let early = geo.place.is_some() && plan.output.is_none() && plan.input.is_some();
+        let (input_flag, output_flag) = match &own {
+            Some((input, output)) => (input.flag(), output.flag()),
+            None => (ring.staged.flag(), ring.output.flag()),
         };
         let copies = Copies {
             device: Arc::clone(&self.shared.device),
@@ -273,31 +193,13 @@ impl<D: Device> HostTransferCommunicator<D> {
             device_reduce: plan.device_reduce,
             recv_parts: plan.recv_parts,
             geo,
-            input_flag: input.flag(),
-            output_flag: output.flag(),
-            freed: freed.as_deref().map(FlagSlot::flag),
+            input_flag,
+            output_flag,
+            ring: geo.place.map(|_| (ring.drained.flag(), ring.free.flag())),
             done: done.flag(),
             early,
         };
-        let (deferred, work) = match &start {
-            Some(start) => (Some(copies), DeviceWork::Start(start.flag())),
-            None => (None, DeviceWork::Copies(copies)),
-        };
-        let flags = Flags { input, output, done, freed, start };
-        let recv_parts = plan.recv_parts;
-        Ok(SetUp {
-            geo,
-            staging,
-            flags,
-            deferred,
-            work,
-            keeps,
-            waits_for_memory,
-            two_streams,
-            in_place,
-            early,
-            recv_parts,
-        })
+        Ok(SetUp { geo, own, done, copies, keeps, in_place, recv_parts: plan.recv_parts })
     }
 
     /// Hands the operation to the proxy thread, before its device work is queued: a GPU's
@@ -312,39 +214,28 @@ impl<D: Device> HostTransferCommunicator<D> {
         (id, sig): (OpId, Signature),
         errors: Arc<ErrorSlot>,
     ) -> HandedOver<D> {
-        let SetUp { geo, staging, flags, deferred, work, keeps, .. } = set_up;
+        let SetUp { geo, own, done, copies, keeps, in_place, recv_parts } = set_up;
         let ticket = self.next_ticket();
-        let grant = geo.direct.is_none().then(|| self.next_grant());
-        if let (Some(g), false) = (grant, set_up.waits_for_memory) {
-            self.shared.grants().pass(g);
-        }
         let caller_gave_up = Arc::new(AtomicBool::new(false));
-        let Flags { input, output, done, freed, start } = flags;
+        let output = own.as_ref().map(|o| Arc::clone(&o.1));
         let op = InFlight {
             shared: Arc::clone(&self.shared),
             ticket,
             turn_held: false,
-            chunks: geo.last_flag,
-            input,
-            output: Arc::clone(&output),
-            freed: freed.clone(),
-            start,
-            queued: deferred.is_none(),
+            geo,
+            own,
+            queued: true,
+            released: 0,
+            drains: !copies.early,
             done: Arc::clone(&done),
-            staging,
-            retired: None,
-            grant: grant.filter(|_| set_up.waits_for_memory),
             keep: if geo.direct.is_some() { keeps.clone() } else { Vec::new() },
             errors,
         };
         let host = HostPart {
             op,
-            deferred,
-            geo,
             chunk,
-            recv_parts: set_up.recv_parts,
-            in_place: set_up.in_place,
-            early: set_up.early,
+            recv_parts,
+            in_place,
             monitor: Arc::clone(&self.shared.monitor),
             id,
             sig,
@@ -355,65 +246,55 @@ impl<D: Device> HostTransferCommunicator<D> {
         let task = Task::new(host.into_future());
         self.engine.submit_now(Arc::clone(&task));
         self.track(Arc::clone(&task));
-        HandedOver {
-            work,
-            done,
-            output,
-            freed,
-            last_flag: geo.last_flag,
-            two_streams: set_up.two_streams,
-            keeps,
-            caller_gave_up,
-            task,
-        }
+        HandedOver { copies, geo, done, output, keeps, caller_gave_up, task }
     }
 
-    /// Queues the operation's device side on `stream` (and the copy streams), or the `start`
-    /// flag and the wait for `done` where the proxy thread queues the copies.
-    fn queue_device_work(&self, stream: &D::Stream, handed: &HandedOver<D>) -> Result<(), QueueingFailed> {
-        let device = &*self.shared.device;
-        let let_go = |error| QueueingFailed { error, let_go: true };
-        let wait_done = || {
-            // SAFETY: the wait keeps `done`'s slot. The operation's own hold is not enough: it
-            // ends when the proxy thread sees `done`, which may be before this stream does, and
-            // a later operation could then take the slot and reset it to 0 under the stream's
-            // wait, which would never end.
-            unsafe { device.wait_flag(stream, handed.done.flag(), 1, Some(Arc::clone(&handed.done) as KeepAlive)) }
-        };
-        match &handed.work {
-            // SAFETY: `start` is held by the operation until the proxy thread has seen it.
-            DeviceWork::Start(start) => match unsafe { device.write_flag(stream, *start, 1) } {
-                Err(e) => Err(let_go(e)),
-                Ok(()) => wait_done().map_err(|error| QueueingFailed { error, let_go: false }),
-            },
-            DeviceWork::Copies(copies) => {
-                let two = handed.two_streams;
-                // SAFETY: the flags and staging are held by the operation until `done`.
-                unsafe {
-                    // The copy streams start where the stream is now: its earlier work made
-                    // the data.
-                    let joined = if two { device.join(&copies.ins, stream) } else { Ok(()) };
-                    joined.and_then(|()| copies.queue()).and_then(|()| if two { wait_done() } else { Ok(()) })
-                }
-                .map_err(let_go)
+    /// Queues the operation's device side: on the copy streams, which start where `stream` is
+    /// (its earlier work made the data) and which `stream` then waits for; or on `stream`
+    /// itself for an operation on the device buffers.
+    fn queue_device_work(&self, stream: &D::Stream, handed: &HandedOver<D>) -> Result<()> {
+        let (device, copies) = (&*self.shared.device, &handed.copies);
+        let staged = handed.geo.place.is_some();
+        // SAFETY: the flags are held by the operation until `done`, the ring by the shared
+        // state it holds. The stream's wait keeps `done`'s slot: the operation's own hold ends
+        // when the proxy thread sees `done`, which may be before this stream does, and a later
+        // operation could then take the slot and reset it to 0 under the stream's wait.
+        unsafe {
+            if staged {
+                device.join(&copies.ins, stream)?;
+            }
+            copies.queue()?;
+            if staged {
+                device.wait_flag(stream, handed.done.flag(), 1, Some(Arc::clone(&handed.done) as KeepAlive))?;
             }
         }
+        Ok(())
     }
 
-    /// Queueing failed: unless the proxy thread runs the operation to its end anyway, lets what
-    /// was queued run through (its waits released), then lets the proxy thread drop the
-    /// operation, whose flags and staging go back to the pool; the outputs are unspecified.
-    /// Returns the error.
-    fn abandon_queueing(&self, stream: &D::Stream, handed: HandedOver<D>, failed: QueueingFailed) -> Error {
-        if failed.let_go {
-            release_waits(&handed.output, handed.freed.as_deref(), handed.last_flag);
-            if let DeviceWork::Copies(copies) = &handed.work {
-                copies.run_through();
+    /// Queueing failed: lets what was queued run through (its waits released), then lets the
+    /// proxy thread drop the operation, whose chunks go back to the ring and whose flags go back
+    /// to the pool; the outputs are unspecified. Returns the error.
+    ///
+    /// On the copy streams, the proxy thread releases the operation's waits once its turn has
+    /// come (raising the ring's *output* earlier would release earlier operations' chunks
+    /// before their MPI parts are done); the copy streams then run through, and since nothing
+    /// queued is left on them, the operation's chunks count as drained.
+    fn abandon_queueing(&self, stream: &D::Stream, handed: HandedOver<D>, error: Error) -> Error {
+        let last = handed.geo.last();
+        match &handed.output {
+            Some(output) => {
+                output.raise(last);
+                handed.copies.run_through();
+                handed.caller_gave_up.store(true, Ordering::Release);
             }
-            handed.caller_gave_up.store(true, Ordering::Release);
+            None => {
+                handed.caller_gave_up.store(true, Ordering::Release);
+                handed.copies.run_through();
+                self.shared.ring.drained.raise(last);
+            }
         }
         let _ = self.shared.device.release(stream, &handed.keeps);
-        failed.error
+        error
     }
 }
 
@@ -426,6 +307,8 @@ mod tests {
     use crate::device::host::HostDevice;
 
     const LIMIT: Duration = Duration::from_secs(30);
+    /// The ring's counters, lent for the communicator's life.
+    const RING: usize = 4;
 
     /// A stream that falls behind the proxy thread still passes its wait for a pipelined
     /// operation's `done` flag. The stream is held at that wait until the proxy thread has
@@ -442,7 +325,7 @@ mod tests {
         let stream = dev.stream().unwrap();
         let config = HostTransferConfig { chunk_bytes: 4 << 10, direct: false, ..Default::default() };
         let c = HostTransferCommunicator::with_config(&world, dev.clone(), stream.clone(), config).unwrap();
-        let len = 4 << 10; // 16 KiB of u32: four chunks, so the operation pipelines.
+        let len = 4 << 10; // 16 KiB of u32: four full chunks, so the operation pipelines.
         let send = dev.upload(&vec![3u32; len]).unwrap();
         let (mut first, mut second) = (dev.alloc_zeroed::<u32>(len).unwrap(), dev.alloc_zeroed::<u32>(len).unwrap());
 
@@ -452,13 +335,14 @@ mod tests {
         let _open = gate.held_until_drop();
         c.allreduce(&send, &mut first, Sum).unwrap();
         assert!(gate.reached_by(1, LIMIT), "the stream never reached its wait for done");
-        // The proxy thread lets go of the operation's flags (four of them) once it sees `done`.
+        // The proxy thread lets go of the operation's flag once it sees `done`; the ring's four
+        // counters stay.
         let end = Instant::now() + LIMIT;
-        while c.pool_stats().flags_in_use > 1 {
+        while c.pool_stats().flags_in_use > RING + 1 {
             assert!(Instant::now() < end, "the operation never finished: {:?}", c.pool_stats());
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(c.pool_stats().flags_in_use, 1, "the stream waits on done, so its slot must stay lent");
+        assert_eq!(c.pool_stats().flags_in_use, RING + 1, "the stream waits on done, so its slot must stay lent");
         // Without that, the next operation takes the slot: its flags are set to 0 on taking.
 
         c.allreduce(&send, &mut second, Sum).unwrap();
@@ -480,7 +364,7 @@ mod tests {
         assert_eq!(dev.download(&first).unwrap(), vec![3; len]);
         assert_eq!(dev.download(&second).unwrap(), vec![3; len]);
         let end = Instant::now() + LIMIT;
-        while c.pool_stats().flags_in_use != 0 || c.pool_stats().blocks_in_use != 0 {
+        while c.pool_stats().flags_in_use != RING || c.pool_stats().blocks_in_use != 1 {
             assert!(Instant::now() < end, "the pool still lends {:?}", c.pool_stats());
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -14,7 +14,7 @@
 //! whose ranks may disagree on that (gatherv, scatterv, alltoallv, point-to-point) exchange
 //! their chunks as point-to-point messages ([`Plan::pairwise`]), which match pair by pair in
 //! order, since both sides of a pair know the pair's length. So every operation, whatever its
-//! size, holds `depth` slots of one chunk of pinned memory.
+//! size, streams through the communicator's staging ring one chunk at a time.
 
 mod movement;
 mod p2p;

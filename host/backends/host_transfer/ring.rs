@@ -1,0 +1,201 @@
+//! The communicator's staging ring: pinned memory taken once, when the communicator is made,
+//! that every staged operation streams through in queue order (see
+//! [docs/host_transfer.md](../../../docs/host_transfer.md#the-staging-ring)).
+//!
+//! The ring is `cells` cells of `cell_bytes`. Chunk `c` of the communicator (chunks are
+//! numbered across operations, in queue order) occupies `span` cells from ring position `p`
+//! (positions also count across operations; the cell is `p mod cells`). Four monotonic 32-bit
+//! counters in pinned, mapped memory say how far each side is, compared modulo 2³²:
+//!
+//! | counter | raised by | to | meaning |
+//! |---|---|---|---|
+//! | *staged* | the input copy stream | `c + 1` | chunk `c`'s input is in its cells |
+//! | *output* | the proxy thread | `c + 1` | chunk `c`'s MPI part is done |
+//! | *drained* | the output copy stream | `c + 1` | chunk `c`'s result was copied back |
+//! | *free* | the proxy thread | `p` | every position below `p` may be refilled |
+//!
+//! The input stream waits for *free* before it refills a cell: that is the only wait of an
+//! operation on an earlier one, and the proxy thread raises *free* once the earlier chunk's
+//! MPI part is over and (if it copies back) the output stream has drained it, which was queued
+//! before the wait. So the device only ever waits on work queued before its wait, or on the
+//! host.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use duralumin_kernels::flag::reached;
+
+use crate::device::Device;
+use crate::device::pool::{FlagSlot, PinnedBlock, Pools};
+use crate::error::{Error, Result};
+
+/// The low 32 bits of a chunk number or position: the counters compare modulo 2³², and fewer
+/// than 2³¹ chunks or cells are ever in flight.
+#[allow(clippy::cast_possible_truncation)]
+pub(crate) fn low(v: u64) -> u32 {
+    v as u32
+}
+
+/// A chunk whose MPI part is over, waiting for its cells to be released in chunk order.
+struct Release {
+    /// The chunk's number.
+    chunk: u64,
+    /// The position after its cells.
+    end: u64,
+    /// Whether the output stream copies it back first (then *drained* must reach it).
+    drains: bool,
+}
+
+/// The ring and its counters (shared by the calling thread, the proxy thread and the device).
+pub(crate) struct Ring<D: Device> {
+    block: Option<PinnedBlock<D>>,
+    base: usize,
+    pub(crate) cells: u64,
+    pub(crate) cell_bytes: usize,
+    pub(crate) staged: FlagSlot<D>,
+    pub(crate) output: FlagSlot<D>,
+    pub(crate) drained: FlagSlot<D>,
+    pub(crate) free: FlagSlot<D>,
+    releases: Mutex<VecDeque<Release>>,
+    /// An operation was abandoned while MPI may still use the ring: it is never freed.
+    leaked: AtomicBool,
+}
+
+/// Where an operation's chunks lie in the ring: chunk `k` is chunk `first + k` of the
+/// communicator, at position `pos + k span`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) first: u64,
+    pub(crate) pos: u64,
+    /// Where the earlier chunks ended: positions from here to `pos` were skipped to align the
+    /// first chunk, and are never filled.
+    pub(crate) skipped: u64,
+    pub(crate) span: u64,
+    pub(crate) cells: u64,
+    pub(crate) cell_bytes: usize,
+    pub(crate) base: usize,
+}
+
+impl Place {
+    /// The counter value that says chunk `k` of the operation is through a step.
+    pub(crate) fn flag(&self, k: usize) -> u32 {
+        low(self.first.wrapping_add(k as u64 + 1))
+    }
+
+    /// The position after chunk `k`'s cells.
+    pub(crate) fn end(&self, k: usize) -> u64 {
+        self.pos + (k as u64 + 1) * self.span
+    }
+
+    /// The *free* value chunk `k`'s cells need before they are filled: its end, a ring behind.
+    pub(crate) fn needs_free(&self, k: usize) -> Option<u32> {
+        let need = self.end(k).checked_sub(self.cells)?;
+        // Skipped positions hold nothing: the earlier chunks' end is enough (the skipped ones
+        // count as free only once this operation's first chunk is handed back, which may come
+        // later on the device's queue than this chunk).
+        Some(low(if need > self.skipped && need <= self.pos { self.skipped } else { need }))
+    }
+
+    /// Host address of chunk `k`'s first cell.
+    pub(crate) fn addr(&self, k: usize) -> usize {
+        // Below `cells`, which came from a `usize`.
+        let cell = usize::try_from((self.pos + k as u64 * self.span) % self.cells).unwrap_or(0);
+        self.base + cell * self.cell_bytes
+    }
+}
+
+impl<D: Device> Ring<D> {
+    /// A ring of `cells` cells of `cell_bytes` (`cells` a power of two), taken from `pools`
+    /// (contents unspecified: nothing reads a cell before the device or MPI wrote it).
+    pub(crate) fn new(pools: &Arc<Pools<D>>, cells: usize, cell_bytes: usize) -> Result<Ring<D>> {
+        let bytes = cells
+            .checked_mul(cell_bytes)
+            .ok_or(Error::CountOverflow { what: "staging ring bytes", value: cells as u128 * cell_bytes as u128 })?;
+        let block = pools.take(bytes)?;
+        let counter = || pools.flag();
+        Ok(Ring {
+            base: block.ptr() as usize,
+            block: Some(block),
+            cells: cells as u64,
+            cell_bytes,
+            staged: counter()?,
+            output: counter()?,
+            drained: counter()?,
+            free: counter()?,
+            releases: Mutex::default(),
+            leaked: AtomicBool::new(false),
+        })
+    }
+
+    /// Cells a chunk of `bytes` occupies (a power of two, so chunks never straddle the ring's
+    /// end), or [`Error::PoolExhausted`] when one chunk needs more than the ring.
+    pub(crate) fn span_of(&self, bytes: usize) -> Result<u64> {
+        let span = (bytes.div_ceil(self.cell_bytes).max(1) as u64).next_power_of_two();
+        if span > self.cells {
+            return Err(Error::PoolExhausted {
+                requested: bytes,
+                in_use: 0,
+                cap: usize::try_from(self.cells).unwrap_or(usize::MAX).saturating_mul(self.cell_bytes),
+            });
+        }
+        Ok(span)
+    }
+
+    /// Places `chunks` chunks of `span` cells from chunk `*next_chunk` and position
+    /// `*next_pos` (the calling thread's counters, advanced past them).
+    pub(crate) fn place(&self, chunks: usize, span: u64, next_chunk: &mut u64, next_pos: &mut u64) -> Place {
+        let pos = next_pos.div_ceil(span) * span;
+        let (first, skipped, cells, cell_bytes, base) =
+            (*next_chunk, *next_pos, self.cells, self.cell_bytes, self.base);
+        let place = Place { first, pos, skipped, span, cells, cell_bytes, base };
+        *next_chunk += chunks as u64;
+        *next_pos = pos + chunks as u64 * span;
+        place
+    }
+
+    /// Chunk `k` of the operation at `place` is through its MPI part (or skipped): its cells
+    /// are released once every earlier chunk's are and, if `drains`, the output stream copied it
+    /// back.
+    pub(crate) fn finished(&self, place: &Place, k: usize, drains: bool) {
+        let release = Release { chunk: place.first + k as u64, end: place.end(k), drains };
+        self.lock().push_back(release);
+        self.advance();
+    }
+
+    /// Raises *free* over every released chunk at the front of the queue; whether any chunk
+    /// is still waiting.
+    pub(crate) fn advance(&self) -> bool {
+        let mut q = self.lock();
+        while let Some(r) = q.front() {
+            if r.drains && !reached(self.drained.load(), low(r.chunk + 1)) {
+                return true;
+            }
+            self.free.raise(low(r.end));
+            q.pop_front();
+        }
+        false
+    }
+
+    /// The operation at `place` is given up: every wait of its chunks (and of earlier ones)
+    /// passes, and the ring is leaked, since MPI may still write into it.
+    pub(crate) fn abandon(&self, place: &Place, chunks: usize) {
+        self.leaked.store(true, Ordering::Release);
+        let last = chunks.max(1) - 1;
+        self.lock().clear();
+        self.output.raise(place.flag(last));
+        self.free.raise(low(place.end(last)));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Release>> {
+        self.releases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<D: Device> Drop for Ring<D> {
+    fn drop(&mut self) {
+        if self.leaked.load(Ordering::Acquire) {
+            std::mem::forget(self.block.take());
+        }
+    }
+}
