@@ -5,9 +5,7 @@
 //! freed blocks wait in per-size free lists. The pool has a cap on what it holds in total; a
 //! request that would pass it first releases idle blocks of other sizes, then reports that it
 //! must wait ([`Pools::try_take`]) or fails with [`Error::PoolExhausted`] ([`Pools::take`]):
-//! the pool never blocks. A block can be handed back ahead of the device
-//! work that uses it ([`PinnedBlock::retire_on`]): it is free again as soon as that work raises
-//! its flag, so an operation queued right after a synchronize finds it. Flags come from pinned pages of
+//! the pool never blocks. Flags come from pinned pages of
 //! [`FLAGS_PER_PAGE`] slots; a slot is zeroed when taken. Both pools count what is in use, so
 //! tests can check that every operation gave everything back.
 
@@ -45,8 +43,6 @@ pub struct PoolStats {
 
 struct Counters {
     free: BTreeMap<usize, Vec<usize>>,
-    /// Blocks handed back early: `(address, size, flag)`, free once the flag reads at least 1.
-    retiring: Vec<(usize, usize, Flag)>,
     stats: PoolStats,
     flag_pages: Vec<(usize, DevicePtr)>,
     free_flags: Vec<(usize, usize)>,
@@ -72,7 +68,6 @@ impl<D: Device> Pools<D> {
             device,
             state: Mutex::new(Counters {
                 free: BTreeMap::new(),
-                retiring: Vec::new(),
                 stats,
                 flag_pages: Vec::new(),
                 free_flags: Vec::new(),
@@ -85,11 +80,9 @@ impl<D: Device> Pools<D> {
         &self.device
     }
 
-    /// The counters now (retired blocks whose flag has been raised count as returned).
+    /// The counters now.
     pub fn stats(&self) -> PoolStats {
-        let mut st = self.lock();
-        st.reclaim_raised();
-        st.stats
+        self.lock().stats
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
@@ -121,11 +114,10 @@ impl<D: Device> Pools<D> {
         let room;
         {
             let mut st = self.lock();
-            st.reclaim_raised();
             let idle = st.free.range_mut(size..).find(|(_, l)| !l.is_empty()).map(|(&s, l)| (s, l.pop()));
             if let Some((got, Some(ptr))) = idle {
                 st.lend(got);
-                return Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr, size: got, retired: false }));
+                return Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr, size: got }));
             }
             // Make room by releasing idle blocks (all smaller than `size` now), largest first.
             while free_idle && st.stats.held_bytes + size > st.stats.cap_bytes {
@@ -150,7 +142,7 @@ impl<D: Device> Pools<D> {
         match self.device.alloc_pinned(size) {
             Ok(p) => {
                 self.lock().lend(size);
-                Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr: p as usize, size, retired: false }))
+                Ok(Some(PinnedBlock { pools: Arc::clone(self), ptr: p as usize, size }))
             }
             Err(e) => {
                 self.lock().stats.held_bytes -= size;
@@ -226,22 +218,6 @@ impl Counters {
         self.stats.blocks_in_use -= 1;
         self.free.entry(size).or_default().push(ptr);
     }
-
-    /// Frees every retired block whose flag has been raised.
-    fn reclaim_raised(&mut self) {
-        let mut i = 0;
-        while i < self.retiring.len() {
-            let (ptr, size, flag) = self.retiring[i];
-            // SAFETY: a retiring entry's flag slot is held by its `Retired` guard, which removes
-            // the entry before letting the slot go.
-            if reached(unsafe { flag.atomic() }.load(Ordering::Acquire), 1) {
-                self.retiring.swap_remove(i);
-                self.give_back(ptr, size);
-            } else {
-                i += 1;
-            }
-        }
-    }
 }
 
 impl<D: Device> Drop for Pools<D> {
@@ -278,8 +254,6 @@ pub struct PinnedBlock<D: Device> {
     pools: Arc<Pools<D>>,
     ptr: usize,
     size: usize,
-    /// Handed to [`PinnedBlock::retire_on`]: the retiring list returns it.
-    retired: bool,
 }
 
 impl<D: Device> std::fmt::Debug for PinnedBlock<D> {
@@ -298,48 +272,11 @@ impl<D: Device> PinnedBlock<D> {
     pub fn size(&self) -> usize {
         self.size
     }
-
-    /// Hands the block back once `done` is raised to at least 1, without anyone having to
-    /// watch for it: the pool's next [`Pools::take`] or [`Pools::stats`] that finds `done`
-    /// raised frees it, and so does dropping the returned guard (whatever `done` reads then).
-    /// For memory that queued device work uses until it raises `done`: a caller that
-    /// synchronized with that work can have the block again at once.
-    pub fn retire_on(mut self, done: Arc<FlagSlot<D>>) -> Retired<D> {
-        self.pools.lock().retiring.push((self.ptr, self.size, done.flag()));
-        self.retired = true;
-        Retired { pools: Arc::clone(&self.pools), ptr: self.ptr, _done: done }
-    }
 }
 
 impl<D: Device> Drop for PinnedBlock<D> {
     fn drop(&mut self) {
-        if !self.retired {
-            self.pools.lock().give_back(self.ptr, self.size);
-        }
-    }
-}
-
-/// A block handed back by [`PinnedBlock::retire_on`]; frees it on drop if its flag has not
-/// done so yet. Holds the flag slot, so the flag stays this block's until then.
-pub struct Retired<D: Device> {
-    pools: Arc<Pools<D>>,
-    ptr: usize,
-    _done: Arc<FlagSlot<D>>,
-}
-
-impl<D: Device> std::fmt::Debug for Retired<D> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Retired").finish_non_exhaustive()
-    }
-}
-
-impl<D: Device> Drop for Retired<D> {
-    fn drop(&mut self) {
-        let mut st = self.pools.lock();
-        if let Some(i) = st.retiring.iter().position(|r| r.0 == self.ptr) {
-            let (ptr, size, _) = st.retiring.swap_remove(i);
-            st.give_back(ptr, size);
-        }
+        self.pools.lock().give_back(self.ptr, self.size);
     }
 }
 

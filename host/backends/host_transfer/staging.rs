@@ -173,9 +173,12 @@ impl<D: Device> HostTransferCommunicator<D> {
         let keeps = plan.keep_alives();
         let in_place = !matches!(plan.input, Some((_, InputArea::Send)));
         device.acquire(stream, &keeps)?;
-        let (ins, outs) = match (geo.place, self.copy_streams()?) {
-            (Some(_), (i, o)) => (i.clone(), o.clone()),
-            (None, _) => (stream.clone(), stream.clone()),
+        let (ins, outs) = match geo.place {
+            Some(_) => {
+                let (i, o) = self.copy_streams()?;
+                (i.clone(), o.clone())
+            }
+            None => (stream.clone(), stream.clone()),
         };
         // Send-only operations staged through the ring: once the data is staged, the device
         // buffers are free, so the stream need not wait for the MPI part.
