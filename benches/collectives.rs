@@ -65,8 +65,18 @@ fn main() {
         ("DURALUMIN_BENCH_CSV", csv.clone()),
         ("DURALUMIN_TUNING", std::env::var("DURALUMIN_TUNING").unwrap_or_default()),
     ];
+    let op = get("--op").unwrap_or_default();
     for np in nps {
         relaunch(np, &env, &[]);
+        // The HostTransfer rows once more, with the ranks' other idle setting: each hand-off
+        // between threads costs a trip through the scheduler where ranks yield when idle.
+        if "ht".starts_with(&op) || op.starts_with("ht") {
+            let other = if relaunch::yields_when_idle(np) { "0" } else { "1" };
+            let mut ht = env.clone();
+            ht[0].1 = "ht".into();
+            ht[2].1 = format!("{csv}.yield{other}");
+            relaunch(np, &[&ht[..], &[("OMPI_MCA_mpi_yield_when_idle", other.into())]].concat(), &[]);
+        }
     }
     println!("CSV written to {csv}");
 }
@@ -163,7 +173,8 @@ fn rank_main() {
         rows: Vec::new(),
     };
     if comm.rank() == 0 {
-        println!("\n== np = {} ==", comm.size());
+        let yields = std::env::var("OMPI_MCA_mpi_yield_when_idle").unwrap_or_else(|_| "unset".into());
+        println!("\n== np = {}, OMPI_MCA_mpi_yield_when_idle={yields} ==", comm.size());
         print_header();
     }
     let idle_before = small_allreduce(&b);

@@ -20,9 +20,11 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo clippy --release "${hip[@]}" --lib --test hip_device -- -D warnings
 step clippy
-# The API docs: every intra-doc link resolves (the kernels' builder is behind its feature).
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin -p duralumin-cudasim "${hip[@]}"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p duralumin-kernels --features builder
+# The API docs: every intra-doc link resolves (the kernels' builder is behind its feature). The
+# docs need no device code: skip the nested GPU builds, which this (debug) profile would
+# otherwise make again for itself (about two minutes).
+RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin -p duralumin-cudasim "${hip[@]}"
+RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin-kernels --features builder
 # Undefined behaviour in the unit tests of the unsafe code, under Miri (see the script).
 bash scripts/miri.sh
 step miri
@@ -46,7 +48,7 @@ ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}
 OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc DURALUMIN_SKIP_KERNELS=1 \
     cargo build --release --example 03-survive-rank-loss --target-dir target/ulfm
 DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/release/examples/03-survive-rank-loss \
-    DURALUMIN_REQUIRE_ULFM=1 cargo test --release "${hip[@]}" --test ulfm
+    DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm
 step ulfm
 # The GPU benchmark programs must run to their end on the simulator (tests/mpi_ranks linked it
 # as target/release/cudasim/libcuda.so). The HostTransfer one runs to 256 MiB (where a pinned

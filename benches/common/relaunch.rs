@@ -38,10 +38,7 @@ pub fn relaunch(np: usize, env: &[(&str, String)], args: &[String]) {
     let exe = std::env::current_exe().expect("current_exe");
     let mpirun = mpirun::mpirun_program();
     let limit = limit();
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let yield_when_idle = np >= cores
-        && std::env::var_os("OMPI_MCA_mpi_yield_when_idle").is_none()
-        && !env.iter().any(|(k, _)| *k == "OMPI_MCA_mpi_yield_when_idle");
+    let yield_when_idle = yields_when_idle(np) && !env.iter().any(|(k, _)| *k == "OMPI_MCA_mpi_yield_when_idle");
     // The job stays in this process's group, so an interrupt from the terminal reaches it.
     let mut child = mpirun::command(&mpirun, np, &exe, &[])
         .args(args)
@@ -59,6 +56,16 @@ pub fn relaunch(np: usize, env: &[(&str, String)], args: &[String]) {
                 limit.as_secs_f64()
             );
         }
+    }
+}
+
+/// Whether a launch of `np` ranks yields the core when idle (see [`relaunch`]), unless told
+/// otherwise.
+pub fn yields_when_idle(np: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    match std::env::var("OMPI_MCA_mpi_yield_when_idle") {
+        Ok(v) => v == "1",
+        Err(_) => np >= cores,
     }
 }
 

@@ -163,17 +163,20 @@ pub(crate) fn prepare<P>(
     pairs: Option<Pairs>,
     plan: impl FnOnce() -> Result<P>,
 ) -> Result<P> {
-    let planned = errors.check().and_then(|()| plan());
-    let ready = if m.checks(sig) {
-        let (planned, local) = match planned {
-            Ok(p) => (Some(p), Ok(())),
-            Err(e) => (None, Err(e)),
-        };
-        crosscheck::run(m, op, sig, pairs, local)
-            .and_then(|()| planned.ok_or(Error::Progress("the signature check passed an operation without a plan")))
-    } else {
-        planned
-    };
+    match errors.check().and_then(|()| plan()) {
+        Ok(planned) => agree(m, op, sig, pairs, Ok(())).map(|()| planned),
+        Err(e) => Err(agree(m, op, sig, pairs, Err(e))
+            .err()
+            .unwrap_or(Error::Progress("the signature check passed an operation without a plan"))),
+    }
+}
+
+/// The part of [`prepare`] after the plan: the signature check in check mode, and the record
+/// of a refusal. Not generic and not inlined: `prepare` is instantiated for every operation,
+/// element and operator (about ten thousand copies in the test suite), and this is most of it.
+#[inline(never)]
+fn agree(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, local: Result<()>) -> Result<()> {
+    let ready = if m.checks(sig) { crosscheck::run(m, op, sig, pairs, local) } else { local };
     if let Err(e) = &ready {
         if m.poisoned().is_none() {
             m.set(op, State::Rejected, Some(e.to_string()));

@@ -21,6 +21,7 @@ use duralumin::*;
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
 use crate::host_transfer::assert_idle;
 use crate::mpirun::rank_case::{enter, within};
+use crate::sweep::Breadth;
 
 pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     let ctx = CudaContext::new(0).expect("CUDA context");
@@ -28,13 +29,21 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         // "cudasim (CPU)" on the driver simulator.
         println!("cuda group on {}", ctx.name().unwrap_or_else(|e| format!("an unnamed device ({e:?})")));
     }
-    for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
+    for path in flag_paths() {
         let dev = CudaDevice::with_flag_path(Arc::clone(&ctx), path).expect("CUDA device");
         for config in [small_chunks(), HostTransferConfig::default()] {
             let stream = ctx.new_stream().expect("stream");
             let ht = HostTransfer::on(world, dev.clone(), stream, config);
             let t = std::time::Instant::now();
-            crate::sweep::run(&ht, &format!("HostTransfer<cuda> {path:?} chunk {} B", config.chunk_bytes));
+            // Every pair's reduction kernels run in small chunks (small allreduces reduce on the
+            // device); the other flag path and the default chunks only move data otherwise.
+            let breadth = if path == FlagPath::StreamMemOps && config == small_chunks() {
+                Breadth::Full
+            } else {
+                Breadth::Representative
+            };
+            let name = format!("HostTransfer<cuda> {path:?} chunk {} B", config.chunk_bytes);
+            crate::sweep::run_with(&ht, &name, breadth);
             ht.comm.synchronize().expect("synchronize after the sweep");
             assert_idle(&ht.comm, "after the CUDA sweep");
             if ht.comm.rank() == 0 {
@@ -73,6 +82,16 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         if world.rank() == 0 {
             println!("cuda stream-ordered checks {path:?}: ok in {:.2?}", t.elapsed());
         }
+    }
+}
+
+/// The flag paths the group runs on: both, or only the stream memory operations where the
+/// launch says `DURALUMIN_CUDA_FLAG_PATHS=stream-mem-ops` (the simulated clusters: a flag path
+/// is local to a device, and both run on one node).
+fn flag_paths() -> Vec<FlagPath> {
+    match std::env::var("DURALUMIN_CUDA_FLAG_PATHS").as_deref() {
+        Ok("stream-mem-ops") => vec![FlagPath::StreamMemOps],
+        _ => vec![FlagPath::StreamMemOps, FlagPath::Kernels],
     }
 }
 

@@ -243,7 +243,7 @@ fn one_hardware_queue(world: &SimpleCommunicator) {
     let dev = HostDevice::with_queues(0, 1);
     let stream = dev.stream().unwrap();
     let ht = HostTransfer::on(world, dev, stream, small_chunks());
-    crate::sweep::run(&ht, "HostTransfer<host> on one hardware queue");
+    crate::sweep::run_with(&ht, "HostTransfer<host> on one hardware queue", crate::sweep::Breadth::Representative);
     within("ordering on one hardware queue", || ordering(&ht));
     ht.comm.synchronize().expect("synchronize after the sweep on one hardware queue");
     assert_idle(&ht.comm, "after the sweep on one hardware queue");

@@ -25,7 +25,7 @@ pub fn main() {
     // The two-level algorithms on one host, with rank r treated as on node r % 2: at 5 ranks
     // the nodes are uneven (3 and 2) and not contiguous in rank order.
     trials.push(Trial::test("mpi_np5_simulated_nodes", || {
-        launch_with(5, "sweep", &[("DURALUMIN_SIMULATED_NODES", "2".into())], timeout())
+        launch_with(5, "sweep", &[("DURALUMIN_SIMULATED_NODES", "2".into()), representative()], timeout())
     }));
     // A failure names its case (checked with one failure injected into each).
     trials.push(Trial::test("names_a_wrong_result", names_a_wrong_result));
@@ -72,8 +72,10 @@ pub fn main() {
             })
             .with_ignored_flag(sim.is_none() && !required)
         };
+        // Every pair at 1 and 2 ranks; at 3 the ranks only move the data differently.
         for np in 1..=3 {
-            trials.push(on_sim(format!("cudasim_np{np}"), np, "cuda", vec![], timeout()));
+            let env = if np < 3 { vec![] } else { vec![representative()] };
+            trials.push(on_sim(format!("cudasim_np{np}"), np, "cuda", env, timeout()));
         }
         // Ranks on several simulated hosts sharing the simulator's one device.
         let sim_env = sim
@@ -82,6 +84,8 @@ pub fn main() {
                 vec![
                     ("LD_LIBRARY_PATH", crate::mpirun::library_path_with(dir)),
                     ("DURALUMIN_CLUSTER_RATE", "none".to_string()),
+                    // A flag path is local to a device: both run on one node.
+                    ("DURALUMIN_CUDA_FLAG_PATHS", "stream-mem-ops".to_string()),
                 ]
             })
             .ok_or_else(|| "the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim".into());
@@ -96,7 +100,7 @@ pub fn main() {
                 no_sim,
             ));
         }
-        let one_queue = vec![("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string())];
+        let one_queue = vec![("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()), representative()];
         trials.push(on_sim("cudasim_maxconn1_np2".into(), 2, "cuda", one_queue, timeout()));
         // The NCCL backend on a GPU with a real NCCL (ignored without them), and on cudasim
         // with its NCCL, ncclsim (2.28: native all-to-all, gather and scatter), at 1..5 ranks;
@@ -108,10 +112,11 @@ pub fn main() {
                 Trial::test(format!("nccl_np{np}"), move || launch(np, "nccl")).with_ignored_flag(!nccl_gpu)
             }));
         for np in 1..=5 {
-            trials.push(on_sim(format!("ncclsim_np{np}"), np, "nccl", vec![], timeout()));
+            let env = if np <= 3 { vec![] } else { vec![representative()] };
+            trials.push(on_sim(format!("ncclsim_np{np}"), np, "nccl", env, timeout()));
         }
         for np in [2, 5] {
-            let env = vec![("NCCLSIM_VERSION", "22703".to_string())];
+            let env = vec![("NCCLSIM_VERSION", "22703".to_string()), representative()];
             trials.push(on_sim(format!("ncclsim_nccl2_27_np{np}"), np, "nccl", env, timeout()));
         }
         // Rank 1's third NCCL call hangs, or fails asynchronously: both ranks must end with
@@ -128,6 +133,13 @@ pub fn main() {
         trials.push(on_sim("ncclsim_missing_library_np2".into(), 2, "nccl_missing", env, minute));
     }
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// The sweep's representative cut (`sweep::Breadth::Representative`), for trials that vary only
+/// how the data moves: a simulated cluster, more ranks than the full sweeps', one hardware queue,
+/// an older NCCL. Every pair is swept in full on the same backend by another trial.
+fn representative() -> (&'static str, String) {
+    ("DURALUMIN_SWEEP", "representative".to_string())
 }
 
 /// Runs `program` of this binary on `np` ranks.
@@ -209,6 +221,7 @@ impl Cluster {
             }
             let mut env = env?;
             env.push(("DURALUMIN_CLUSTER", layout.to_string()));
+            env.push(representative());
             launch_on(&mpirun, np, program, &env, timeout())
         })
         .with_ignored_flag(ignored)

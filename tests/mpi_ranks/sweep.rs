@@ -15,9 +15,51 @@ use crate::mpirun::rank_case;
 
 const NB: [bool; 2] = [false, true];
 
-/// Runs the sweep on `c`, named `backend` in failure messages.
+/// How much of the element × operator matrix a sweep covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Breadth {
+    /// Every element type with every operator it has.
+    Full,
+    /// Every operation, algorithm, count, root and mode, but one pair of each kind: every
+    /// element size (1, 2, 4, 8 bytes and the user pairs), signed, unsigned and floating,
+    /// operators MPI has natively and those it has not (`Avg`, the logical ones on floats), a
+    /// bitwise one, the user pairs and the non-commutative one. For trials that vary only how
+    /// the data moves (a simulated cluster, one hardware queue, another flag path or chunk
+    /// size), where every pair's own arithmetic is the full sweep's on the same backend.
+    Representative,
+}
+
+/// The breadth a launch asked for: `DURALUMIN_SWEEP=representative` (the launcher sets it on
+/// the trials that vary only how data moves), else [`Breadth::Full`].
+pub fn breadth() -> Breadth {
+    match std::env::var("DURALUMIN_SWEEP").as_deref() {
+        Ok("representative") => Breadth::Representative,
+        _ => Breadth::Full,
+    }
+}
+
+/// Runs the sweep on `c`, named `backend` in failure messages, at the launch's [`breadth`].
 pub fn run(c: &impl Backend, backend: &str) {
+    run_with(c, backend, breadth());
+}
+
+/// Runs the sweep on `c` at `breadth` (never wider than the launch's).
+pub fn run_with(c: &impl Backend, backend: &str, breadth: Breadth) {
     let _backend = rank_case::enter(backend);
+    if breadth == Breadth::Representative || self::breadth() == Breadth::Representative {
+        reductions::<i8, Sum>(c);
+        reductions::<u16, BitXor>(c);
+        reductions::<i32, Max>(c);
+        reductions::<u64, Prod>(c);
+        reductions::<f32, Sum>(c);
+        reductions::<f64, Avg>(c);
+        reductions::<f16, LogicalOr>(c);
+        reductions::<bf16, Min>(c);
+        movement::<u8>(c);
+        movement::<f64>(c);
+        user_pairs(c);
+        return;
+    }
     macro_rules! numeric {
         ($($t:ty),*) => {$(
             reductions::<$t, Sum>(c);
@@ -40,6 +82,11 @@ pub fn run(c: &impl Backend, backend: &str) {
     }
     numeric!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, f16, bf16);
     integer!(i8, i16, i32, i64, u8, u16, u32, u64);
+    user_pairs(c);
+}
+
+/// The user pairs: moved, and reduced where the backend runs them (else refused by name).
+fn user_pairs(c: &impl Backend) {
     movement::<MinLoc>(c);
     movement::<Complex>(c);
     if c.runs_user_pairs() {

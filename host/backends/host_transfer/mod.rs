@@ -125,6 +125,18 @@ pub struct HostTransferConfig {
     /// moves `size` times the data to the device, so it pays only where host reduction is the
     /// bottleneck (operators MPI has no native form for, few ranks); 0 turns it off.
     pub device_reduce_max_bytes: usize,
+    /// Operations on the device buffers themselves ([`direct`](Self::direct)) of at most this
+    /// many bytes start on the calling thread when their stream has nothing queued and the
+    /// communicator nothing in flight: the calling thread runs their MPI part for at most
+    /// [`inline_wait`](Self::inline_wait), and one that is through by then leaves nothing on
+    /// the stream. One that is not (a late peer) goes on on the proxy thread, and the stream
+    /// waits for it as for any other. Small operations then cost what the Mpi backend's do,
+    /// without a hand-off between threads (see `docs/host_transfer.md`). 0 turns it off.
+    pub inline_max_bytes: usize,
+    /// How long the calling thread runs a small operation's MPI part before it hands the rest
+    /// to the proxy thread (see [`inline_max_bytes`](Self::inline_max_bytes)): the longest an
+    /// operation's call may take beyond queueing it.
+    pub inline_wait: std::time::Duration,
 }
 
 impl HostTransferConfig {
@@ -160,6 +172,8 @@ with_setters!(HostTransferConfig {
     ring_cells: usize => with_ring_cells,
     direct: bool => with_direct,
     device_reduce_max_bytes: usize => with_device_reduce_max_bytes,
+    inline_max_bytes: usize => with_inline_max_bytes,
+    inline_wait: std::time::Duration => with_inline_wait,
 });
 
 impl Default for HostTransferConfig {
@@ -171,6 +185,8 @@ impl Default for HostTransferConfig {
             ring_cells: 16,
             direct: true,
             device_reduce_max_bytes: 0,
+            inline_max_bytes: 64 << 10,
+            inline_wait: std::time::Duration::from_micros(20),
         }
     }
 }

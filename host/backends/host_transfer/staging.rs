@@ -110,7 +110,13 @@ impl<D: Device> HostTransferCommunicator<D> {
     ) -> Result<Queued<D>> {
         let geo = self.cut_into_chunks(&plan)?;
         let set_up = self.set_up(stream, &mut plan, geo)?;
-        let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors));
+        if self.may_start_here(stream, &set_up)? {
+            let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), false);
+            self.start_here(stream, &handed);
+            self.shared.device.release(stream, &handed.keeps)?;
+            return Ok(Queued { done: handed.done, task: handed.task, errors });
+        }
+        let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), true);
         if let Err(error) = self.queue_device_work(stream, &handed) {
             return Err(self.abandon_queueing(stream, handed, error));
         }
@@ -205,19 +211,65 @@ impl<D: Device> HostTransferCommunicator<D> {
         Ok(SetUp { geo, own, done, copies, keeps, in_place, recv_parts: plan.recv_parts })
     }
 
+    /// Whether the operation may start on the calling thread (see
+    /// [`HostTransferConfig::inline_max_bytes`](super::HostTransferConfig::inline_max_bytes)):
+    /// a small one on the device buffers, whose stream has run everything queued before it
+    /// (its buffers are ready now) and whose communicator has no MPI part pending (it is its
+    /// turn).
+    fn may_start_here(&self, stream: &D::Stream, set_up: &SetUp<D>) -> Result<bool> {
+        let small = set_up.geo.direct.is_some() && set_up.geo.chunk_bytes() <= self.config.inline_max_bytes;
+        Ok(small
+            && self.config.inline_max_bytes > 0
+            && self.shared.turn.load(Ordering::Acquire) == self.tickets.get()
+            && self.shared.device.query(stream)?)
+    }
+
+    /// Runs the MPI part of an operation [`may_start_here`](Self::may_start_here) allowed on the
+    /// calling thread for at most `inline_wait`. If it is not through by then, the proxy
+    /// thread finishes it and the stream waits for its `done` flag, which the proxy thread
+    /// raises at the end (nothing else of the operation is queued on the stream).
+    fn start_here(&self, stream: &D::Stream, handed: &HandedOver<D>) {
+        let (task, done) = (&handed.task, &handed.done);
+        let until = std::time::Instant::now() + self.config.inline_wait;
+        while !task.poll_once() {
+            if std::time::Instant::now() < until {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.engine.submit_now(Arc::clone(task));
+            // SAFETY: the wait keeps `done`'s slot (see `queue_device_work`).
+            let queued =
+                unsafe { self.shared.device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(done) as KeepAlive)) };
+            if queued.is_err() {
+                // The stream cannot wait for it: it ends before the call returns instead (its
+                // error, if any, goes where its errors go).
+                let _ = task.wait();
+            }
+            return;
+        }
+    }
+
     /// Hands the operation to the proxy thread, before its device work is queued: a GPU's
     /// command queue holds about a thousand items, and a calling thread queueing more (an
     /// operation of hundreds of chunks) blocks until the device has run some, which needs the
     /// proxy thread to run the operation's first chunks meanwhile. Tickets are still taken in
-    /// the program's order.
+    /// the program's order. An operation whose device work will not be queued (`queued`
+    /// false: it starts on the calling thread, see [`start_here`](Self::start_here)) is not
+    /// handed over yet.
     fn hand_over<T: Element>(
         &self,
         set_up: SetUp<D>,
         chunk: ChunkFn<T>,
         (id, sig): (OpId, Signature),
         errors: Arc<ErrorSlot>,
+        queued: bool,
     ) -> HandedOver<D> {
         let SetUp { geo, own, done, copies, keeps, in_place, recv_parts } = set_up;
+        if let (false, Some((input, _))) = (queued, &own) {
+            // Started on the calling thread, whose stream has run everything before it: the
+            // input is ready.
+            input.raise(geo.last());
+        }
         let ticket = self.next_ticket();
         let caller_gave_up = Arc::new(AtomicBool::new(false));
         let output = own.as_ref().map(|o| Arc::clone(&o.1));
@@ -227,7 +279,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             turn_held: false,
             geo,
             own,
-            queued: true,
+            queued,
             released: 0,
             drains: !copies.early,
             done: Arc::clone(&done),
@@ -247,7 +299,9 @@ impl<D: Device> HostTransferCommunicator<D> {
             checked: false,
         };
         let task = Task::new(host.into_future());
-        self.engine.submit_now(Arc::clone(&task));
+        if queued {
+            self.engine.submit_now(Arc::clone(&task));
+        }
         self.track(Arc::clone(&task));
         HandedOver { copies, geo, done, output, keeps, caller_gave_up, task }
     }
@@ -306,12 +360,68 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::super::{HostTransferCommunicator, HostTransferConfig};
+    use mpi::topology::SimpleCommunicator;
+
     use crate::Sum;
     use crate::device::host::HostDevice;
 
     const LIMIT: Duration = Duration::from_secs(30);
+
+    /// The trials below on one rank (MPI is initialized once per process).
+    #[test]
+    #[cfg_attr(miri, ignore = "initializes MPI, a foreign library Miri cannot call")]
+    fn on_one_rank() {
+        let universe = crate::init().expect("MPI init (singleton)");
+        let world = universe.world();
+        small_operations_on_an_idle_stream_start_on_the_calling_thread(&world);
+        a_stream_behind_the_proxy_thread_keeps_its_done_flag(&world);
+    }
     /// The ring's counters, lent for the communicator's life.
     const RING: usize = 4;
+
+    /// A small operation on the device buffers of an idle stream runs on the calling thread
+    /// and queues nothing on the stream; one too large, or queued behind work the stream has
+    /// not run, or on a communicator that starts nothing there, is queued as before (its wait
+    /// for the MPI part reaches the stream's held gate).
+    fn small_operations_on_an_idle_stream_start_on_the_calling_thread(world: &SimpleCommunicator) {
+        let dev = HostDevice::new(0);
+        let stream = dev.stream().unwrap();
+        // A wait as long as the test's limit: the call returns only once the operation is
+        // through (a single rank's always gets through).
+        let config = HostTransferConfig::default().with_inline_wait(LIMIT);
+        let here = HostTransferCommunicator::with_config(world, dev.clone(), stream.clone(), config).unwrap();
+        let queued =
+            HostTransferCommunicator::with_config(world, dev.clone(), stream.clone(), config.with_inline_max_bytes(0))
+                .unwrap();
+        let small = config.inline_max_bytes / 8;
+        let send = dev.upload(&vec![5u32; small]).unwrap();
+        let large = dev.upload(&vec![7u32; 2 * small]).unwrap();
+        let mut outs: Vec<_> = (0..3).map(|_| dev.alloc_zeroed::<u32>(small).unwrap()).collect();
+        let mut d = dev.alloc_zeroed::<u32>(2 * small).unwrap();
+
+        let gate = stream.wait_gate();
+        gate.hold();
+        let _open = gate.held_until_drop();
+        let [a, b, c] = &mut outs[..] else { unreachable!() };
+        here.allreduce(&send, a, Sum).unwrap();
+        assert!(!gate.reached_by(1, Duration::from_millis(200)), "a small operation on an idle stream queued a wait");
+        // The stream holds nothing: the result is there without waiting for it.
+        assert_eq!(dev.download(a).unwrap(), vec![5; small]);
+
+        queued.allreduce(&send, b, Sum).unwrap();
+        assert!(gate.reached_by(1, LIMIT), "with inline_max_bytes 0, the operation's wait never reached the stream");
+        // Behind that held wait, even a small operation queues; so does a large one.
+        here.allreduce(&send, c, Sum).unwrap();
+        here.allreduce(&large, &mut d, Sum).unwrap();
+        gate.release();
+        here.synchronize().unwrap();
+        queued.synchronize().unwrap();
+        assert!(gate.reached_by(3, LIMIT), "the operations queued behind a busy stream queued no wait");
+        for out in [&*b, &*c] {
+            assert_eq!(dev.download(out).unwrap(), vec![5; small]);
+        }
+        assert_eq!(dev.download(&d).unwrap(), vec![7; 2 * small]);
+    }
 
     /// A stream that falls behind the proxy thread still passes its wait for a pipelined
     /// operation's `done` flag. The stream is held at that wait until the proxy thread has
@@ -319,15 +429,11 @@ mod tests {
     /// an operation queued next on the stream must not take it. When the operation's own hold
     /// was all there was, the next operation took the slot and reset it to 0 under the wait,
     /// and the stream never went on.
-    #[test]
-    #[cfg_attr(miri, ignore = "initializes MPI, a foreign library Miri cannot call")]
-    fn a_stream_behind_the_proxy_thread_keeps_its_done_flag() {
-        let universe = crate::init().expect("MPI init (singleton)");
-        let world = universe.world();
+    fn a_stream_behind_the_proxy_thread_keeps_its_done_flag(world: &SimpleCommunicator) {
         let dev = HostDevice::new(0);
         let stream = dev.stream().unwrap();
         let config = HostTransferConfig { chunk_bytes: 4 << 10, direct: false, ..Default::default() };
-        let c = HostTransferCommunicator::with_config(&world, dev.clone(), stream.clone(), config).unwrap();
+        let c = HostTransferCommunicator::with_config(world, dev.clone(), stream.clone(), config).unwrap();
         let len = 4 << 10; // 16 KiB of u32: four full chunks, so the operation pipelines.
         let send = dev.upload(&vec![3u32; len]).unwrap();
         let (mut first, mut second) = (dev.alloc_zeroed::<u32>(len).unwrap(), dev.alloc_zeroed::<u32>(len).unwrap());
