@@ -25,12 +25,23 @@ step clippy
 # otherwise make again for itself (about two minutes).
 RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin -p duralumin-cudasim "${hip[@]}"
 RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin-kernels --features builder
-# Undefined behaviour in the unit tests of the unsafe code, under Miri (see the script).
-bash scripts/miri.sh
-step miri
+# Undefined behaviour in the unit tests of the unsafe code, under Miri (see the script): on its
+# own toolchain and target directory, beside the builds below (Miri interprets on one core;
+# the builds leave part of the other idle). Its output is shown once it ends.
+bash scripts/miri.sh > target/miri.log 2>&1 &
+miri=$!
 # The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
 # on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim
+cargo test --workspace --release "${hip[@]}" --no-run
+miri_ok=0
+wait "$miri" || miri_ok=$?
+cat target/miri.log
+if [ "$miri_ok" != 0 ]; then
+    echo "test.sh: scripts/miri.sh failed (exit $miri_ok)" >&2
+    exit 1
+fi
+step "builds and miri"
 export DURALUMIN_REQUIRE_CUDASIM=1
 # The simulated cluster (scripts/cluster.sh: network namespaces, as root): the cluster_* trials
 # of tests/mpi_ranks may not skip here.

@@ -229,8 +229,11 @@ fn check_mismatch(np: usize, nodes: usize, timeout_s: f64, l: &mpirun::Launch) -
             words.push(word);
         }
         let k = case.faulty;
+        // The faulty rank's own deadline may pass first (a broadcast root, released once its
+        // data is staged, goes on waiting on the proxy thread): the others then hear that it
+        // gave up, which names it too.
         let names = |e: &&str| {
-            [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in")]
+            [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in"), format!("rank {k} gave up")]
                 .iter()
                 .any(|needle| e.contains(needle.as_str()))
         };
