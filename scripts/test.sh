@@ -66,8 +66,8 @@ step ulfm
 # allocation on the calling thread once deadlocked) under the simulator's timing model, two
 # timed repetitions per row: its `fraction of bound` column is the pipeline's overlap.
 LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" CUDASIM_COPY_GBPS=2 \
-    timeout -k 10 600 cargo bench "${hip[@]}" --bench host_transfer_gpu -- --np 1,2 --max-bytes 268435456 --reps 2
+    timeout -k 10 600 cargo bench --workspace "${hip[@]}" --bench host_transfer_gpu -- --np 1,2 --max-bytes 268435456 --reps 2
 # The same for the NCCL benchmark, on ncclsim (it verifies every path's result first).
 LD_LIBRARY_PATH="$PWD/target/release/cudasim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    timeout -k 10 600 cargo bench "${hip[@]}" --bench nccl -- --np 1,2 --max-bytes 65536
+    timeout -k 10 600 cargo bench --workspace "${hip[@]}" --bench nccl -- --np 1,2 --max-bytes 65536
 step "GPU benches on the simulators"
