@@ -72,10 +72,16 @@ fn main() {
         // between threads costs a trip through the scheduler where ranks yield when idle.
         if "ht".starts_with(&op) || op.starts_with("ht") {
             let other = if relaunch::yields_when_idle(np) { "0" } else { "1" };
-            let mut ht = env.clone();
-            ht[0].1 = "ht".into();
-            ht[2].1 = format!("{csv}.yield{other}");
-            relaunch(np, &[&ht[..], &[("OMPI_MCA_mpi_yield_when_idle", other.into())]].concat(), &[]);
+            let mut ht: Vec<_> = env.to_vec();
+            for (key, value) in &mut ht {
+                match *key {
+                    "DURALUMIN_BENCH_OP" => *value = "ht".into(),
+                    "DURALUMIN_BENCH_CSV" => *value = format!("{csv}.yield{other}"),
+                    _ => {}
+                }
+            }
+            ht.push(("OMPI_MCA_mpi_yield_when_idle", other.into()));
+            relaunch(np, &ht, &[]);
         }
     }
     println!("CSV written to {csv}");

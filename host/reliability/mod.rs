@@ -173,7 +173,8 @@ pub(crate) fn prepare<P>(
 
 /// The part of [`prepare`] after the plan: the signature check in check mode, and the record
 /// of a refusal. Not generic and not inlined: `prepare` is instantiated for every operation,
-/// element and operator (about ten thousand copies in the test suite), and this is most of it.
+/// element and operator (about ten thousand copies in the test suite), and this is about a
+/// third of each copy's code.
 #[inline(never)]
 fn agree(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, local: Result<()>) -> Result<()> {
     let ready = if m.checks(sig) { crosscheck::run(m, op, sig, pairs, local) } else { local };

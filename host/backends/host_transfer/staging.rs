@@ -366,6 +366,8 @@ mod tests {
     use crate::device::host::HostDevice;
 
     const LIMIT: Duration = Duration::from_secs(30);
+    /// The ring's counters, lent for the communicator's life.
+    const RING: usize = 4;
 
     /// The trials below on one rank (MPI is initialized once per process).
     #[test]
@@ -376,8 +378,6 @@ mod tests {
         small_operations_on_an_idle_stream_start_on_the_calling_thread(&world);
         a_stream_behind_the_proxy_thread_keeps_its_done_flag(&world);
     }
-    /// The ring's counters, lent for the communicator's life.
-    const RING: usize = 4;
 
     /// A small operation on the device buffers of an idle stream runs on the calling thread
     /// and queues nothing on the stream; one too large, or queued behind work the stream has
