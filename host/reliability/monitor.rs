@@ -11,6 +11,10 @@ use super::recorder::{self, OpKind, RecordId, RecordView, Recorder, Signature, S
 use crate::error::{Error, Result};
 use crate::ffi::{self, RawComm};
 
+/// How long past the answer window a failed collective waits for the watchdog's report
+/// before ending the job (see [`Monitor::fault`]).
+const FAULT_REPORT_SLACK: Duration = Duration::from_secs(30);
+
 /// An operation being recorded: where its record is, and its number.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpId {
@@ -111,6 +115,16 @@ struct Settings {
     check: AtomicBool,
 }
 
+/// A thread waiting on the communicator (`synchronize`, a request's wait).
+#[derive(Debug)]
+pub(crate) struct Wait {
+    pub(crate) id: u64,
+    pub(crate) what: &'static str,
+    pub(crate) since: Tick,
+    /// The communicator's deadline when the wait began.
+    pub(crate) deadline: Option<Duration>,
+}
+
 #[derive(Debug)]
 pub(crate) struct MonitorState {
     pub(crate) recorder: Recorder,
@@ -119,8 +133,8 @@ pub(crate) struct MonitorState {
     pub(crate) next_p2p: u64,
     /// When the last operation began or ended.
     pub(crate) last_activity: Tick,
-    /// Threads waiting on the communicator: (id, what, since).
-    pub(crate) waits: Vec<(u64, &'static str, Tick)>,
+    /// Threads waiting on the communicator.
+    pub(crate) waits: Vec<Wait>,
     next_wait: u64,
     pub(crate) poison: Option<Arc<Poison>>,
     /// The last trigger an exchange ran for (each runs once).
@@ -313,7 +327,7 @@ impl Monitor {
             st.next_p2p += 1;
             st.next_p2p - 1
         };
-        let rec = st.recorder.push(seq, sig, state, now);
+        let rec = st.recorder.push(seq, sig, state, now, self.timeout());
         st.last_activity = now;
         Ok(OpId { rec, seq, kind: sig.kind })
     }
@@ -375,7 +389,10 @@ impl Monitor {
         st.fault_done = false;
         drop(st);
         super::watchdog::wake();
-        let limit = self.answer_window() + Duration::from_secs(5);
+        // A watchdog that never concludes is a bug this ends; one that is only slow (its rank,
+        // or the ranks it asks, short of a core on an oversubscribed machine: 6 s were seen
+        // with 4 ranks and a busy loop on 2 cores) must not end the job.
+        let limit = self.answer_window() + FAULT_REPORT_SLACK;
         let st = self.lock();
         let (st, waited) =
             self.concluded.wait_timeout_while(st, limit, |st| !st.fault_done).unwrap_or_else(PoisonError::into_inner);
@@ -405,12 +422,13 @@ impl Monitor {
         let mut st = self.lock();
         st.next_wait += 1;
         let id = st.next_wait;
-        st.waits.push((id, what, recorder::now()));
+        let deadline = self.timeout();
+        st.waits.push(Wait { id, what, since: recorder::now(), deadline });
         id
     }
 
     pub(crate) fn wait_end(&self, id: u64) {
-        self.lock().waits.retain(|w| w.0 != id);
+        self.lock().waits.retain(|w| w.id != id);
     }
 
     /// Gives the communicator up: later calls fail with the poison's error, and so do the
@@ -453,7 +471,11 @@ impl Monitor {
             next_p2p: st.next_p2p,
             poisoned: st.poison.is_some(),
             idle: recorder::secs(st.last_activity, now),
-            waits: st.waits.iter().map(|w| WaitView { what: w.1.into(), ago: recorder::secs(w.2, now) }).collect(),
+            waits: st
+                .waits
+                .iter()
+                .map(|w| WaitView { what: w.what.into(), ago: recorder::secs(w.since, now) })
+                .collect(),
             records: st.recorder.iter().map(|r| RecordView::of(r, now)).collect(),
         }
     }

@@ -8,6 +8,8 @@
 //! times. A [`Snapshot`] of the recorder is what a rank sends to the others when one of them
 //! times out (see `docs/reliability.md`).
 
+use std::time::Duration;
+
 use duralumin_kernels::{Element, ReduceOp};
 
 /// A coarse monotonic time in nanoseconds (`CLOCK_MONOTONIC_COARSE`: a few nanoseconds to
@@ -22,6 +24,11 @@ pub(crate) fn now() -> Tick {
     // The monotonic clock is never negative.
     let (secs, nanos) = (u64::try_from(ts.tv_sec).unwrap_or(0), u64::try_from(ts.tv_nsec).unwrap_or(0));
     secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// `d` in ticks (nanoseconds), saturating.
+pub(crate) fn nanos(d: Duration) -> Tick {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Seconds between two ticks, for messages.
@@ -288,6 +295,9 @@ pub(crate) struct Record {
     /// When this rank entered it (the MPI part started), 0 before.
     pub(crate) started: Tick,
     pub(crate) ended: Tick,
+    /// Its deadline: the communicator's when it was called (a later change applies to later
+    /// operations only).
+    pub(crate) deadline: Option<Duration>,
     /// The error of a rejected or failed operation.
     pub(crate) note: Option<Box<str>>,
 }
@@ -334,11 +344,18 @@ impl Recorder {
         Recorder { ring: Vec::with_capacity(cap), cap, next_id: 0, aside: Vec::new() }
     }
 
-    pub(crate) fn push(&mut self, seq: u64, sig: Signature, state: State, at: Tick) -> RecordId {
+    pub(crate) fn push(
+        &mut self,
+        seq: u64,
+        sig: Signature,
+        state: State,
+        at: Tick,
+        deadline: Option<Duration>,
+    ) -> RecordId {
         let id = self.next_id;
         self.next_id += 1;
         let started = if state == State::Running { at } else { 0 };
-        let rec = Record { id, seq, sig, state, enqueued: at, started, ended: 0, note: None };
+        let rec = Record { id, seq, sig, state, enqueued: at, started, ended: 0, deadline, note: None };
         #[allow(clippy::cast_possible_truncation, reason = "the remainder is below `cap`, a usize")]
         let slot = (id % self.cap as u64) as usize;
         if slot == self.ring.len() {
@@ -384,9 +401,13 @@ impl Recorder {
         self.aside.iter().chain(self.ring[split..].iter()).chain(self.ring[..split].iter())
     }
 
-    /// The operation that has been running longest, if any is.
-    pub(crate) fn oldest_running(&self) -> Option<&Record> {
-        self.iter().filter(|r| r.state == State::Running).min_by_key(|r| r.started)
+    /// The operation that has been running longest past its own deadline at `now`, if any has,
+    /// but `skip` (the insertion number of one already reported).
+    pub(crate) fn oldest_late(&self, now: Tick, skip: Option<u64>) -> Option<&Record> {
+        self.iter()
+            .filter(|r| r.state == State::Running && Some(r.id) != skip)
+            .filter(|r| r.deadline.is_some_and(|d| now.saturating_sub(r.started) > nanos(d)))
+            .min_by_key(|r| r.started)
     }
 
     /// Operations queued or running.
@@ -666,30 +687,49 @@ mod tests {
     #[test]
     fn the_ring_keeps_the_last_operations_and_every_unfinished_one() {
         let mut r = Recorder::new(8);
-        let first = r.push(1, sig(1), State::Running, 10);
+        let first = r.push(1, sig(1), State::Running, 10, Some(Duration::from_nanos(5)));
         let mut ids = Vec::new();
         for seq in 2..=20 {
-            let id = r.push(seq, sig(usize::try_from(seq).unwrap()), State::Running, 10 + seq);
+            let id = r.push(seq, sig(usize::try_from(seq).unwrap()), State::Running, 10 + seq, None);
             r.set(id, State::Done, 20 + seq, None);
             ids.push(id);
         }
         let seqs: Vec<u64> = r.iter().map(|x| x.seq).collect();
         assert_eq!(seqs, [1, 13, 14, 15, 16, 17, 18, 19, 20], "the unfinished #1, then the last 8 in order");
-        assert_eq!(r.oldest_running().map(|x| x.seq), Some(1));
+        assert!(r.oldest_late(15, None).is_none(), "#1 is at its deadline, not past it");
+        assert_eq!(r.oldest_late(16, None).map(|x| x.seq), Some(1));
+        assert!(r.oldest_late(16, Some(first.id)).is_none(), "#1 was reported");
         assert_eq!(r.unfinished(), 1);
         r.set(first, State::Failed, 99, Some("x".repeat(500)));
         assert_eq!(r.unfinished(), 0);
-        assert!(r.oldest_running().is_none());
+        assert!(r.oldest_late(1000, None).is_none());
         assert_eq!(r.iter().count(), 8, "a finished record that was set aside leaves");
         assert!(r.get_mut(ids[0]).is_none(), "an overwritten finished record is gone");
     }
 
     #[test]
+    fn each_operation_keeps_the_deadline_it_was_called_with() {
+        let mut r = Recorder::new(8);
+        let (long, short) = (Duration::from_secs(60), Duration::from_secs(1));
+        let a = r.push(1, sig(1), State::Running, 0, Some(long));
+        let b = r.push(2, sig(1), State::Queued, 0, Some(short));
+        let at = |s: u64| s * 1_000_000_000;
+        assert!(r.oldest_late(at(5), None).is_none(), "#1 has 60 s; #2 is not running yet");
+        r.set(b, State::Running, at(5), None);
+        assert_eq!(r.oldest_late(at(7), None).map(|x| x.seq), Some(2), "#2 is late, #1 (older) is not");
+        r.set(b, State::Done, at(7), None);
+        assert_eq!(r.oldest_late(at(61), None).map(|x| x.seq), Some(1));
+        r.push(3, sig(1), State::Running, at(61), None);
+        r.set(a, State::Done, at(61), None);
+        assert!(r.oldest_late(u64::MAX, None).is_none(), "an operation without a deadline is never late");
+    }
+
+    #[test]
     fn snapshots_survive_the_wire() {
         let mut rec = Recorder::new(8);
-        let a = rec.push(4, sig(7).root(2).algorithm("ring").in_place(), State::Running, 1_000_000_000);
+        let a = rec.push(4, sig(7).root(2).algorithm("ring").in_place(), State::Running, 1_000_000_000, None);
         rec.set(a, State::Rejected, 2_000_000_000, Some("bad ünïcode".into()));
-        rec.push(5, Signature::new(OpKind::Recv).elem::<u8>().count(3).root(1).tag(9), State::Queued, 1);
+        rec.push(5, Signature::new(OpKind::Recv).elem::<u8>().count(3).root(1).tag(9), State::Queued, 1, None);
         let now = 3_000_000_000;
         let snap = Snapshot {
             rank: 3,

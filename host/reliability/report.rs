@@ -355,7 +355,7 @@ mod tests {
 
     fn view(seq: u64, sig: Signature, state: State) -> RecordView {
         let mut rec = Recorder::new(8);
-        let id = rec.push(seq, sig, State::Running, 1_000_000_000);
+        let id = rec.push(seq, sig, State::Running, 1_000_000_000, None);
         rec.set(id, state, 2_000_000_000, (state == State::Rejected).then(|| "buffer too short".into()));
         RecordView::of(rec.iter().next().unwrap(), 3_000_000_000)
     }

@@ -190,7 +190,7 @@ fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, o
     let word = |i: usize| msg.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
     let (seq, flags) = (word(0), word(1));
     let mut st = m.lock();
-    let own_report = exchanging || late_op(m, &st, recorder::now()).is_some();
+    let own_report = exchanging || late_op(&st, recorder::now()).is_some();
     if flags & GIVE_UP != 0 && !own_report {
         let reason = format!("rank {from} gave up on the communicator (#{seq} timed out or failed there)");
         Monitor::poison_with(&mut st, m, plain_poison(reason));
@@ -241,10 +241,9 @@ fn start(m: &Monitor) -> Option<Exchange> {
             replies: Vec::new(),
         }
     } else {
-        let timeout = m.timeout()?;
-        let limit = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
-        let late = late_op(m, &st, now).map(|r| (Trigger::Op(r.id()), RecordView::of(r, now), r.started, r.seq));
-        if let Some((trigger, v, started, seq)) = late {
+        let late =
+            late_op(&st, now).map(|r| (Trigger::Op(r.id()), RecordView::of(r, now), r.started, r.seq, r.deadline));
+        if let Some((trigger, v, started, seq, Some(timeout))) = late {
             let elapsed = Duration::from_nanos(now.saturating_sub(started));
             Exchange {
                 trigger,
@@ -263,10 +262,13 @@ fn start(m: &Monitor) -> Option<Exchange> {
                 replies: Vec::new(),
             }
         } else {
-            let &(id, what, since) = st
+            let (id, what, since, timeout) = st
                 .waits
                 .iter()
-                .filter(|w| now.saturating_sub(w.2) > limit && st.handled != Some(Trigger::Wait(w.0)))
+                .filter_map(|w| w.deadline.map(|d| (w.id, w.what, w.since, d)))
+                .filter(|&(id, _, since, d)| {
+                    now.saturating_sub(since) > recorder::nanos(d) && st.handled != Some(Trigger::Wait(id))
+                })
                 .min_by_key(|w| w.2)?;
             let elapsed = Duration::from_nanos(now.saturating_sub(since));
             let seq = st.next_seq.saturating_sub(1);
@@ -301,12 +303,13 @@ fn start(m: &Monitor) -> Option<Exchange> {
     Some(Exchange { deadline: Instant::now() + m.answer_window(), replies: vec![None; m.size], ..x })
 }
 
-/// The oldest operation running past the deadline that no exchange has reported yet.
-fn late_op<'a>(m: &Monitor, st: &'a MonitorState, now: recorder::Tick) -> Option<&'a recorder::Record> {
-    let limit = u64::try_from(m.timeout()?.as_nanos()).unwrap_or(u64::MAX);
-    st.recorder
-        .oldest_running()
-        .filter(|r| now.saturating_sub(r.started) > limit && st.handled != Some(Trigger::Op(r.id())))
+/// The oldest operation running past its deadline that no exchange has reported yet.
+fn late_op(st: &MonitorState, now: recorder::Tick) -> Option<&recorder::Record> {
+    let reported = match st.handled {
+        Some(Trigger::Op(id)) => Some(id),
+        _ => None,
+    };
+    st.recorder.oldest_late(now, reported)
 }
 
 /// Sends `ASK` to every other rank.

@@ -36,14 +36,15 @@ impl Launch {
         format!("--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr)
     }
 
-    /// A failure message: where each rank was, then `headline`, then the whole output.
+    /// A failure message: where each rank was, then `headline`, then the whole output, then
+    /// `headline` again (a log that keeps only the tail of a long output still says what failed).
     pub fn failure(&self, headline: &str) -> String {
         let mut s = String::new();
         for r in &self.ranks {
             s.push_str(r);
             s.push('\n');
         }
-        format!("{s}{headline}\n{}", self.output())
+        format!("{s}{headline}\n{}\n--- failed: {headline}", self.output())
     }
 }
 

@@ -154,8 +154,39 @@ fn cluster_unavailable() -> Option<String> {
 }
 
 /// Every mismatch case of `backend` at `np` ranks, on one node or a simulated cluster of
-/// `layout`, in one launch under `OnTimeout::Error`.
+/// `layout`, in one launch under `OnTimeout::Error`. A case that broke only the time bound runs
+/// again, alone, in a launch of its own, and must keep it there (see [`Slow`]).
 fn run_mismatch(backend: &str, np: usize, layout: Option<&str>) -> Result<(), Failed> {
+    let launch = launch_mismatch(backend, np, layout, None)?;
+    let nodes = if layout.is_some() { 2 } else { 1 };
+    let fail = |l: &mpirun::Launch, why: String| -> Failed {
+        l.failure(&format!("mismatch {backend} np {np} {}: {why}", layout.unwrap_or("one node"))).into()
+    };
+    let (tally, slow) = check_mismatch(np, nodes, MISMATCH_TIMEOUT_S, &launch).map_err(|why| fail(&launch, why))?;
+    let mut alone = Vec::new();
+    for s in &slow {
+        let again = launch_mismatch(backend, np, layout, Some(s.case))?;
+        let case = mismatch::cases(np, nodes)[s.case];
+        match check_case(s.case, &case, np, MISMATCH_TIMEOUT_S, &again) {
+            Ok((_, ms)) => alone.push(format!("case {} took {} ms on rank {}, {ms} ms alone", s.case, s.ms, s.rank)),
+            Err(CaseFailure::Broken(why) | CaseFailure::Slow(Slow { why, .. })) => {
+                return Err(fail(&again, format!("{} (and alone: {why})", s.why)));
+            }
+        }
+    }
+    let retried =
+        if alone.is_empty() { String::new() } else { format!("; beyond the bound under load: {}", alone.join(", ")) };
+    println!("mismatch {backend} np {np} {}: {tally}{retried}", layout.unwrap_or("one node"));
+    Ok(())
+}
+
+/// One launch of the mismatch cases (`only`: just that one) under `OnTimeout::Error`.
+fn launch_mismatch(
+    backend: &str,
+    np: usize,
+    layout: Option<&str>,
+    only: Option<usize>,
+) -> Result<mpirun::Launch, Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut env = vec![
         ("DURALUMIN_FAULT_PROGRAM", format!("mismatch-{backend}")),
@@ -163,99 +194,142 @@ fn run_mismatch(backend: &str, np: usize, layout: Option<&str>) -> Result<(), Fa
         ("DURALUMIN_ON_TIMEOUT", "error".to_string()),
         ("DURALUMIN_CHECK", "0".to_string()),
     ];
-    let launch = match layout {
+    if let Some(i) = only {
+        env.push(("MISMATCH_CASE", i.to_string()));
+    }
+    Ok(match layout {
         None => mpirun::launch(np, &exe, &env, &[], MISMATCH_LIMIT)?,
         Some(layout) => {
             env.push(("DURALUMIN_CLUSTER", layout.to_string()));
             let mpirun = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-mpirun");
             mpirun::launch_with(&mpirun.display().to_string(), np, &exe, &env, &[], MISMATCH_LIMIT)?
         }
-    };
-    let nodes = if layout.is_some() { 2 } else { 1 };
-    match check_mismatch(np, nodes, MISMATCH_TIMEOUT_S, &launch) {
-        Ok(summary) => {
-            println!("mismatch {backend} np {np} {}: {summary}", layout.unwrap_or("one node"));
-            Ok(())
-        }
-        Err(why) => Err(launch.failure(&format!("mismatch {backend} np {np}: {why}")).into()),
-    }
+    })
 }
 
-/// Holds every case of a mismatch launch to the guarantees (see `mismatch.rs`): every rank
-/// ended it within the deadline plus 5 s; no `Ok` held anything but what its own call asked for
-/// (unless the others' call was MPI's own collective of at most 2 KiB, where MPI's own
-/// detection is what there is); nothing was written around a buffer; and where a rank got an
-/// error, some error names the faulty rank. Returns a summary of the outcomes.
-fn check_mismatch(np: usize, nodes: usize, timeout_s: f64, l: &mpirun::Launch) -> Result<String, String> {
+/// A case that broke only the time bound. Every other guarantee is about what the library
+/// does; the bound is also about the machine: two launches share 2 cores in CI, up to 9 ranks
+/// whose MPI waits spin, and a rank that gets no core for seconds ends late through no fault
+/// of the library. Such a case must keep the bound when run again alone.
+struct Slow {
+    case: usize,
+    rank: usize,
+    ms: u64,
+    why: String,
+}
+
+/// How one case broke its guarantees.
+enum CaseFailure {
+    /// Only the time bound.
+    Slow(Slow),
+    Broken(String),
+}
+
+/// Holds every case of a mismatch launch to the guarantees (see [`check_case`]). Returns a
+/// summary of the outcomes and the cases that broke only the time bound.
+fn check_mismatch(np: usize, nodes: usize, timeout_s: f64, l: &mpirun::Launch) -> Result<(String, Vec<Slow>), String> {
     let Some(status) = l.status else {
         return Err(format!("still running after {MISMATCH_LIMIT:?}: killed"));
     };
     if !status.success() {
         return Err(format!("the launch failed ({status})"));
     }
-    let bound = mismatch::bound(timeout_s);
     let mut tally: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     // Where a launch's time goes: the slowest rank of each case, and the cases that reached the
     // deadline (nothing found the mismatch before it).
-    let (mut total_ms, mut at_deadline) = (0u64, 0usize);
+    let (mut total_ms, mut at_deadline, mut worst) = (0u64, 0usize, (0u64, 0usize));
+    let mut slow = Vec::new();
     for (i, case) in mismatch::cases(np, nodes).iter().enumerate() {
-        let of = |r: usize| -> Option<(String, u64)> {
-            l.stdout.lines().find_map(|line| {
-                let rest = line.strip_prefix(&format!("CASE {i} {r} "))?;
-                let (word, ms) = rest.split_once(' ')?;
-                Some((word.to_string(), ms.trim().parse().ok()?))
-            })
-        };
-        if let Some(w) = l.stdout.lines().find(|line| line.starts_with(&format!("WARMUP {i} "))) {
-            return Err(format!("case {i} ({case:?}): the correct call before it failed: {w}"));
-        }
-        let errs: Vec<&str> = l.stdout.lines().filter_map(|line| line.strip_prefix(&format!("ERR {i} "))).collect();
-        let mut words = Vec::new();
-        let mut slowest = 0;
-        for r in 0..np {
-            let Some((word, ms)) = of(r) else {
-                return Err(format!("case {i} ({case:?}): rank {r} reported nothing"));
-            };
-            slowest = slowest.max(ms);
-            if ms > u64::try_from(bound.as_millis()).unwrap_or(u64::MAX) {
-                return Err(format!("case {i} ({case:?}): rank {r} ended after {ms} ms, beyond {bound:?}"));
+        let (outcome, slowest) = match check_case(i, case, np, timeout_s, l) {
+            Ok(done) => done,
+            Err(CaseFailure::Slow(s)) => {
+                slow.push(s);
+                continue;
             }
-            if word == "WRONG" && !case.native_unchecked() {
-                return Err(format!("case {i} ({case:?}): rank {r} returned Ok with data its call did not ask for"));
-            }
-            if l.stdout.lines().any(|line| line == format!("CANARY {i} {r}")) {
-                return Err(format!("case {i} ({case:?}): rank {r}'s buffer guards were overwritten"));
-            }
-            words.push(word);
-        }
-        let k = case.faulty;
-        // The faulty rank's own deadline may pass first (a broadcast root, released once its
-        // data is staged, goes on waiting on the proxy thread): the others then hear that it
-        // gave up, which names it too.
-        let names = |e: &&str| {
-            [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in"), format!("rank {k} gave up")]
-                .iter()
-                .any(|needle| e.contains(needle.as_str()))
+            Err(CaseFailure::Broken(why)) => return Err(why),
         };
-        let errored = words.iter().any(|w| w != "ok" && w != "WRONG");
-        // MPI's own errors do not carry the report (it goes to stderr, where it names the rank).
-        let named = case.native_unchecked() || errs.iter().any(names);
-        if errored && !named && !(np == 2 && errs.iter().any(|e| e.contains("differs"))) {
-            return Err(format!("case {i} ({case:?}): no error names rank {k}; outcomes {words:?}"));
-        }
-        let class = if case.native_unchecked() { "native" } else { "duralumin" };
-        let outcome = if errored {
-            "error"
-        } else if words.iter().any(|w| w == "WRONG") {
-            "silent-wrong"
-        } else {
-            "all-ok"
-        };
-        *tally.entry(format!("{class}/{outcome}")).or_default() += 1;
+        *tally.entry(outcome).or_default() += 1;
         total_ms += slowest;
+        worst = worst.max((slowest, i));
         at_deadline += usize::from(slowest as f64 >= timeout_s * 1000.0);
     }
-    Ok(format!("{tally:?}; cases took {total_ms} ms (slowest rank each), {at_deadline} reached the deadline"))
+    let summary = format!(
+        "{tally:?}; cases took {total_ms} ms (slowest rank each), {at_deadline} reached the deadline, the slowest \
+         (case {}) {} ms",
+        worst.1, worst.0
+    );
+    Ok((summary, slow))
+}
+
+/// Holds case `i` of launch `l` to the guarantees (see `mismatch.rs`): every rank ended it
+/// within the deadline plus 5 s; no `Ok` held anything but what its own call asked for (unless
+/// the others' call was MPI's own collective of at most 2 KiB, where MPI's own detection is
+/// what there is); nothing was written around a buffer; and where a rank got an error, some
+/// error names the faulty rank. Returns the outcome's class and the slowest rank's time.
+fn check_case(
+    i: usize,
+    case: &mismatch::Case,
+    np: usize,
+    timeout_s: f64,
+    l: &mpirun::Launch,
+) -> Result<(String, u64), CaseFailure> {
+    let broken = |why: String| CaseFailure::Broken(format!("case {i} ({case:?}): {why}"));
+    let of = |r: usize| -> Option<(String, u64)> {
+        l.stdout.lines().find_map(|line| {
+            let rest = line.strip_prefix(&format!("CASE {i} {r} "))?;
+            let (word, ms) = rest.split_once(' ')?;
+            Some((word.to_string(), ms.trim().parse().ok()?))
+        })
+    };
+    if let Some(w) = l.stdout.lines().find(|line| line.starts_with(&format!("WARMUP {i} "))) {
+        return Err(broken(format!("the correct call before it failed: {w}")));
+    }
+    let errs: Vec<&str> = l.stdout.lines().filter_map(|line| line.strip_prefix(&format!("ERR {i} "))).collect();
+    let bound = u64::try_from(mismatch::bound(timeout_s).as_millis()).unwrap_or(u64::MAX);
+    let mut words = Vec::new();
+    let mut slowest = (0, 0);
+    for r in 0..np {
+        let Some((word, ms)) = of(r) else {
+            return Err(broken(format!("rank {r} reported nothing")));
+        };
+        slowest = slowest.max((ms, r));
+        if word == "WRONG" && !case.native_unchecked() {
+            return Err(broken(format!("rank {r} returned Ok with data its call did not ask for")));
+        }
+        if l.stdout.lines().any(|line| line == format!("CANARY {i} {r}")) {
+            return Err(broken(format!("rank {r}'s buffer guards were overwritten")));
+        }
+        words.push(word);
+    }
+    let k = case.faulty;
+    // The faulty rank's own deadline may pass first (a broadcast root, released once its
+    // data is staged, goes on waiting on the proxy thread): the others then hear that it
+    // gave up, which names it too.
+    let names = |e: &&str| {
+        [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in"), format!("rank {k} gave up")]
+            .iter()
+            .any(|needle| e.contains(needle.as_str()))
+    };
+    let errored = words.iter().any(|w| w != "ok" && w != "WRONG");
+    // MPI's own errors do not carry the report (it goes to stderr, where it names the rank).
+    let named = case.native_unchecked() || errs.iter().any(names);
+    if errored && !named && !(np == 2 && errs.iter().any(|e| e.contains("differs"))) {
+        return Err(broken(format!("no error names rank {k}; outcomes {words:?}")));
+    }
+    let (ms, rank) = slowest;
+    if ms > bound {
+        let why = format!("case {i} ({case:?}): rank {rank} ended after {ms} ms, beyond {bound} ms");
+        return Err(CaseFailure::Slow(Slow { case: i, rank, ms, why }));
+    }
+    let class = if case.native_unchecked() { "native" } else { "duralumin" };
+    let outcome = if errored {
+        "error"
+    } else if words.iter().any(|w| w == "WRONG") {
+        "silent-wrong"
+    } else {
+        "all-ok"
+    };
+    Ok((format!("{class}/{outcome}"), ms))
 }
 
 /// The faulty rank of the `t`-th trial: each rank in turn. Not rank 0 for another collective:

@@ -306,6 +306,9 @@ fn one(i: usize, case: &Case, c: &mut impl Calls, world: &SimpleCommunicator) ->
         let warm = Case { kind: Kind::Count, faulty: usize::MAX, ..*case };
         let (word, e, _) = run_case(&warm, c);
         if word != "ok" {
+            // The others still meet this rank at the barrier below: the case ends for every
+            // rank rather than leaving them in another collective than this rank's next one.
+            world.barrier();
             return format!("WARMUP {i} {me} {word} {}\n", e.map(|e| e.to_string()).unwrap_or_default());
         }
         c.set_timeout(Duration::from_secs_f64(deadline.expect("the launcher sets DURALUMIN_TIMEOUT")));

@@ -436,10 +436,11 @@ impl<D: Device> HostTransferCommunicator<D> {
         self.shared.monitor.timeout()
     }
 
-    /// Sets the deadline of every operation and wait from now on (`None`: none). An operation
-    /// whose MPI part runs past it on the proxy thread, or a [`synchronize`](Self::synchronize)
-    /// or request wait that does, is reported by every rank that can, then handled as
-    /// [`on_timeout`](Self::on_timeout) says.
+    /// Sets the deadline of the operations called and the waits begun after this call (`None`:
+    /// none); those called before keep theirs, even if still queued or running. An operation
+    /// whose MPI part runs past its deadline on the proxy thread, or a
+    /// [`synchronize`](Self::synchronize) or request wait that does, is reported by every rank
+    /// that can, then handled as [`on_timeout`](Self::on_timeout) says.
     pub fn set_timeout(&mut self, timeout: Option<std::time::Duration>) {
         self.shared.monitor.set_timeout(timeout);
     }

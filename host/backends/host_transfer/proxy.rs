@@ -187,7 +187,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
         self.run_chunks().await?;
         self.op.shared.pass_turn(self.op.ticket);
         self.op.turn_held = false;
-        if !self.failed {
+        if self.op.geo.chunks == 0 && !self.failed {
             self.monitor.set(self.id, State::Done, None);
         }
         self.until_done().await
@@ -235,6 +235,12 @@ impl<D: Device, T: Element> HostPart<D, T> {
             }
             if !self.failed {
                 self.run_mpi(k).await?;
+            }
+            if k + 1 == self.op.geo.chunks && !self.failed {
+                // Recorded done before the last output flag lets the stream, and so a
+                // `synchronize`, finish: a caller that then shortens the deadline must never find
+                // the operation it saw complete still running (and report it late).
+                self.monitor.set(self.id, State::Done, None);
             }
             self.hand_back(k);
         }

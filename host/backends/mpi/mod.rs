@@ -424,9 +424,11 @@ impl MpiCommunicator {
         self.core.monitor.timeout()
     }
 
-    /// Sets the deadline of every operation from now on (`None`: none). An operation that runs
-    /// past it (a blocking call, a request's wait, an operation on the progress thread) is
-    /// reported by every rank that can, then handled as [`on_timeout`](Self::on_timeout) says.
+    /// Sets the deadline of the operations called and the waits begun after this call (`None`:
+    /// none); those called before keep theirs, even if still running. An operation that runs
+    /// past its deadline (a blocking call, a request's wait, an operation on the progress
+    /// thread) is reported by every rank that can, then handled as
+    /// [`on_timeout`](Self::on_timeout) says.
     pub fn set_timeout(&mut self, timeout: Option<Duration>) {
         self.core.monitor.set_timeout(timeout);
     }
