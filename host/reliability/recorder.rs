@@ -31,6 +31,11 @@ pub(crate) fn nanos(d: Duration) -> Tick {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Whether something begun at `since` with `deadline` (`None`: none) is past it at `now`.
+pub(crate) fn past(deadline: Option<Duration>, since: Tick, now: Tick) -> bool {
+    deadline.is_some_and(|d| now.saturating_sub(since) > nanos(d))
+}
+
 /// Seconds between two ticks, for messages.
 pub(crate) fn secs(from: Tick, to: Tick) -> f64 {
     to.saturating_sub(from) as f64 / 1e9
@@ -406,7 +411,7 @@ impl Recorder {
     pub(crate) fn oldest_late(&self, now: Tick, skip: Option<u64>) -> Option<&Record> {
         self.iter()
             .filter(|r| r.state == State::Running && Some(r.id) != skip)
-            .filter(|r| r.deadline.is_some_and(|d| now.saturating_sub(r.started) > nanos(d)))
+            .filter(|r| past(r.deadline, r.started, now))
             .min_by_key(|r| r.started)
     }
 

@@ -262,14 +262,12 @@ fn start(m: &Monitor) -> Option<Exchange> {
                 replies: Vec::new(),
             }
         } else {
-            let (id, what, since, timeout) = st
+            let wait = st
                 .waits
                 .iter()
-                .filter_map(|w| w.deadline.map(|d| (w.id, w.what, w.since, d)))
-                .filter(|&(id, _, since, d)| {
-                    now.saturating_sub(since) > recorder::nanos(d) && st.handled != Some(Trigger::Wait(id))
-                })
-                .min_by_key(|w| w.2)?;
+                .filter(|w| recorder::past(w.deadline, w.since, now) && st.handled != Some(Trigger::Wait(w.id)))
+                .min_by_key(|w| w.since)?;
+            let (id, what, since, timeout) = (wait.id, wait.what, wait.since, wait.deadline?);
             let elapsed = Duration::from_nanos(now.saturating_sub(since));
             let seq = st.next_seq.saturating_sub(1);
             // The wait is for this rank's unfinished operations: the oldest collective among
