@@ -444,7 +444,9 @@ fn segments_pack_and_unpack_in_one_launch() {
                 if inside { source[i] } else { 0 }
             })
             .collect();
-        for threads in THREADS {
+        // Beside THREADS: two groups of lanes, the second short (the pack body deals tiles to
+        // groups of 32 threads).
+        for threads in THREADS.into_iter().chain([40]) {
             for packed_off in [0usize, 1, 4] {
                 let grid = HostGrid::new(threads);
                 let mut packed = Aligned::zeroed(packed_off + total);

@@ -100,7 +100,8 @@ impl HostGrid {
 
     /// Spreads the front of `src` over the segments of `dst`: the inverse of
     /// [`HostGrid::pack_segments`]; returns the number of bytes read. Where segments overlap, the
-    /// later one's bytes win.
+    /// overlap holds one of their bytes: the later segment's with one thread, unspecified with
+    /// more (as on a GPU, where the kernel requires segments that do not overlap).
     ///
     /// # Panics
     /// If a segment is outside `dst` or `src` is shorter than the segments' total length.

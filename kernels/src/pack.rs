@@ -45,16 +45,17 @@ struct Plan {
 impl Plan {
     /// The widest access usable for copying `len` bytes from `src` to `dst`, given that
     /// `extra` must also be a multiple of the width (row pitches, which keep every row of a 2-D
-    /// copy at the same alignment).
+    /// copy at the same alignment). Bit operations only: a 64-bit division or remainder is a
+    /// long subroutine on a GPU, and a body makes a plan per piece it copies.
     #[inline(always)]
     fn new(dst: usize, src: usize, len: usize, extra: usize) -> Plan {
-        let mut width = 16;
-        while width > 1 && (!(dst ^ src).is_multiple_of(width) || !extra.is_multiple_of(width)) {
-            width /= 2;
-        }
-        let head = ((width - dst % width) % width).min(len);
-        let units = (len - head) / width;
-        Plan { width, head, units, tail: len - head - units * width }
+        // The lowest set bit of everything that must be a multiple of the width, capped at 16.
+        let misaligned = (dst ^ src) | extra | 16;
+        let width = misaligned & misaligned.wrapping_neg();
+        let (mask, shift) = (width - 1, width.trailing_zeros());
+        let head = (width.wrapping_sub(dst) & mask).min(len);
+        let units = (len - head) >> shift;
+        Plan { width, head, units, tail: len - head - (units << shift) }
     }
 
     /// Work items: head bytes, units, tail bytes.
@@ -160,7 +161,19 @@ enum Direction {
     Unpack,
 }
 
+/// Threads that copy one tile together: 32 consecutive global indices, a warp on NVIDIA
+/// hardware, so each access of a group is one coalesced 512-byte transaction.
+const LANES: usize = 32;
+/// Bytes of the packed buffer per tile: eight 16-byte accesses per lane of a full group.
+const TILE: usize = 4096;
+
 /// Shared body of [`pack_segments`] and [`unpack_segments`].
+///
+/// The packed buffer is cut into tiles of [`TILE`] bytes, dealt to groups of [`LANES`] threads
+/// round-robin, so neighbouring groups work on neighbouring memory. A group walks the segment
+/// list once, in step with its tiles, and copies each piece of a segment that falls inside a tile
+/// with its lanes side by side: no thread visits every segment's items, and no division runs per
+/// segment.
 ///
 /// # Safety
 /// As [`pack_segments`] (for `Pack`) or [`unpack_segments`] (for `Unpack`).
@@ -175,34 +188,72 @@ unsafe fn segments<G: Grid>(
 ) {
     let (me, threads) = (grid.index(), grid.size());
     if threads == 0 {
-        // Never true for a real launch; checked so the modulo below has no division-by-zero path.
+        // Never true for a real launch; checked so the tile loop below always advances.
         return;
     }
-    // Work items of all segments are numbered consecutively; this thread takes those congruent
-    // to its index modulo the thread count. `phase` is the first item's number modulo `threads`.
-    let mut phase = 0usize;
-    let mut packed_at = 0usize;
-    for s in 0..count {
-        // SAFETY: the caller guarantees `count` readable segments.
+    let (group, lane) = (me / LANES, me % LANES);
+    let groups = threads.div_ceil(LANES);
+    // The last group of a launch whose size is not a multiple of LANES has fewer lanes.
+    let lanes = threads.saturating_sub(group * LANES).min(LANES);
+    // Called with indices below `count` only.
+    let read_segment = |s: usize| -> (usize, usize) {
+        // SAFETY: the caller guarantees `count` readable segments, and `s < count`.
         let segment = unsafe { segments.add(s).read() };
         #[allow(clippy::cast_possible_truncation, reason = "the segment lies inside `scattered`, so both fit a usize")]
-        let (offset, len) = (segment.offset as usize, segment.len as usize);
-        // SAFETY: the caller guarantees both ranges are inside their buffers.
-        let (outside, inside) = unsafe { (scattered.add(offset), packed.add(packed_at)) };
-        let (dst, src) = match direction {
-            Direction::Pack => (inside, outside.cast_const()),
-            Direction::Unpack => (outside, inside.cast_const()),
-        };
-        let plan = Plan::new(dst as usize, src as usize, len, 0);
-        let items = plan.items();
-        let mut item = (me + threads - phase) % threads;
-        while item < items {
-            // SAFETY: `item < items`; the plan was made for exactly this range.
-            unsafe { plan.copy_item(dst, src, item) };
-            item += threads;
+        (segment.offset as usize, segment.len as usize)
+    };
+    // The first segment that does not end before the current tile, and where it starts in `packed`.
+    let (mut first, mut first_at) = (0usize, 0usize);
+    let mut tile = group;
+    loop {
+        let Some(lo) = tile.checked_mul(TILE) else { return };
+        let hi = lo.saturating_add(TILE);
+        while first < count {
+            let (_, len) = read_segment(first);
+            if first_at + len > lo {
+                break;
+            }
+            first_at += len;
+            first += 1;
         }
-        phase = (phase + items % threads) % threads;
-        packed_at += len;
+        if first == count {
+            return;
+        }
+        let (mut s, mut at) = (first, first_at);
+        while s < count && at < hi {
+            let (offset, len) = read_segment(s);
+            let (from, to) = (at.max(lo), (at + len).min(hi));
+            if from < to {
+                // SAFETY: `from - at .. to - at` lies inside segment `s`, and `from .. to` inside
+                // the packed total; the caller guarantees both ranges are inside their buffers.
+                let (outside, inside) = unsafe { (scattered.add(offset + (from - at)), packed.add(from)) };
+                let (dst, src) = match direction {
+                    Direction::Pack => (inside, outside.cast_const()),
+                    Direction::Unpack => (outside, inside.cast_const()),
+                };
+                // SAFETY: the piece of `to - from` bytes at `dst` / `src` is inside both buffers.
+                unsafe { copy_piece(dst, src, to - from, lane, lanes) };
+            }
+            at += len;
+            s += 1;
+        }
+        tile += groups;
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` with `lanes` threads side by side, this one being
+/// `lane`: the widest accesses both sides allow, lane `k` taking items `k, k + lanes, ...`.
+///
+/// # Safety
+/// `dst` is valid for writes and `src` for reads of `len` bytes.
+#[inline(always)]
+unsafe fn copy_piece(dst: *mut u8, src: *const u8, len: usize, lane: usize, lanes: usize) {
+    let plan = Plan::new(dst as usize, src as usize, len, 0);
+    let (items, mut item) = (plan.items(), lane);
+    while item < items {
+        // SAFETY: `item < items`; the plan was made for exactly this range.
+        unsafe { plan.copy_item(dst, src, item) };
+        item += lanes;
     }
 }
 
