@@ -3,22 +3,32 @@
 # run under mpirun at 1..5 ranks from the test harness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each step's end is printed with the seconds since the start (where CI's time goes).
-step() { echo "== test.sh: $* done at ${SECONDS} s" >&2; }
+# Each step's end is printed with the seconds since the start, and on exit (pass or fail) a
+# table of each stage's wall time: where CI's time goes.
+stages=() last=0
+step() {
+    echo "== test.sh: $* done at ${SECONDS} s" >&2
+    stages+=("$(printf '%-32s %5d s' "$*" $((SECONDS - last)))")
+    last=$SECONDS
+}
+summary() {
+    echo "== test.sh: stage wall times (total ${SECONDS} s)" >&2
+    printf '   %s\n' "${stages[@]}" >&2
+}
+trap summary EXIT
 bash scripts/setup.sh
 step setup
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The device kernels and ptxas are installed by setup.sh: their checks may not skip here.
 export DURALUMIN_REQUIRE_KERNELS=1
 # The HIP device (Debian's libamdhip64-dev, installed by setup.sh) is compiled, linted, linked
-# and tested with everything else: the tests and benchmarks below build once, with it (its
-# code only adds; the default build is linted on its own), and its test (tests/hip_device.rs)
-# reports itself skipped without an AMD GPU.
+# and tested with everything else: one lint pass, one build, with it. Its code only adds (no
+# code is compiled only without it), so that pass lints the default build too; its test
+# (tests/hip_device.rs) reports itself skipped without an AMD GPU.
 export HIP_PATH=/usr
 hip=(--features duralumin/hip)
 cargo fmt --all --check
-cargo clippy --workspace --all-targets --release -- -D warnings
-cargo clippy --release "${hip[@]}" --lib --test hip_device -- -D warnings
+cargo clippy --workspace --all-targets --release "${hip[@]}" -- -D warnings
 step clippy
 # The API docs: every intra-doc link resolves (the kernels' builder is behind its feature). The
 # docs need no device code: skip the nested GPU builds, which this (debug) profile would

@@ -20,8 +20,15 @@ pub fn main() {
     let mut args = Arguments::from_args();
     // Rank counts share the machine's cores: run one launch at a time.
     args.test_threads = Some(1);
-    let mut trials: Vec<Trial> =
-        (1..=5).map(|np| Trial::test(format!("mpi_np{np}"), move || launch(np, "all"))).collect();
+    // Every element with every operator at 3 ranks (uneven blocks, a ring that is not a
+    // pairwise exchange); the other rank counts move the same pairs' data by other algorithms,
+    // which the representative cut covers at every element width.
+    let mut trials: Vec<Trial> = (1..=5)
+        .map(|np| {
+            let env = if np == FULL_SWEEP_RANKS { vec![] } else { vec![representative()] };
+            Trial::test(format!("mpi_np{np}"), move || launch_with(np, "all", &env, timeout()))
+        })
+        .collect();
     // The two-level algorithms on one host, with rank r treated as on node r % 2: at 5 ranks
     // the nodes are uneven (3 and 2) and not contiguous in rank order.
     trials.push(Trial::test("mpi_np5_simulated_nodes", || {
@@ -72,9 +79,9 @@ pub fn main() {
             })
             .with_ignored_flag(sim.is_none() && !required)
         };
-        // Every pair at 1 and 2 ranks; at 3 the ranks only move the data differently.
+        // Every pair at 2 ranks; at 1 and 3 the ranks only move the data differently.
         for np in 1..=3 {
-            let env = if np < 3 { vec![] } else { vec![representative()] };
+            let env = if np == 2 { vec![] } else { vec![representative()] };
             trials.push(on_sim(format!("cudasim_np{np}"), np, "cuda", env, timeout()));
         }
         // Ranks on several simulated hosts sharing the simulator's one device.
@@ -89,17 +96,11 @@ pub fn main() {
                 ]
             })
             .ok_or_else(|| "the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim".into());
-        for (layout, np) in [("2x2", 4), ("3x1", 3)] {
-            let no_sim = sim.is_none() && !required;
-            trials.push(cluster.trial(
-                format!("cluster_cudasim_{layout}"),
-                layout,
-                np,
-                "cuda",
-                sim_env.clone(),
-                no_sim,
-            ));
-        }
+        // One layout: two nodes of two ranks take both the node-local and the network paths.
+        // The other layouts' algorithms run on the host device (cluster_*_sweep above); the
+        // device changes only the staging, which this trial and cudasim_np* cover.
+        let no_sim = sim.is_none() && !required;
+        trials.push(cluster.trial("cluster_cudasim_2x2".into(), "2x2", 4, "cuda", sim_env, no_sim));
         let one_queue = vec![("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()), representative()];
         trials.push(on_sim("cudasim_maxconn1_np2".into(), 2, "cuda", one_queue, timeout()));
         // The NCCL backend on a GPU with a real NCCL (ignored without them), and on cudasim
@@ -112,7 +113,7 @@ pub fn main() {
                 Trial::test(format!("nccl_np{np}"), move || launch(np, "nccl")).with_ignored_flag(!nccl_gpu)
             }));
         for np in 1..=5 {
-            let env = if np <= 3 { vec![] } else { vec![representative()] };
+            let env = if np == FULL_SWEEP_RANKS { vec![] } else { vec![representative()] };
             trials.push(on_sim(format!("ncclsim_np{np}"), np, "nccl", env, timeout()));
         }
         for np in [2, 5] {
@@ -135,9 +136,14 @@ pub fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// The rank count at which the Mpi and NCCL sweeps take every element with every operator
+/// (HostTransfer on cudasim takes them at 2, the simulator's cheapest multi-rank count).
+const FULL_SWEEP_RANKS: usize = 3;
+
 /// The sweep's representative cut (`sweep::Breadth::Representative`), for trials that vary only
-/// how the data moves: a simulated cluster, more ranks than the full sweeps', one hardware queue,
-/// an older NCCL. Every pair is swept in full on the same backend by another trial.
+/// how the data moves: a rank count other than the full sweep's, a simulated cluster, one
+/// hardware queue, an older NCCL. Every pair is swept in full on the same backend by another
+/// trial.
 fn representative() -> (&'static str, String) {
     ("DURALUMIN_SWEEP", "representative".to_string())
 }

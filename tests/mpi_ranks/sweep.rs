@@ -24,8 +24,9 @@ pub enum Breadth {
     /// element size (1, 2, 4, 8 bytes and the user pairs), signed, unsigned and floating,
     /// operators MPI has natively and those it has not (`Avg`, the logical ones on floats), a
     /// bitwise one, the user pairs and the non-commutative one. For trials that vary only how
-    /// the data moves (a simulated cluster, one hardware queue, another flag path or chunk
-    /// size), where every pair's own arithmetic is the full sweep's on the same backend.
+    /// the data moves (another rank count, a simulated cluster, one hardware queue, another
+    /// flag path or chunk size), where every pair's own arithmetic is the full sweep's on the
+    /// same backend.
     Representative,
 }
 
