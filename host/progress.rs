@@ -456,65 +456,74 @@ fn run(shared: &Shared) {
     PROXY.with(|p| p.set(true));
     let mut active: Vec<Arc<Task>> = Vec::new();
     let mut backoff = Backoff::default();
+    while wait_for_work(shared, &mut active, &mut backoff) {
+        poll_round(shared, &mut active, &mut backoff);
+    }
+}
+
+/// Takes in the submitted tasks and drops the finished ones. While none is left, looks for the
+/// next a while, then dozes, then parks until a submission wakes the thread. Returns `false` at
+/// shutdown with nothing left to run.
+fn wait_for_work(shared: &Shared, active: &mut Vec<Arc<Task>>, backoff: &mut Backoff) -> bool {
+    let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    let (mut dozes, mut idle_checks) = (0, 0);
     loop {
-        {
+        q.nudged = false;
+        active.append(&mut q.incoming);
+        active.retain(|t| !t.is_done());
+        if !active.is_empty() {
+            q.parked = false;
+            return true;
+        }
+        if q.shutdown {
+            return false;
+        }
+        if idle_checks < IDLE_CHECKS {
+            // Operations often come in a stream (one per training step, say): look for the next
+            // one a while before sleeping, so submitting it wakes nobody.
+            idle_checks += 1;
+            drop(q);
+            if idle_checks <= IDLE_CHECKS / 2 {
+                std::hint::spin_loop()
+            } else {
+                std::thread::yield_now()
+            }
+            q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            continue;
+        }
+        backoff.reset();
+        q.sleeping = true;
+        if dozes < DOZES_BEFORE_PARKING {
+            dozes += 1;
+            q = shared.wake.wait_timeout(q, DOZE).unwrap_or_else(PoisonError::into_inner).0;
+        } else {
+            q.parked = true;
+            q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+        q.sleeping = false;
+    }
+}
+
+/// Polls every active task once, and backs off when none finished or moved.
+fn poll_round(shared: &Shared, active: &mut Vec<Arc<Task>>, backoff: &mut Backoff) {
+    let (before, moved) = (active.len(), progress_count());
+    active.retain(|t| !t.poll_once());
+    if active.len() < before || progress_count() != moved {
+        backoff.reset();
+    } else if hot() {
+        backoff.snooze_hot();
+    } else {
+        // Sleeping on the condition variable lets a submission or a device's flag write
+        // ([`nudge`]) cut the sleep short.
+        backoff.snooze_with(|d| {
             let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            let (mut dozes, mut idle_checks) = (0, 0);
-            loop {
-                q.nudged = false;
-                active.append(&mut q.incoming);
-                active.retain(|t| !t.is_done());
-                if !active.is_empty() {
-                    q.parked = false;
-                    break;
-                }
-                if q.shutdown {
-                    return;
-                }
-                if idle_checks < IDLE_CHECKS {
-                    // Operations often come in a stream (one per training step, say): look for
-                    // the next one a while before sleeping, so submitting it wakes nobody.
-                    idle_checks += 1;
-                    drop(q);
-                    if idle_checks <= IDLE_CHECKS / 2 {
-                        std::hint::spin_loop()
-                    } else {
-                        std::thread::yield_now()
-                    }
-                    q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                    continue;
-                }
-                backoff.reset();
+            if q.incoming.is_empty() && !q.nudged {
                 q.sleeping = true;
-                if dozes < DOZES_BEFORE_PARKING {
-                    dozes += 1;
-                    q = shared.wake.wait_timeout(q, DOZE).unwrap_or_else(PoisonError::into_inner).0;
-                } else {
-                    q.parked = true;
-                    q = shared.wake.wait(q).unwrap_or_else(PoisonError::into_inner);
-                }
+                q = shared.wake.wait_timeout(q, d).unwrap_or_else(PoisonError::into_inner).0;
                 q.sleeping = false;
             }
-        }
-        let (before, moved) = (active.len(), progress_count());
-        active.retain(|t| !t.poll_once());
-        if active.len() < before || progress_count() != moved {
-            backoff.reset();
-        } else if hot() {
-            backoff.snooze_hot();
-        } else {
-            // Sleeping on the condition variable lets a submission or a device's flag write
-            // ([`nudge`]) cut the sleep short.
-            backoff.snooze_with(|d| {
-                let mut q = shared.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                if q.incoming.is_empty() && !q.nudged {
-                    q.sleeping = true;
-                    q = shared.wake.wait_timeout(q, d).unwrap_or_else(PoisonError::into_inner).0;
-                    q.sleeping = false;
-                }
-                q.nudged = false;
-            });
-        }
+            q.nudged = false;
+        });
     }
 }
 

@@ -10,6 +10,9 @@
 //! * [`host::HostDevice`]: an in-order executor thread per stream over host memory; flags are
 //!   atomics and copies run the shared kernel bodies on the CPU. A real device for CPU users,
 //!   and what lets the whole HostTransfer path run in CI without a GPU.
+//! * `cuda::CudaDevice` (feature `cuda`, the default) and `hip::HipDevice` (feature `hip`):
+//!   an NVIDIA or AMD GPU. Both are one implementation, `gpu` (private), written once over
+//!   each vendor's handful of driver primitives, as Aluminum's `AlGpu*` layer is.
 //!
 //! The layer is split like cudarc's: the [`Device`] trait's methods are thin and `unsafe` where
 //! they take raw addresses (the callers in the backend guarantee sizes and lifetimes); the

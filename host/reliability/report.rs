@@ -198,73 +198,84 @@ pub(crate) fn write(
     snaps: &[Option<Snapshot>],
     answer_secs: f64,
 ) -> String {
-    let n = snaps.len();
-    let mut out = format!("desync report, communicator of {n} ranks, seen from rank {me}: {headline}");
-    let mut line = |s: String| {
-        out.push_str("\n  ");
-        out.push_str(&s);
-    };
     let no_answer = |r: usize| {
         format!(
             "rank {r}: no answer within {answer_secs:.1} s (its process is stopped, busy where Duralumin cannot \
              answer, or gone)"
         )
     };
-    match target {
-        Target::Collective(mine) => {
-            let seq = mine.seq;
-            let at: Vec<Option<&RecordView>> = snaps
-                .iter()
-                .map(|s| s.as_ref().and_then(|s| s.records.iter().find(|r| r.kind.is_collective() && r.seq == seq)))
-                .collect();
-            let expected = expected(me, mine, &at);
-            let mut in_step = Vec::new();
-            for (r, snap) in snaps.iter().enumerate() {
-                let Some(snap) = snap else {
-                    line(no_answer(r));
-                    continue;
-                };
-                match at[r] {
-                    None if snap.next_seq <= seq => line(format!("rank {r}: never entered #{seq}: {}", activity(snap))),
-                    None => line(format!(
-                        "rank {r}: is past #{seq} (its last collective is #{}): the ranks' collectives got out of step \
-                         earlier",
-                        snap.next_seq.saturating_sub(1)
-                    )),
-                    Some(rec) => match rank_line(r, rec, expected) {
-                        Some(l) if rec.state == State::Queued => line(format!("{l}: {}", activity(snap))),
-                        Some(l) => line(l),
-                        None => in_step.push(r),
-                    },
-                }
-            }
-            if !in_step.is_empty() {
-                line(format!("in #{seq} as expected ({}): {}", describe(expected), rank_list(&in_step)));
-            }
-            line(summary(snaps));
-        }
+    let lines = match target {
+        Target::Collective(mine) => collective_lines(me, mine, snaps, &no_answer),
         Target::P2p(mine) => {
-            for (r, snap) in snaps.iter().enumerate() {
-                if r == me || mine.root.is_some_and(|p| p as usize != r) {
-                    continue;
-                }
-                match snap {
-                    None => line(no_answer(r)),
-                    Some(s) => line(format!("rank {r}: {}", activity(s))),
-                }
-            }
-            line(summary(snaps));
+            // The peer's line only (every other rank's, for an operation without one).
+            let peers = |r: usize| r != me && mine.root.is_none_or(|p| p as usize == r);
+            let mut lines = activity_lines(snaps, peers, &no_answer);
+            lines.push(summary(snaps));
+            lines
         }
-        Target::Wait => {
-            for (r, snap) in snaps.iter().enumerate() {
-                match snap {
-                    None => line(no_answer(r)),
-                    Some(s) => line(format!("rank {r}: {}", activity(s))),
-                }
-            }
-        }
+        Target::Wait => activity_lines(snaps, |_| true, &no_answer),
+    };
+    let mut out = format!("desync report, communicator of {} ranks, seen from rank {me}: {headline}", snaps.len());
+    for l in lines {
+        out.push_str("\n  ");
+        out.push_str(&l);
     }
     out
+}
+
+/// The lines of a report about collective `mine`: each rank that is not in it as expected,
+/// those that are, and the summary.
+fn collective_lines(
+    me: usize,
+    mine: &RecordView,
+    snaps: &[Option<Snapshot>],
+    no_answer: &dyn Fn(usize) -> String,
+) -> Vec<String> {
+    let seq = mine.seq;
+    let at: Vec<Option<&RecordView>> = snaps
+        .iter()
+        .map(|s| s.as_ref().and_then(|s| s.records.iter().find(|r| r.kind.is_collective() && r.seq == seq)))
+        .collect();
+    let expected = expected(me, mine, &at);
+    let (mut lines, mut in_step) = (Vec::new(), Vec::new());
+    for (r, snap) in snaps.iter().enumerate() {
+        let Some(snap) = snap else {
+            lines.push(no_answer(r));
+            continue;
+        };
+        match at[r] {
+            None if snap.next_seq <= seq => lines.push(format!("rank {r}: never entered #{seq}: {}", activity(snap))),
+            None => lines.push(format!(
+                "rank {r}: is past #{seq} (its last collective is #{}): the ranks' collectives got out of step earlier",
+                snap.next_seq.saturating_sub(1)
+            )),
+            Some(rec) => match rank_line(r, rec, expected) {
+                Some(l) if rec.state == State::Queued => lines.push(format!("{l}: {}", activity(snap))),
+                Some(l) => lines.push(l),
+                None => in_step.push(r),
+            },
+        }
+    }
+    if !in_step.is_empty() {
+        lines.push(format!("in #{seq} as expected ({}): {}", describe(expected), rank_list(&in_step)));
+    }
+    lines.push(summary(snaps));
+    lines
+}
+
+/// One line per rank `shown` picks: what it is doing, or that it did not answer.
+fn activity_lines(
+    snaps: &[Option<Snapshot>],
+    shown: impl Fn(usize) -> bool,
+    no_answer: &dyn Fn(usize) -> String,
+) -> Vec<String> {
+    let shown = snaps.iter().enumerate().filter(|(r, _)| shown(*r));
+    shown
+        .map(|(r, snap)| match snap {
+            None => no_answer(r),
+            Some(s) => format!("rank {r}: {}", activity(s)),
+        })
+        .collect()
 }
 
 /// The line of a rank whose call at this point is not the expected one (refused, different,

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use super::OnTimeout;
 use super::abort::{abort_job, rank_label};
-use super::monitor::{Monitor, MonitorState, Trigger, fault_poison, interruptible, plain_poison, timeout_poison};
+use super::monitor::{
+    FaultRequest, Monitor, MonitorState, Trigger, fault_poison, interruptible, plain_poison, timeout_poison,
+};
 use super::recorder::{self, RecordView, Snapshot};
 use super::report::{self, Target};
 use crate::ffi::{self, RawComm, RawDatatype, RawRequest, p2p, sys};
@@ -223,82 +225,103 @@ fn start(m: &Monitor) -> Option<Exchange> {
         return None;
     }
     let now = recorder::now();
-    let view = |st: &MonitorState, id: u64| st.recorder.iter().find(|r| r.id() == id).map(|r| RecordView::of(r, now));
-    let target_of = |v: RecordView| if v.kind.is_collective() { Target::Collective(v) } else { Target::P2p(v) };
-    let x = if let Some(f) = st.fault.as_ref() {
-        let v = view(&st, f.op.rec.id())?;
-        let headline = format!("{} failed here: {}", report::describe(&v), f.message);
-        Exchange {
-            trigger: Trigger::Op(f.op.rec.id()),
-            what: f.op.kind.name(),
-            seq: f.op.seq,
-            elapsed: Duration::ZERO,
-            interruptible: true,
-            fault: true,
-            headline,
-            target: target_of(v),
-            deadline: Instant::now(),
-            replies: Vec::new(),
-        }
-    } else {
-        let late =
-            late_op(&st, now).map(|r| (Trigger::Op(r.id()), RecordView::of(r, now), r.started, r.seq, r.deadline));
-        if let Some((trigger, v, started, seq, Some(timeout))) = late {
-            let elapsed = Duration::from_nanos(now.saturating_sub(started));
-            Exchange {
-                trigger,
-                what: v.kind.name(),
-                seq,
-                elapsed,
-                interruptible: interruptible(v.kind),
-                fault: false,
-                headline: format!(
-                    "{} timed out after {:.1} s (deadline {timeout:.1?})",
-                    report::describe(&v),
-                    elapsed.as_secs_f64()
-                ),
-                target: target_of(v),
-                deadline: Instant::now(),
-                replies: Vec::new(),
-            }
-        } else {
-            let wait = st
-                .waits
-                .iter()
-                .filter(|w| recorder::past(w.deadline, w.since, now) && st.handled != Some(Trigger::Wait(w.id)))
-                .min_by_key(|w| w.since)?;
-            let (id, what, since, timeout) = (wait.id, wait.what, wait.since, wait.deadline?);
-            let elapsed = Duration::from_nanos(now.saturating_sub(since));
-            let seq = st.next_seq.saturating_sub(1);
-            // The wait is for this rank's unfinished operations: the oldest collective among
-            // them is what the ranks are compared at (a stream-ordered one may not have started
-            // here yet, so it is not late itself).
-            let pending = st
-                .recorder
-                .iter()
-                .filter(|r| r.sig.kind.is_collective() && !r.state.is_finished())
-                .min_by_key(|r| r.seq)
-                .map(|r| Target::Collective(RecordView::of(r, now)));
-            Exchange {
-                trigger: Trigger::Wait(id),
-                what,
-                seq,
-                elapsed,
-                interruptible: true,
-                fault: false,
-                headline: format!(
-                    "{what} (after collective #{seq}) waited {:.1} s (deadline {timeout:.1?})",
-                    elapsed.as_secs_f64()
-                ),
-                target: pending.unwrap_or(Target::Wait),
-                deadline: Instant::now(),
-                replies: Vec::new(),
-            }
-        }
+    let x = match &st.fault {
+        Some(f) => fault_exchange(&st, f, now)?,
+        None => late_op_exchange(&st, now).or_else(|| late_wait_exchange(&st, now))?,
     };
     st.handled = Some(x.trigger);
     drop(st);
     Some(Exchange { deadline: Instant::now() + m.answer_window(), replies: vec![None; m.size], ..x })
+}
+
+/// The exchange that reports a failure this rank's operation handed over.
+fn fault_exchange(st: &MonitorState, f: &FaultRequest, now: recorder::Tick) -> Option<Exchange> {
+    let v = view(st, f.op.rec.id(), now)?;
+    let headline = format!("{} failed here: {}", report::describe(&v), f.message);
+    let x =
+        Exchange::new(Trigger::Op(f.op.rec.id()), f.op.kind.name(), f.op.seq, Duration::ZERO, headline, target_of(v));
+    Some(x.failed())
+}
+
+/// The exchange that reports the oldest operation running past its deadline.
+fn late_op_exchange(st: &MonitorState, now: recorder::Tick) -> Option<Exchange> {
+    let r = late_op(st, now)?;
+    let (v, timeout) = (RecordView::of(r, now), r.deadline?);
+    let elapsed = Duration::from_nanos(now.saturating_sub(r.started));
+    let headline =
+        format!("{} timed out after {:.1} s (deadline {timeout:.1?})", report::describe(&v), elapsed.as_secs_f64());
+    let interruptible = interruptible(v.kind);
+    let x = Exchange::new(Trigger::Op(r.id()), v.kind.name(), r.seq, elapsed, headline, target_of(v));
+    Some(Exchange { interruptible, ..x })
+}
+
+/// The exchange that reports the oldest wait past its deadline that none has reported yet.
+fn late_wait_exchange(st: &MonitorState, now: recorder::Tick) -> Option<Exchange> {
+    let wait = st
+        .waits
+        .iter()
+        .filter(|w| recorder::past(w.deadline, w.since, now) && st.handled != Some(Trigger::Wait(w.id)))
+        .min_by_key(|w| w.since)?;
+    let timeout = wait.deadline?;
+    let elapsed = Duration::from_nanos(now.saturating_sub(wait.since));
+    let seq = st.next_seq.saturating_sub(1);
+    // The wait is for this rank's unfinished operations: the oldest collective among them is
+    // what the ranks are compared at (a stream-ordered one may not have started here yet, so it
+    // is not late itself).
+    let pending = st
+        .recorder
+        .iter()
+        .filter(|r| r.sig.kind.is_collective() && !r.state.is_finished())
+        .min_by_key(|r| r.seq)
+        .map(|r| Target::Collective(RecordView::of(r, now)));
+    let headline = format!(
+        "{} (after collective #{seq}) waited {:.1} s (deadline {timeout:.1?})",
+        wait.what,
+        elapsed.as_secs_f64()
+    );
+    Some(Exchange::new(Trigger::Wait(wait.id), wait.what, seq, elapsed, headline, pending.unwrap_or(Target::Wait)))
+}
+
+/// The recorder's view of operation `id`, if it is still recorded.
+fn view(st: &MonitorState, id: u64, now: recorder::Tick) -> Option<RecordView> {
+    st.recorder.iter().find(|r| r.id() == id).map(|r| RecordView::of(r, now))
+}
+
+/// What the ranks are compared at for an operation: the collective itself, or a point-to-point
+/// operation's peer.
+fn target_of(v: RecordView) -> Target {
+    if v.kind.is_collective() { Target::Collective(v) } else { Target::P2p(v) }
+}
+
+impl Exchange {
+    /// An exchange about `what` (#`seq`, `elapsed` so far), interruptible, not a fault; its
+    /// answer window and replies are set when it starts.
+    fn new(
+        trigger: Trigger,
+        what: &'static str,
+        seq: u64,
+        elapsed: Duration,
+        headline: String,
+        target: Target,
+    ) -> Exchange {
+        Exchange {
+            trigger,
+            target,
+            headline,
+            what,
+            seq,
+            elapsed,
+            interruptible: true,
+            fault: false,
+            deadline: Instant::now(),
+            replies: Vec::new(),
+        }
+    }
+
+    /// The same exchange, about a failure rather than a deadline.
+    fn failed(self) -> Exchange {
+        Exchange { fault: true, ..self }
+    }
 }
 
 /// The oldest operation running past its deadline that no exchange has reported yet.

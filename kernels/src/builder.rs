@@ -276,11 +276,33 @@ impl KernelBuilder {
         let target_dir = self.target_dir.clone().unwrap_or_else(|| default_target_dir(&out_dir));
         let log_path = out_dir.join("duralumin-kernels-build.log");
         let mut log = String::new();
+        let artifacts = self.build_targets(&toolchain, &crate_dir, &target_dir, &out_dir, &mut log);
+        // The log is a convenience for reading failures; not being able to write it is no failure.
+        let _ = fs::write(&log_path, &log);
+
+        if artifacts.ptx.is_none() && artifacts.code_objects.is_empty() {
+            let first = artifacts.failures.first().cloned().unwrap_or_else(|| "no target was requested".to_owned());
+            return Err(BuildError::new(
+                BuildErrorKind::Compile,
+                format!("compiling {} failed: {first} (full log: {})", artifacts.crate_name, log_path.display()),
+            ));
+        }
+        Ok(artifacts)
+    }
+
+    /// Builds the PTX and every AMD code object asked for; the failures are in the artifacts.
+    fn build_targets(
+        &self,
+        toolchain: &Toolchain,
+        crate_dir: &Path,
+        target_dir: &Path,
+        out_dir: &Path,
+        log: &mut String,
+    ) -> Artifacts {
         let mut artifacts = Artifacts { crate_name: self.crate_label(), ..Artifacts::default() };
         let mut ptx_entries: Option<BTreeSet<String>> = None;
-
         if let Some(arch) = &self.ptx_arch {
-            match self.build_ptx(&toolchain, &crate_dir, &target_dir, arch, &out_dir, &mut log) {
+            match self.build_ptx(toolchain, crate_dir, target_dir, arch, out_dir, log) {
                 Ok((path, entries)) => {
                     artifacts.ptx = Some((arch.clone(), path));
                     ptx_entries = Some(entries);
@@ -289,7 +311,7 @@ impl KernelBuilder {
             }
         }
         for arch in &self.amdgpu_archs {
-            match self.build_code_object(&toolchain, &crate_dir, &target_dir, arch, &out_dir, &mut log) {
+            match self.build_code_object(toolchain, crate_dir, target_dir, arch, out_dir, log) {
                 Ok((path, entries)) => match &ptx_entries {
                     Some(expected) if *expected != entries => artifacts.failures.push(format!(
                         "{AMDGPU_TARGET} ({arch}): the code object's kernels differ from the PTX's ({} vs {})",
@@ -304,18 +326,8 @@ impl KernelBuilder {
                 Err(e) => artifacts.failures.push(format!("{AMDGPU_TARGET} ({arch}): {e}")),
             }
         }
-        // The log is a convenience for reading failures; not being able to write it is no failure.
-        let _ = fs::write(&log_path, &log);
         artifacts.entries = ptx_entries.unwrap_or_default().into_iter().collect();
-
-        if artifacts.ptx.is_none() && artifacts.code_objects.is_empty() {
-            let first = artifacts.failures.first().cloned().unwrap_or_else(|| "no target was requested".to_owned());
-            return Err(BuildError::new(
-                BuildErrorKind::Compile,
-                format!("compiling {} failed: {first} (full log: {})", artifacts.crate_name, log_path.display()),
-            ));
-        }
-        Ok(artifacts)
+        artifacts
     }
 
     fn toolchain_name(&self) -> String {
@@ -449,26 +461,7 @@ impl KernelBuilder {
             .arg("--target-dir")
             .arg(target_dir)
             .args(["--message-format=json-render-diagnostics", "--color", "never"]);
-        for setting in [
-            "profile.release.panic=\"abort\"",
-            "profile.release.codegen-units=1",
-            "profile.release.debug=false",
-            "profile.release.strip=\"none\"",
-            "profile.release.lto=false",
-            "profile.release.opt-level=3",
-            "profile.release.incremental=false",
-            "profile.release.overflow-checks=false",
-            "profile.release.debug-assertions=false",
-            // `core` contributes only inlined code to kernels, which is optimized in the kernel
-            // crate; compiling its own code at opt-level 1 saves about half of the first build
-            // (AMDGPU codegen of an optimized core takes over a minute per target). Level 1, not
-            // 0, avoids an AMDGPU backend failure on unoptimized calls (gfx1100). Other
-            // dependencies keep the release level: their small functions are inlined across
-            // crates only when they are optimized (half's f16 operators are not `#[inline]`).
-            "profile.release.package.core.opt-level=1",
-            "profile.release.package.core.codegen-units=16",
-            "profile.release.package.compiler_builtins.opt-level=1",
-        ] {
+        for setting in NESTED_PROFILE {
             cmd.args(["--config", setting]);
         }
         if !self.features.is_empty() {
@@ -493,6 +486,28 @@ impl KernelBuilder {
         Ok(json_string_array(artifact, "filenames").into_iter().map(PathBuf::from).collect())
     }
 }
+
+/// The nested build's release profile, whatever the outer build's is.
+const NESTED_PROFILE: [&str; 12] = [
+    "profile.release.panic=\"abort\"",
+    "profile.release.codegen-units=1",
+    "profile.release.debug=false",
+    "profile.release.strip=\"none\"",
+    "profile.release.lto=false",
+    "profile.release.opt-level=3",
+    "profile.release.incremental=false",
+    "profile.release.overflow-checks=false",
+    "profile.release.debug-assertions=false",
+    // `core` contributes only inlined code to kernels, which is optimized in the kernel
+    // crate; compiling its own code at opt-level 1 saves about half of the first build
+    // (AMDGPU codegen of an optimized core takes over a minute per target). Level 1, not
+    // 0, avoids an AMDGPU backend failure on unoptimized calls (gfx1100). Other
+    // dependencies keep the release level: their small functions are inlined across
+    // crates only when they are optimized (half's f16 operators are not `#[inline]`).
+    "profile.release.package.core.opt-level=1",
+    "profile.release.package.core.codegen-units=16",
+    "profile.release.package.compiler_builtins.opt-level=1",
+];
 
 /// Whether an environment variable describes the outer build and must not reach the nested cargo.
 /// Registry, network and home settings are kept: they describe the machine, not the build.

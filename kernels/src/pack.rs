@@ -195,21 +195,15 @@ unsafe fn segments<G: Grid>(
     let groups = threads.div_ceil(LANES);
     // The last group of a launch whose size is not a multiple of LANES has fewer lanes.
     let lanes = threads.saturating_sub(group * LANES).min(LANES);
-    // Called with indices below `count` only.
-    let read_segment = |s: usize| -> (usize, usize) {
-        // SAFETY: the caller guarantees `count` readable segments, and `s < count`.
-        let segment = unsafe { segments.add(s).read() };
-        #[allow(clippy::cast_possible_truncation, reason = "the segment lies inside `scattered`, so both fit a usize")]
-        (segment.offset as usize, segment.len as usize)
-    };
+    let copy = SegmentCopy { scattered, packed, segments, count, direction, lane, lanes };
     // The first segment that does not end before the current tile, and where it starts in `packed`.
     let (mut first, mut first_at) = (0usize, 0usize);
     let mut tile = group;
     loop {
         let Some(lo) = tile.checked_mul(TILE) else { return };
-        let hi = lo.saturating_add(TILE);
         while first < count {
-            let (_, len) = read_segment(first);
+            // SAFETY: `first < count`.
+            let (_, len) = unsafe { copy.segment(first) };
             if first_at + len > lo {
                 break;
             }
@@ -219,25 +213,62 @@ unsafe fn segments<G: Grid>(
         if first == count {
             return;
         }
-        let (mut s, mut at) = (first, first_at);
-        while s < count && at < hi {
-            let (offset, len) = read_segment(s);
+        // SAFETY: segment `first` starts at `first_at` and is the first not ending before `lo`.
+        unsafe { copy.tile(first, first_at, lo, lo.saturating_add(TILE)) };
+        tile += groups;
+    }
+}
+
+/// One thread's view of a segment copy: the buffers, the list, and its lane of its group.
+#[derive(Clone, Copy)]
+struct SegmentCopy {
+    scattered: *mut u8,
+    packed: *mut u8,
+    segments: *const Segment,
+    count: usize,
+    direction: Direction,
+    lane: usize,
+    lanes: usize,
+}
+
+impl SegmentCopy {
+    /// Segment `s`: its offset in the scattered buffer and its length.
+    ///
+    /// # Safety
+    /// `s < count`, and the launch's guarantees hold (as [`segments`]).
+    #[inline(always)]
+    unsafe fn segment(self, s: usize) -> (usize, usize) {
+        // SAFETY: the caller guarantees `count` readable segments, and `s < count`.
+        let segment = unsafe { self.segments.add(s).read() };
+        #[allow(clippy::cast_possible_truncation, reason = "the segment lies inside `scattered`, so both fit a usize")]
+        (segment.offset as usize, segment.len as usize)
+    }
+
+    /// Copies this lane's share of the packed range `lo..hi`, segment `s` (which starts at `at`
+    /// in the packed buffer) being the first that reaches into it.
+    ///
+    /// # Safety
+    /// As [`segments`]; `s < count` and `at` is the sum of the lengths of the segments before it.
+    #[inline(always)]
+    unsafe fn tile(self, mut s: usize, mut at: usize, lo: usize, hi: usize) {
+        while s < self.count && at < hi {
+            // SAFETY: `s < count`.
+            let (offset, len) = unsafe { self.segment(s) };
             let (from, to) = (at.max(lo), (at + len).min(hi));
             if from < to {
                 // SAFETY: `from - at .. to - at` lies inside segment `s`, and `from .. to` inside
                 // the packed total; the caller guarantees both ranges are inside their buffers.
-                let (outside, inside) = unsafe { (scattered.add(offset + (from - at)), packed.add(from)) };
-                let (dst, src) = match direction {
+                let (outside, inside) = unsafe { (self.scattered.add(offset + (from - at)), self.packed.add(from)) };
+                let (dst, src) = match self.direction {
                     Direction::Pack => (inside, outside.cast_const()),
                     Direction::Unpack => (outside, inside.cast_const()),
                 };
                 // SAFETY: the piece of `to - from` bytes at `dst` / `src` is inside both buffers.
-                unsafe { copy_piece(dst, src, to - from, lane, lanes) };
+                unsafe { copy_piece(dst, src, to - from, self.lane, self.lanes) };
             }
             at += len;
             s += 1;
         }
-        tile += groups;
     }
 }
 

@@ -1,4 +1,5 @@
-//! Multi-rank tests of the Mpi backend.
+//! Multi-rank tests of every backend: Mpi, HostTransfer (host device, CUDA on a GPU or on
+//! cudasim) and NCCL (on a GPU or on ncclsim).
 //!
 //! Run by `cargo test`, this binary is the launcher: one trial per rank count (1..=5), each
 //! starting `mpirun --oversubscribe -np N` on this same binary with `DURALUMIN_RANK_PROGRAM`

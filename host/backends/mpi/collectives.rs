@@ -521,30 +521,45 @@ impl MpiCommunicator {
         if let Some(s) = send {
             check::len("allreduce receive buffer", recv.len(), s.len())?;
         }
-        let n = recv.len();
-        let bytes = n.saturating_mul(size_of::<T>());
+        let bytes = recv.len().saturating_mul(size_of::<T>());
         algorithm.check_operator::<T, O>()?;
         let algorithm = match algorithm {
             AllreduceAlgorithm::Auto => self.auto_allreduce::<T, O>(bytes, mode),
             a => a,
         };
         let out = RawBuf::from_mut(recv);
-        if algorithm == AllreduceAlgorithm::Native {
-            let dt = datatype::<T>()?;
-            let op = mpi_op::<T, O>()?;
-            let calls = self.native_pieces(n, |off, len| {
-                Ok(Native::Allreduce {
-                    send: send.map_or(in_place().cast_const(), |s| at(RawBuf::from_ref(s), off).cast_const()),
-                    recv: at(out, off),
-                    count: cnt(len)?,
-                    op,
-                })
-            })?;
-            return Ok(Job::natives(dt, calls, finish::<T, O>(out, self.size()).into_iter().collect(), bytes));
+        match algorithm {
+            AllreduceAlgorithm::Native => self.native_allreduce::<T, O>(send, out),
+            AllreduceAlgorithm::SharedMemory => super::shm::plan_allreduce::<T, O>(self, send, out, mode),
+            _ => self.own_allreduce::<T, O>(send, out, algorithm, mode),
         }
-        if algorithm == AllreduceAlgorithm::SharedMemory {
-            return super::shm::plan_allreduce::<T, O>(self, send, out, mode);
-        }
+    }
+
+    /// The MPI library's allreduce, in pieces of at most the tuning's message size.
+    fn native_allreduce<T: Element, O: ReduceOp<T>>(&self, send: Option<&[T]>, out: RawBuf<T>) -> Result<Job<T>> {
+        let (dt, op, n) = (datatype::<T>()?, mpi_op::<T, O>()?, out.len());
+        let calls = self.native_pieces(n, |off, len| {
+            Ok(Native::Allreduce {
+                send: send.map_or(in_place().cast_const(), |s| at(RawBuf::from_ref(s), off).cast_const()),
+                recv: at(out, off),
+                count: cnt(len)?,
+                op,
+            })
+        })?;
+        let post = finish::<T, O>(out, self.size()).into_iter().collect();
+        Ok(Job::natives(dt, calls, post, n.saturating_mul(size_of::<T>())))
+    }
+
+    /// Duralumin's own allreduce algorithms: the ring, recursive doubling, Rabenseifner's, and
+    /// the hierarchical pipeline.
+    fn own_allreduce<T: Element, O: ReduceOp<T>>(
+        &self,
+        send: Option<&[T]>,
+        out: RawBuf<T>,
+        algorithm: AllreduceAlgorithm,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        let n = out.len();
         let input = send.map(RawBuf::from_ref);
         let core = Arc::clone(&self.core);
         let seg = self.segment::<T>();

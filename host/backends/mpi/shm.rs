@@ -61,7 +61,7 @@ use crate::ffi::win::{self, RawWin};
 use crate::ffi::{self, RawComm, c_rank, u32_rank};
 use crate::progress::unless;
 use crate::reducer::{HostReducer, Reducer};
-use crate::reliability::monitor::{Asker, Monitor};
+use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::{OpKind, Signature, State};
 use crate::transport::MpiTransport;
 
@@ -371,6 +371,38 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     out: RawBuf<T>,
     mode: Mode,
 ) -> Result<Job<T>> {
+    check_usable::<T>(comm)?;
+    let input = send.map(RawBuf::from_ref);
+    let n = comm.size();
+    if n == 1 || out.len() == 0 {
+        // Nothing to exchange (every rank has the same count).
+        return Ok(copy_and_finish::<T, O>(input, out, n));
+    }
+    let x = comm.transport::<u8>(mode)?;
+    let op = comm.current.get().map(|(op, _)| op);
+    make_window(comm, &x, op)?;
+    let header = Header {
+        seq: op.map_or(0, |o| o.seq),
+        hash: comm.current_hash(),
+        count: out.len() as u64,
+        elem_size: size_of::<T>() as u64,
+    };
+    let turn = Turn::take(Arc::clone(&comm.core));
+    Ok(Job::Future(Box::pin(async move {
+        let first = turn.come_up().await;
+        let w = turn.core.shm.window.get().ok_or(Error::Progress("shared-memory window missing"))?;
+        let r = HostReducer::<O>::new();
+        // SAFETY: the public method borrows `send` and `out` for the whole operation (the
+        // same slice in place); this operation holds the window's turn.
+        let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first, header) }.await?;
+        turn.continue_at(first + chunks);
+        Ok(())
+    })))
+}
+
+/// Refuses a communicator whose ranks are not all on one node, and elements the window's
+/// buffers cannot hold.
+fn check_usable<T: Element>(comm: &MpiCommunicator) -> Result<()> {
     if comm.local_size() != comm.size() {
         return Err(Error::AlgorithmUnsupported {
             algorithm: ALGORITHM,
@@ -380,24 +412,28 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     if align_of::<T>() > ALIGN || size_of::<T>() > BUFFER_BYTES {
         return Err(Error::AlgorithmUnsupported { algorithm: ALGORITHM, reason: "the element is too large" });
     }
-    let input = send.map(RawBuf::from_ref);
-    let n = comm.size();
-    if n == 1 || out.len() == 0 {
-        // Nothing to exchange (every rank has the same count).
-        return Ok(Job::Future(Box::pin(async move {
-            if let Some(input) = input {
-                // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
-                // whole operation.
-                unsafe { out.copy_from(input) };
-            }
-            // SAFETY: as above.
-            HostReducer::<O>::new().finish(unsafe { out.as_mut_slice() }, u32_rank(n));
-            Ok(())
-        })));
-    }
+    Ok(())
+}
+
+/// The allreduce of one rank, or of no elements: the input copied to `out` (unless in place)
+/// and finished (`Avg`'s division by the rank count).
+fn copy_and_finish<T: Element, O: ReduceOp<T>>(input: Option<RawBuf<T>>, out: RawBuf<T>, n: usize) -> Job<T> {
+    Job::Future(Box::pin(async move {
+        if let Some(input) = input {
+            // SAFETY: the public method borrows `send` and `recv` (distinct slices) for the
+            // whole operation.
+            unsafe { out.copy_from(input) };
+        }
+        // SAFETY: as above.
+        HostReducer::<O>::new().finish(unsafe { out.as_mut_slice() }, u32_rank(n));
+        Ok(())
+    }))
+}
+
+/// Makes the node window on the communicator's first use of it, and checks that its ranks are
+/// the communicator's.
+fn make_window(comm: &MpiCommunicator, x: &MpiTransport, op: Option<OpId>) -> Result<()> {
     let core = &comm.core;
-    let x = comm.transport::<u8>(mode)?;
-    let op = comm.current.get().map(|(op, _)| op);
     if !core.shm.is_made() {
         // Making the window is collective over the node: every rank must be in this very
         // operation first, which a barrier on its tag (which carries its signature) shows; a
@@ -409,7 +445,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         crate::progress::block_on(unless(Box::pin(async move { barrier(&handshake).await }), given_up))??;
     }
     let w = core.shm.get_or_make(core.algo, core.rank)?;
-    if w.size != n {
+    if w.size != comm.size() {
         return Err(Error::AlgorithmUnsupported {
             algorithm: ALGORITHM,
             reason: "the ranks of the communicator are not all on one node",
@@ -422,23 +458,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     if w.rank != core.rank {
         return Err(Error::Progress("the shared-memory window's ranks differ from the communicator's"));
     }
-    let header = Header {
-        seq: op.map_or(0, |o| o.seq),
-        hash: comm.current_hash(),
-        count: out.len() as u64,
-        elem_size: size_of::<T>() as u64,
-    };
-    let turn = Turn::take(Arc::clone(core));
-    Ok(Job::Future(Box::pin(async move {
-        let first = turn.come_up().await;
-        let w = turn.core.shm.window.get().ok_or(Error::Progress("shared-memory window missing"))?;
-        let r = HostReducer::<O>::new();
-        // SAFETY: the public method borrows `send` and `out` for the whole operation (the
-        // same slice in place); this operation holds the window's turn.
-        let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first, header) }.await?;
-        turn.continue_at(first + chunks);
-        Ok(())
-    })))
+    Ok(())
 }
 
 /// The chunk pipeline (see the module docs); returns the number of chunks (buffers used).
@@ -459,73 +479,14 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
     first: usize,
     header: Header,
 ) -> Result<usize> {
-    let (n, me) = (w.size, w.rank);
-    let k = (BUFFER_BYTES / size_of::<T>().max(1)).max(1);
-    let len = out.len();
-    let chunks = len.div_ceil(k);
-    let span = |c: usize| (c * k, k.min(len - c * k));
-    // Slice `j` of a chunk of `l` elements: `(where it starts in the chunk, where it starts in
-    // a buffer, its length)`. In a buffer it sits where it would in a full chunk, so slots of
-    // chunks of different lengths (the last one) never overlap: staging the last chunk cannot
-    // touch the result slot of the chunk before it that the others may still be reading.
-    let slice = |l: usize, j: usize| {
-        let (s, sl) = block_range(l, n, j);
-        (s, block_range(k, n, j).0, sl)
-    };
-    let buffer = |j: usize, c: usize| w.buffer::<T>(j, first + c, k);
-    let ranks = u32_rank(n);
-    let stage = |c: usize| {
-        let (off, l) = span(c);
-        let mine = buffer(me, c);
-        for j in (0..n).filter(|&j| j != me) {
-            let (s, at, sl) = slice(l, j);
-            // SAFETY: this rank's buffer for chunk `c` is written by it alone, and no rank
-            // reads these slots before the next barrier (see the module docs); `input` is
-            // readable.
-            unsafe { mine.block(at, sl).copy_from(input.block(off + s, sl)) };
-        }
-    };
-    let stream = len.saturating_mul(size_of::<T>()) >= STREAM_BYTES;
-    // Rank `me`'s slice of chunk `c`, reduced a cache-sized block at a time into its slot of
-    // the buffer (where the others read it) and from there, while the block is in the cache,
-    // into `out`.
-    let block = (REDUCE_BLOCK_BYTES / size_of::<T>().max(1)).max(1);
-    let reduce = |c: usize| {
-        let (off, l) = span(c);
-        let (s, at, sl) = slice(l, me);
-        for b in (0..sl).step_by(block) {
-            let bl = block.min(sl - b);
-            let src = |j: usize| if j == me { input.block(off + s + b, bl) } else { buffer(j, c).block(at + b, bl) };
-            let dst = buffer(me, c).block(at + b, bl);
-            // SAFETY: past the barrier every rank staged chunk `c`, and nobody writes the
-            // staged slots until the next one; `dst` (this rank's own slot of its buffer) is
-            // read by the others only after the next barrier, and lies apart from every source.
-            // The block of `out` is this operation's; in place it is the block of the input
-            // just read, and no one reads it again.
-            unsafe {
-                let d = dst.as_mut_slice();
-                r.reduce_into(d, src(0).as_slice(), src(1).as_slice());
-                for j in 2..n {
-                    r.reduce(d, src(j).as_slice());
-                }
-                r.finish(d, ranks);
-                put(out.block(off + s + b, bl), dst, stream);
-            }
-        }
-    };
-    // The others' slices of chunk `c` into `out`.
-    let copy_out = |c: usize| {
-        let (off, l) = span(c);
-        for j in (0..n).filter(|&j| j != me) {
-            let (s, at, sl) = slice(l, j);
-            // SAFETY: past the barrier every rank's result slot of chunk `c` is final, and
-            // nobody writes it until the barrier after next; `out` is this operation's.
-            unsafe { put(out.block(off + s, sl), buffer(j, c).block(at, sl), stream) };
-        }
-    };
+    let p = Chunks::new(w, input, out, first);
+    let chunks = p.count();
+    // Each step below runs between the barriers the module docs give it, which is what the
+    // steps of `Chunks` require.
     // SAFETY: this operation holds the turn, before its first barrier.
     unsafe { w.write_header(header) };
-    stage(0);
+    // SAFETY: as above; the caller guarantees `input` readable.
+    unsafe { p.stage(0) };
     for c in 0..=chunks {
         w.fence()?;
         barrier(x).await?;
@@ -535,16 +496,128 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
             return Err(header_mismatch(x, j, &theirs, &header));
         }
         if c > 0 {
-            copy_out(c - 1);
+            // SAFETY: as above.
+            unsafe { p.copy_out(c - 1) };
         }
         if c < chunks {
-            reduce(c);
+            // SAFETY: as above.
+            unsafe { p.reduce(r, c) };
             if c + 1 < chunks {
-                stage(c + 1);
+                // SAFETY: as above.
+                unsafe { p.stage(c + 1) };
             }
         }
     }
     Ok(chunks)
+}
+
+/// One rank's part of a pipelined allreduce through the window: chunk `c` of the operation (at
+/// most a buffer's worth of elements) goes through buffer `first + c` of every rank.
+struct Chunks<'a, T> {
+    w: &'a Window,
+    input: RawBuf<T>,
+    out: RawBuf<T>,
+    first: usize,
+    /// Elements per chunk.
+    k: usize,
+    /// Elements reduced per cache-sized block.
+    block: usize,
+    /// Whether results go to `out` with non-temporal stores (large operations).
+    stream: bool,
+}
+
+impl<'a, T: Element> Chunks<'a, T> {
+    fn new(w: &'a Window, input: RawBuf<T>, out: RawBuf<T>, first: usize) -> Chunks<'a, T> {
+        let k = (BUFFER_BYTES / size_of::<T>().max(1)).max(1);
+        let block = (REDUCE_BLOCK_BYTES / size_of::<T>().max(1)).max(1);
+        let stream = out.len().saturating_mul(size_of::<T>()) >= STREAM_BYTES;
+        Chunks { w, input, out, first, k, block, stream }
+    }
+
+    fn count(&self) -> usize {
+        self.out.len().div_ceil(self.k)
+    }
+
+    /// Chunk `c`: where it starts in the operation's buffers, and its length.
+    fn span(&self, c: usize) -> (usize, usize) {
+        (c * self.k, self.k.min(self.out.len() - c * self.k))
+    }
+
+    /// Slice `j` of a chunk of `l` elements: `(where it starts in the chunk, where it starts in
+    /// a buffer, its length)`. In a buffer it sits where it would in a full chunk, so slots of
+    /// chunks of different lengths (the last one) never overlap: staging the last chunk cannot
+    /// touch the result slot of the chunk before it that the others may still be reading.
+    fn slice(&self, l: usize, j: usize) -> (usize, usize, usize) {
+        let (s, sl) = block_range(l, self.w.size, j);
+        (s, block_range(self.k, self.w.size, j).0, sl)
+    }
+
+    /// Rank `j`'s buffer for chunk `c`.
+    fn buffer(&self, j: usize, c: usize) -> RawBuf<T> {
+        self.w.buffer::<T>(j, self.first + c, self.k)
+    }
+
+    /// Copies this rank's input for the others' slices of chunk `c` into its buffer.
+    ///
+    /// # Safety
+    /// Runs before the barrier after which the others read chunk `c`, and after the one past
+    /// which nobody reads this buffer's previous chunk; `input` is readable.
+    unsafe fn stage(&self, c: usize) {
+        let ((off, l), me) = (self.span(c), self.w.rank);
+        let mine = self.buffer(me, c);
+        for j in (0..self.w.size).filter(|&j| j != me) {
+            let (s, at, sl) = self.slice(l, j);
+            // SAFETY: this rank's buffer for chunk `c` is written by it alone, and no rank
+            // reads these slots before the next barrier (the caller's guarantee).
+            unsafe { mine.block(at, sl).copy_from(self.input.block(off + s, sl)) };
+        }
+    }
+
+    /// Reduces this rank's slice of chunk `c`, a cache-sized block at a time, into its slot of
+    /// its buffer (where the others read it) and from there, while the block is in the cache,
+    /// into `out`.
+    ///
+    /// # Safety
+    /// Every rank staged chunk `c` before the barrier just passed, and nobody writes the staged
+    /// slots until the next one; `out` is this operation's.
+    unsafe fn reduce<R: Reducer<T>>(&self, r: &R, c: usize) {
+        let ((off, l), me, n) = (self.span(c), self.w.rank, self.w.size);
+        let (s, at, sl) = self.slice(l, me);
+        for b in (0..sl).step_by(self.block) {
+            let bl = self.block.min(sl - b);
+            let src = |j: usize| {
+                if j == me { self.input.block(off + s + b, bl) } else { self.buffer(j, c).block(at + b, bl) }
+            };
+            let dst = self.buffer(me, c).block(at + b, bl);
+            // SAFETY: the staged sources are final (the caller's guarantee); `dst` (this rank's
+            // own slot of its buffer) is read by the others only after the next barrier, and
+            // lies apart from every source. The block of `out` is this operation's; in place it
+            // is the block of the input just read, and no one reads it again.
+            unsafe {
+                let d = dst.as_mut_slice();
+                r.reduce_into(d, src(0).as_slice(), src(1).as_slice());
+                for j in 2..n {
+                    r.reduce(d, src(j).as_slice());
+                }
+                r.finish(d, u32_rank(n));
+                put(self.out.block(off + s + b, bl), dst, self.stream);
+            }
+        }
+    }
+
+    /// Copies the others' slices of chunk `c` into `out`.
+    ///
+    /// # Safety
+    /// Every rank reduced chunk `c` before the barrier just passed, and nobody writes its result
+    /// slots until the barrier after next; `out` is this operation's.
+    unsafe fn copy_out(&self, c: usize) {
+        let ((off, l), me) = (self.span(c), self.w.rank);
+        for j in (0..self.w.size).filter(|&j| j != me) {
+            let (s, at, sl) = self.slice(l, j);
+            // SAFETY: the caller's guarantee.
+            unsafe { put(self.out.block(off + s, sl), self.buffer(j, c).block(at, sl), self.stream) };
+        }
+    }
 }
 
 /// The error of an operation whose peer `j` wrote `theirs` into its header where this rank
