@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -24,24 +25,21 @@ const EXTENSIONS: [&str; 6] = [".rs", ".md", ".sh", ".c", ".toml", ".ptx"];
 fn main() {
     let args = Arguments::from_args();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let files = tracked(root);
-    let trials = match files {
-        Some(files) => {
-            let sources = files.clone();
-            vec![
-                Trial::test("readme_layout_names_every_tracked_folder", move || check(root, &files)),
-                Trial::test("library_functions_fit_in_60_lines", move || check_lengths(root, &sources)),
-            ]
-        }
-        None => {
-            eprintln!("layout: SKIPPED: no `git ls-files` here");
-            ["readme_layout_names_every_tracked_folder", "library_functions_fit_in_60_lines"]
-                .map(|name| Trial::test(name, || Ok(())).with_ignored_flag(true))
-                .into()
-        }
+    let files = tracked(root).map(Arc::new);
+    if files.is_none() {
+        eprintln!("layout: SKIPPED: no `git ls-files` here");
+    }
+    // A check of the tracked files, ignored where there are none to check.
+    let on_files = |name: &str, check: fn(&Path, &[String]) -> Result<(), Failed>| {
+        let ignored = files.is_none();
+        let files = files.clone();
+        Trial::test(name, move || check(root, files.as_deref().map_or(&[], Vec::as_slice))).with_ignored_flag(ignored)
     };
-    let mut trials = trials;
-    trials.push(Trial::test("the_length_check_finds_long_functions", length_check_finds_long_functions));
+    let trials = vec![
+        on_files("readme_layout_names_every_tracked_folder", check_layout),
+        on_files("library_functions_fit_in_60_lines", check_lengths),
+        Trial::test("the_length_check_finds_long_functions", length_check_finds_long_functions),
+    ];
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -55,7 +53,7 @@ fn tracked(root: &Path) -> Option<Vec<String>> {
     Some(list.split('\0').filter(|f| !f.is_empty()).map(str::to_string).collect())
 }
 
-fn check(root: &Path, files: &[String]) -> Result<(), Failed> {
+fn check_layout(root: &Path, files: &[String]) -> Result<(), Failed> {
     let readme = std::fs::read_to_string(root.join("README.md")).map_err(|e| format!("README.md: {e}"))?;
     let layout = entries(&readme)?;
     let mut problems = Vec::new();

@@ -129,7 +129,14 @@ impl Grid for DeviceGrid {
 /// The thread indices `grid` covers in `0..n`, in a grid-stride loop: `index, index + size, ...`.
 #[inline(always)]
 pub(crate) fn stride<G: Grid>(grid: G, n: usize) -> Stride {
-    Stride { next: grid.index(), end: n, step: grid.size() }
+    stride_from(grid.index(), n, grid.size())
+}
+
+/// The indices `start, start + step, ...` below `end`: [`stride`] for a part of a launch (the
+/// lanes of a group of threads).
+#[inline(always)]
+pub(crate) fn stride_from(start: usize, end: usize, step: usize) -> Stride {
+    Stride { next: start, end, step }
 }
 
 /// Iterator behind [`stride`]. Written as a plain `while`-style iterator (no `step_by`), which

@@ -13,7 +13,7 @@
 //! destination at the same offset modulo that width, a byte-wise head reaches the boundary, the
 //! body moves whole units, and a byte-wise tail finishes.
 
-use crate::grid::Grid;
+use crate::grid::{Grid, stride_from};
 
 /// A byte range `offset..offset + len` of a scattered buffer.
 #[repr(C)]
@@ -280,11 +280,9 @@ impl SegmentCopy {
 #[inline(always)]
 unsafe fn copy_piece(dst: *mut u8, src: *const u8, len: usize, lane: usize, lanes: usize) {
     let plan = Plan::new(dst as usize, src as usize, len, 0);
-    let (items, mut item) = (plan.items(), lane);
-    while item < items {
-        // SAFETY: `item < items`; the plan was made for exactly this range.
+    for item in stride_from(lane, plan.items(), lanes) {
+        // SAFETY: `item < items()`; the plan was made for exactly this range.
         unsafe { plan.copy_item(dst, src, item) };
-        item += lanes;
     }
 }
 

@@ -583,6 +583,7 @@ impl<'a, T: Element> Chunks<'a, T> {
     unsafe fn reduce<R: Reducer<T>>(&self, r: &R, c: usize) {
         let ((off, l), me, n) = (self.span(c), self.w.rank, self.w.size);
         let (s, at, sl) = self.slice(l, me);
+        let ranks = u32_rank(n);
         for b in (0..sl).step_by(self.block) {
             let bl = self.block.min(sl - b);
             let src = |j: usize| {
@@ -599,7 +600,7 @@ impl<'a, T: Element> Chunks<'a, T> {
                 for j in 2..n {
                     r.reduce(d, src(j).as_slice());
                 }
-                r.finish(d, u32_rank(n));
+                r.finish(d, ranks);
                 put(self.out.block(off + s + b, bl), dst, self.stream);
             }
         }
