@@ -1,6 +1,6 @@
 //! Build script: compiles the small C shim that exposes MPI macro values to Rust, and the builtin
 //! device kernels (`kernels/` with feature `builtin-kernels`) to PTX and AMD code objects, which
-//! `host/device_code.rs` embeds. Without the nightly toolchain and its rust-src the kernels are
+//! `host/api/device_code.rs` embeds. Without the nightly toolchain and its rust-src the kernels are
 //! skipped with one warning and the library still builds (CPU paths work; GPU kernel lookups
 //! return `Error::KernelsUnavailable` naming what to install).
 

@@ -583,7 +583,7 @@ fn custom_op_rows(b: &mut Bench) {
 /// (what a GPU does), and staged whole (Aluminum's method); and the host thread's enqueue time
 /// per pipelined operation; and alltoallv staged in chunks.
 fn host_transfer_rows(b: &mut Bench) {
-    use duralumin::device::host::HostDevice;
+    use duralumin::device::cpu::HostDevice;
     use duralumin::{HostTransferCommunicator, HostTransferConfig};
     if !b.wanted("ht") {
         return;

@@ -182,15 +182,8 @@ fn reduce_scatter(b: &mut Bench, bytes: usize) {
     let t =
         b.time(bytes, &variants.map(|v| v.1), |c, _| c.reduce_scatter(&send, &mut recv, Sum).expect("reduce_scatter"));
     let times = variants.iter().zip(t).map(|((label, _), t)| (label.to_string(), t)).collect();
-    let (t, several) = (base, !b.comm.topology().shape().single_node());
-    let auto = if several && bytes >= t.hierarchical_reduce_scatter_bytes {
-        "hierarchical"
-    } else if bytes >= t.reduce_ring_bytes {
-        "ring"
-    } else {
-        "native"
-    };
-    b.points.push(Point { op: "reduce_scatter", bytes, times, auto: auto.into() });
+    let auto = name(&format!("{:?}", b.comm.reduce_scatter_choice::<f32, Sum>(block)));
+    b.points.push(Point { op: "reduce_scatter", bytes, times, auto });
 }
 
 /// The allgather's paths: MPI's and the two-level one.
@@ -207,9 +200,8 @@ fn allgather(b: &mut Bench, bytes: usize) {
     ];
     let t = b.time(bytes, &variants.map(|v| v.1), |c, _| c.allgather(&mine, &mut out).expect("allgather"));
     let times = variants.iter().zip(t).map(|((label, _), t)| (label.to_string(), t)).collect();
-    let two_level = !b.comm.topology().shape().single_node() && bytes >= base.hierarchical_allgather_bytes;
-    let auto = if two_level { "hierarchical" } else { "native" };
-    b.points.push(Point { op: "allgather", bytes, times, auto: auto.into() });
+    let auto = name(&format!("{:?}", b.comm.allgather_choice::<f32>(block)));
+    b.points.push(Point { op: "allgather", bytes, times, auto });
 }
 
 /// `RecursiveDoubling` -> `recursive_doubling`.

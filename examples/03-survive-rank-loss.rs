@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use duralumin::HostTransferCommunicator;
-use duralumin::device::host::{HostBuffer, HostDevice};
+use duralumin::device::cpu::{HostBuffer, HostDevice};
 use duralumin::reliability::OnTimeout;
 use duralumin::{AllreduceAlgorithm, Error, MpiCommunicator, Result, Sum};
 

@@ -4,7 +4,7 @@
 //!
 //! Run with `mpirun -np 4 target/release/examples/04-host-transfer`.
 
-use duralumin::device::host::HostDevice;
+use duralumin::device::cpu::HostDevice;
 use duralumin::{Collectives, HostTransferCommunicator, HostTransferConfig, MpiCommunicator, Result, Sum};
 
 /// One data-parallel step on any backend: sum the gradients of every rank, then wait for it.

@@ -28,36 +28,35 @@
 #![deny(missing_docs)]
 
 #[macro_use]
-mod setters;
+mod common;
 
 pub mod backends;
 pub mod device;
-pub mod device_code;
 pub mod reliability;
-pub mod topology;
 
 mod algorithms;
-mod buffer;
-mod check;
-mod collectives;
-mod datatype;
-mod error;
+mod api;
 mod ffi;
-mod init;
-mod progress;
-mod reducer;
-mod request;
+mod operations;
 mod transport;
 
+pub use api::{device_code, topology};
+
 pub use backends::host_transfer::{DeviceRequest, HostTransferCommunicator, HostTransferConfig};
-pub use backends::mpi::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Tuning, progress_thread_running};
+pub use backends::mpi::{
+    AllgatherAlgorithm, AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, ReduceScatterAlgorithm, Tuning,
+    progress_thread_running,
+};
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub use backends::nccl::{NcclCommunicator, NcclDevice, NcclRequest};
 
 /// The Mpi backend's communicator under its old name.
 #[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator`")]
 pub type Communicator = MpiCommunicator;
-pub use collectives::Collectives;
+pub use api::collectives::Collectives;
+pub use api::error::{Error, Result};
+pub use api::init::{FINALIZE_GRACE, Universe, init, init_with};
+pub use api::request::{Request, Scope, scope};
 /// The cudarc version the CUDA device takes streams and buffers of.
 #[cfg(feature = "cuda")]
 pub use cudarc;
@@ -65,9 +64,6 @@ pub use duralumin_kernels::{
     Avg, BitAnd, BitOr, BitXor, Element, Integer, LogicalAnd, LogicalOr, LogicalXor, Max, Min, Number, Prod, ReduceOp,
     Sum,
 };
-pub use error::{Error, Result};
-pub use init::{FINALIZE_GRACE, Universe, init, init_with};
-pub use request::{Request, Scope, scope};
 pub use topology::{Shape, Topology};
 pub use {bytemuck, half, mpi};
 
@@ -86,7 +82,7 @@ mod tests {
         use std::any::TypeId;
         assert_eq!(TypeId::of::<crate::Communicator>(), TypeId::of::<crate::MpiCommunicator>());
         assert_eq!(TypeId::of::<crate::backends::mpi::Communicator>(), TypeId::of::<crate::MpiCommunicator>());
-        type Host = crate::device::host::HostDevice;
+        type Host = crate::device::cpu::HostDevice;
         assert_eq!(
             TypeId::of::<crate::backends::host_transfer::Communicator<Host>>(),
             TypeId::of::<crate::HostTransferCommunicator<Host>>()

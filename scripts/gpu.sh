@@ -21,7 +21,7 @@
 #   pack/unpack against the host bodies; reduce f32 sum and pack over 256 MiB as fractions of
 #   device-to-device copy bandwidth (targets >= 0.9 and >= 0.8); stream-wait release latency;
 # * examples/custom-kernels/tests/gpu.rs: the user's MinLoc argmin and complex-sum kernels;
-# * tests/mpi_ranks (trials cuda_np1..3): the whole collective sweep on HostTransfer<cuda>, both
+# * tests/device_ranks (trials cuda_np1..3): the whole collective sweep on HostTransfer<cuda>, both
 #   flag paths (stream memory operations and the Rust kernels), small chunks and defaults, at
 #   np = 1, 2, 3 sharing the GPU (part of it through the public Collectives trait);
 # * examples/05-cuda-stream.rs: HostTransfer built from a cudarc stream, at np = 2;
@@ -29,7 +29,7 @@
 #   ring vs whole-buffer staging vs bulk-synchronous, each as a fraction of the simultaneous
 #   D2H+H2D copy bound measured in the same run, the host MPI allreduce at np 2, enqueue time
 #   (median and slowest), stream-wait release latency of both flag paths, at np = 1 and 2;
-# * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/mpi_ranks
+# * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/device_ranks
 #   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
 #   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels
 #   reducing over NCCL) at np = 2, then benches/nccl.rs at np = 1, 2, 3 (enqueue time, busbw
@@ -56,7 +56,7 @@ bundle() {
     { cargo test --workspace --release --no-run --message-format=json 2>/dev/null
       cargo bench --bench host_transfer_gpu --bench nccl --no-run --message-format=json 2>/dev/null; } | python3 -c '
 import json, sys
-names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu", "mpi_ranks": "mpi_ranks",
+names = {"kernels_gpu": "kernels_gpu", "gpu": "custom_kernels_gpu", "device_ranks": "device_ranks",
          "host_transfer_gpu": "host_transfer_gpu", "nccl": "nccl_bench", "05-cuda-stream": "cuda_stream_example",
          "06-nccl-custom-kernels": "nccl_custom_kernels_example"}
 for line in sys.stdin:
@@ -69,7 +69,7 @@ for line in sys.stdin:
         print(names[name], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$bundle_dir/bin/$name"; done
     # Debug info makes them too big to carry (the device tool takes 64 MiB in all).
-    # ... and even stripped, mpi_ranks alone is about 64 MiB: they travel as one xz archive
+    # ... and even stripped, the multi-rank tests are tens of MiB: they travel as one xz archive
     # (about 7 MiB), which `run` unpacks.
     strip "$bundle_dir"/bin/*
     tar -C "$bundle_dir" -cf - bin | xz -T0 -6 >"$bundle_dir/bin.tar.xz"
@@ -183,7 +183,7 @@ nccl_stages() {
     if [ "$half" != bench ]; then
         before=$status
         last_rc=1
-        [ -z "${nccl_hostids:-}" ] && stage "nccl sweep np 1..3" 560 "${nccl_env[@]}" "$b/mpi_ranks" nccl_np --nocapture
+        [ -z "${nccl_hostids:-}" ] && stage "nccl sweep np 1..3" 560 "${nccl_env[@]}" "$b/device_ranks" nccl_np --nocapture
         if [ "$last_rc" -ne 0 ] && grep -q 'Duplicate GPU detected' "$log"; then
             # NCCL before 2.30 refuses ranks that share a GPU. Over its socket transport (a host
             # id per rank) an operation takes milliseconds, and the multi-rank sweep outruns any
@@ -191,12 +191,12 @@ nccl_stages() {
             status=$before
             nccl_hostids=1
             echo "NOT RUN: nccl_np2, nccl_np3: this NCCL refuses ranks sharing a GPU (NCCL >= 2.30 allows it)" | tee -a "$log"
-            stage "nccl sweep np 1" 560 "${nccl_env[@]}" "$b/mpi_ranks" --exact nccl_np1 --nocapture
+            stage "nccl sweep np 1" 560 "${nccl_env[@]}" "$b/device_ranks" --exact nccl_np1 --nocapture
         elif [ "$last_rc" -ne 0 ]; then
             status=$before
             nccl_hostids=1
             stage "nccl sweep np 1..3, NCCL_HOSTID per rank" 560 "${nccl_env[@]}" \
-                "DURALUMIN_MPIRUN=$wrap/mpirun" "$b/mpi_ranks" nccl_np --nocapture
+                "DURALUMIN_MPIRUN=$wrap/mpirun" "$b/device_ranks" nccl_np --nocapture
         fi
         if grep -q 'nccl_np1 ... ignored' "$log"; then
             echo "SKIPPED: the nccl sweep found no device or no NCCL" >>"$log"
@@ -230,7 +230,7 @@ run() {
     [ -d "$bundle_dir/bin" ] || { echo "gpu.sh: no $bundle_dir/ (run 'bash scripts/gpu.sh bundle' first)"; exit 2; }
     # The stages to run (all by default). The device tool allows 600 s per command, so a call
     # can take a few: e.g. "run kernels sweep", then "run maxconn1 bench"; "trial:cuda_np2"
-    # reruns one trial of tests/mpi_ranks.
+    # reruns one trial of tests/device_ranks.
     local stages="${*:-kernels sweep maxconn1 bench nccl}"
     # libmpi.so.40 for the binaries: the system's if it has one (with its mpirun), else the wheel's.
     if ! { command -v mpirun >/dev/null && ldconfig -p 2>/dev/null | grep libmpi.so.40 >/dev/null; }; then
@@ -259,14 +259,14 @@ run() {
                 stage custom_kernels_gpu 120 "$b/custom_kernels_gpu" --ignored --nocapture --test-threads=1 ;;
             sweep)
                 # HostTransfer<cuda>: the whole sweep, both flag paths, at np 1..3.
-                stage "cuda sweep np 1..3" 560 "$b/mpi_ranks" cuda_np --nocapture
+                stage "cuda sweep np 1..3" 560 "$b/device_ranks" cuda_np --nocapture
                 if grep -q 'cuda_np1 ... ignored' "$log"; then echo "SKIPPED: the cuda sweep found no device" >>"$log"; fi
                 # The example a user runs first: HostTransfer from a cudarc stream alone.
                 stage "example 05-cuda-stream np 2" 120 mpirun --oversubscribe -np 2 "$b/cuda_stream_example" ;;
             maxconn1)
-                # Every stream on one hardware queue: work must never wait for work queued after it.
+                # Every stream on one hardware queue (docs/architecture.md#the-queue-order-rule).
                 stage "cuda sweep np 2, one hardware queue" 300 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
-                    "$b/mpi_ranks" cuda_np2 --nocapture ;;
+                    "$b/device_ranks" cuda_np2 --nocapture ;;
             bench)
                 stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 ;;
             nccl | nccl_sweep | nccl_bench)
@@ -274,8 +274,8 @@ run() {
                 hostid_wrappers /tmp/duralumin-nccl-hostid
                 nccl_stages /tmp/duralumin-nccl-hostid "${st#nccl_}" ;;
             trial:*)
-                # One trial of tests/mpi_ranks alone, its failure printed as soon as it ends.
-                stage "${st#trial:}" 360 "$b/mpi_ranks" --exact "${st#trial:}" --nocapture ;;
+                # One trial of tests/device_ranks alone, its failure printed as soon as it ends.
+                stage "${st#trial:}" 360 "$b/device_ranks" --exact "${st#trial:}" --nocapture ;;
             *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench, nccl, nccl_sweep, nccl_bench, trial:NAME)"; exit 2 ;;
         esac
     done

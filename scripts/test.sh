@@ -41,7 +41,7 @@ RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p dural
 bash scripts/miri.sh > target/miri.log 2>&1 &
 miri=$!
 # The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
-# on it (the cudasim_* trials of tests/mpi_ranks), which must not skip here.
+# on it (the cudasim_* trials of tests/device_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim
 cargo test --workspace --release "${hip[@]}" --no-run
 miri_ok=0
@@ -54,7 +54,7 @@ fi
 step "builds and miri"
 export DURALUMIN_REQUIRE_CUDASIM=1
 # The simulated cluster (scripts/cluster.sh: network namespaces, as root): the cluster_* trials
-# of tests/mpi_ranks may not skip here.
+# of tests/mpi_ranks and tests/device_ranks may not skip here.
 export DURALUMIN_REQUIRE_CLUSTER=1
 # The cluster sweeps share 2 cores between up to 4 ranks (and, on cudasim, their simulated
 # devices): allow each launch 30 minutes (a hang still ends within the per-operation deadline,
@@ -71,7 +71,7 @@ OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc DURALUMIN_SKIP_KE
 DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/release/examples/03-survive-rank-loss \
     DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm
 step ulfm
-# The GPU benchmark programs must run to their end on the simulator (tests/mpi_ranks linked it
+# The GPU benchmark programs must run to their end on the simulator (the multi-rank tests linked it
 # as target/release/cudasim/libcuda.so). The HostTransfer one runs to 256 MiB (where a pinned
 # allocation on the calling thread once deadlocked) under the simulator's timing model, two
 # timed repetitions per row: its `fraction of bound` column is the pipeline's overlap.

@@ -7,9 +7,9 @@
 
 use super::reduce_scatter::{self, Partials, RingLayout};
 use super::{Fold, block_range};
-use crate::buffer::RawBuf;
-use crate::error::Result;
-use crate::reducer::Reducer;
+use crate::api::error::Result;
+use crate::common::buffer::RawBuf;
+use crate::common::reducer::Reducer;
 use crate::transport::Transport;
 
 /// Ring allreduce: a [reduce-scatter](super::reduce_scatter::ring) around the ring, then an

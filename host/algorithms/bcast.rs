@@ -6,8 +6,8 @@
 use std::collections::VecDeque;
 
 use super::{segment, segment_count};
-use crate::buffer::RawBuf;
-use crate::error::Result;
+use crate::api::error::Result;
+use crate::common::buffer::RawBuf;
 use crate::transport::Transport;
 
 /// Receives (and sends) kept in flight per rank. Two measured best on 2 cores at 4 ranks (64 MiB:

@@ -6,8 +6,8 @@
 //! Blocks are given per rank; the caller has already placed this rank's own block where the
 //! collective wants it (or it is in place).
 
-use crate::buffer::RawBuf;
-use crate::error::Result;
+use crate::api::error::Result;
+use crate::common::buffer::RawBuf;
 use crate::transport::Transport;
 
 /// Ring allgather(v): `blocks[i]` is rank `i`'s block inside the receive buffer; on entry this
@@ -89,4 +89,92 @@ pub(crate) async unsafe fn alltoall<T: Copy, X: Transport<T>>(
     let recvs: Vec<_> = (1..n).map(|s| (me + n - s) % n).map(|from| (recv[from], from)).collect();
     // SAFETY: guaranteed by the caller.
     unsafe { x.post(&sends, &recvs) }?.await
+}
+
+/// Ring allgather(v) after placing this rank's own block: out of place, `send` is copied into
+/// `blocks[rank]` first.
+///
+/// # Safety
+/// As [`ring_allgather`]; `send` is distinct from every block.
+pub(crate) async unsafe fn allgather_placed<T: Copy, X: Transport<T>>(
+    x: &X,
+    send: Option<RawBuf<T>>,
+    blocks: &[RawBuf<T>],
+) -> Result<()> {
+    if let Some(s) = send {
+        // SAFETY: distinct buffers, guaranteed by the caller.
+        unsafe { blocks[x.rank()].copy_from(s) };
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { ring_allgather(x, blocks).await }
+}
+
+/// Linear gather(v) after placing the root's own block: at the root, an out-of-place send
+/// buffer (`own`) is copied into `blocks[root]` first (see [`linear_gather`]).
+///
+/// # Safety
+/// As [`linear_gather`]; `own` is distinct from every block.
+pub(crate) async unsafe fn gather_placed<T: Copy, X: Transport<T>>(
+    x: &X,
+    root: usize,
+    own: Option<RawBuf<T>>,
+    mine: RawBuf<T>,
+    blocks: &[RawBuf<T>],
+) -> Result<()> {
+    if let (true, Some(own)) = (x.rank() == root, own) {
+        // SAFETY: distinct buffers, guaranteed by the caller.
+        unsafe { blocks[root].copy_from(own) };
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { linear_gather(x, root, mine, blocks).await }
+}
+
+/// Linear scatter(v) that also delivers the root's own block: at the root, `blocks[root]` is
+/// copied out into an out-of-place receive buffer (`own`) (see [`linear_scatter`]).
+///
+/// # Safety
+/// As [`linear_scatter`]; `own` is distinct from every block.
+pub(crate) async unsafe fn scatter_placed<T: Copy, X: Transport<T>>(
+    x: &X,
+    root: usize,
+    own: Option<RawBuf<T>>,
+    mine: RawBuf<T>,
+    blocks: &[RawBuf<T>],
+) -> Result<()> {
+    if let (true, Some(own)) = (x.rank() == root, own) {
+        // SAFETY: distinct buffers, guaranteed by the caller.
+        unsafe { own.copy_from(blocks[root]) };
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { linear_scatter(x, root, mine, blocks).await }
+}
+
+/// Pairwise all-to-all(v) of blocks of any lengths: block `j` of the send side (`(start, len)`
+/// of `sblocks[j]` in `send`) goes to rank `j`, rank `i`'s block lands in `rblocks[i]`, and this
+/// rank's own is copied locally. In place (`send: None`) the outgoing blocks are first copied
+/// into `aside` (as long as `recv`): the receive blocks are the same memory.
+///
+/// # Safety
+/// See [`crate::algorithms`]; the receive blocks lie in `recv` and are disjoint; `send` (or
+/// `aside`) is distinct from `recv`.
+pub(crate) async unsafe fn alltoallv<T: Copy, X: Transport<T>>(
+    x: &X,
+    send: Option<RawBuf<T>>,
+    aside: RawBuf<T>,
+    recv: RawBuf<T>,
+    sblocks: &[(usize, usize)],
+    rblocks: &[RawBuf<T>],
+) -> Result<()> {
+    let source = send.unwrap_or_else(|| {
+        // SAFETY: `aside` and `recv` are distinct and exclusive (the caller's guarantee).
+        unsafe { aside.copy_from(recv) };
+        aside
+    });
+    let sends: Vec<_> = sblocks.iter().map(|&(start, len)| source.block(start, len)).collect();
+    // SAFETY: send blocks are only read; receive blocks are disjoint and distinct from the
+    // send side (or its copy).
+    unsafe {
+        rblocks[x.rank()].copy_from(sends[x.rank()]);
+        alltoall(x, &sends, rblocks).await
+    }
 }

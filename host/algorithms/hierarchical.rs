@@ -20,9 +20,9 @@ use std::task::Poll;
 
 use super::reduce_scatter::{self, Partials, RingLayout};
 use super::{allreduce, bcast, block_range, exchange, segment, segment_count};
-use crate::buffer::RawBuf;
-use crate::error::{Error, Result};
-use crate::reducer::Reducer;
+use crate::api::error::{Error, Result};
+use crate::common::buffer::RawBuf;
+use crate::common::reducer::Reducer;
 use crate::topology::Topology;
 use crate::transport::{Group, Transport};
 
@@ -623,7 +623,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::progress::block_on;
+    use crate::common::progress::block_on;
 
     /// Pending `n` times, then ready: lets the pipeline interleave its chunks.
     async fn pending_for(mut n: usize) {

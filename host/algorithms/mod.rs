@@ -10,13 +10,14 @@
 //! until the returned future completes; distinct buffer arguments do not overlap.
 //!
 //! [`Transport`]: crate::transport::Transport
-//! [`Reducer`]: crate::reducer::Reducer
-//! [`RawBuf`]: crate::buffer::RawBuf
+//! [`Reducer`]: crate::common::reducer::Reducer
+//! [`RawBuf`]: crate::common::buffer::RawBuf
 
 pub(crate) mod allreduce;
 pub(crate) mod bcast;
 pub(crate) mod exchange;
 pub(crate) mod hierarchical;
+pub(crate) mod reduce;
 pub(crate) mod reduce_scatter;
 
 /// The block of `len` elements that rank `i` of `n` owns in ring and halving algorithms:

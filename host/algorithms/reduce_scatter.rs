@@ -10,9 +10,9 @@
 //! Safety contract: see the module docs of [`crate::algorithms`].
 
 use super::segments;
-use crate::buffer::RawBuf;
-use crate::error::Result;
-use crate::reducer::Reducer;
+use crate::api::error::Result;
+use crate::common::buffer::RawBuf;
+use crate::common::reducer::Reducer;
 use crate::transport::Transport;
 
 /// Where partial reductions live between steps.
@@ -127,4 +127,48 @@ fn combine_segment<T: Copy, R: Reducer<T>>(
             r.reduce_into(d.as_mut_slice(), local.block(o, l).as_slice(), incoming.as_slice());
         }
     }
+}
+
+/// The scratch elements [`ring_blocks`] needs: the ring's two segment slots and, out of place,
+/// two slots of the largest block for the partial sums.
+pub(crate) fn ring_blocks_scratch(out_of_place: bool, blocks: &[(usize, usize)], seg: usize) -> usize {
+    let max_block = blocks.iter().map(|b| b.1).max().unwrap_or(0);
+    2 * seg.min(max_block.max(1)) + if out_of_place { 2 * max_block } else { 0 }
+}
+
+/// Reduce-scatter(v) of `blocks` (`(start, len)` in the input) over the ring, ending with this
+/// rank's reduced block at the front of `out`, without the operator's finishing step. Out of
+/// place the input is `send` and the partial sums live in two block slots of `scratch`; in place
+/// the input is `out`, the partial sums live in it, and the result moves to its front.
+///
+/// # Safety
+/// See [`crate::algorithms`]; `scratch` ([`ring_blocks_scratch`] elements) is distinct from
+/// `send` and `out`, and `send` from `out`.
+pub(crate) async unsafe fn ring_blocks<T: Copy, X: Transport<T>, R: Reducer<T>>(
+    x: &X,
+    r: &R,
+    send: Option<RawBuf<T>>,
+    out: RawBuf<T>,
+    blocks: &[(usize, usize)],
+    scratch: RawBuf<T>,
+    seg: usize,
+) -> Result<()> {
+    let me = x.rank();
+    let slots = if send.is_some() { 2 * blocks.iter().map(|b| b.1).max().unwrap_or(0) } else { 0 };
+    let incoming = scratch.block(slots, scratch.len() - slots);
+    let (input, result, partials) = match send {
+        Some(input) => (input, out, Partials::Slots(scratch.block(0, slots))),
+        None => (out, out.block(blocks[me].0, blocks[me].1), Partials::InBuffer(out)),
+    };
+    let layout = RingLayout { blocks, input, shift: 0, out: result, partials };
+    // SAFETY: guaranteed by the caller; the slots and the receive area of `scratch` are
+    // disjoint.
+    unsafe { ring(x, r, layout, incoming, seg).await? };
+    let (from, len) = blocks[me];
+    if send.is_none() && from != 0 && len != 0 {
+        // SAFETY: the ring has completed and `out` is exclusive; `copy_within` handles the
+        // overlap.
+        unsafe { out.as_mut_slice().copy_within(from..from + len, 0) };
+    }
+    Ok(())
 }

@@ -39,8 +39,8 @@ use duralumin_kernels::Element;
 pub use super::gpu::FlagPath;
 use super::gpu::{Direction, Driver, Gpu, Home, HostBody, gpu_device};
 use super::{DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, sealed};
+use crate::api::error::{Error, Result};
 use crate::device_code::KernelModule;
-use crate::error::{Error, Result};
 
 /// Whether a CUDA driver library can be loaded (checked before any other call: cudarc panics
 /// when the library is missing).

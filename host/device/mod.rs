@@ -1,4 +1,5 @@
-//! The device layer: what the HostTransfer backend needs from an accelerator.
+//! The device layer: what the HostTransfer backend needs from an accelerator ([`Device`]), and
+//! what the NCCL backend needs beyond it (`NcclDevice`, features `cuda`/`hip`).
 //!
 //! A [`Device`] has streams (in-order queues of work), page-locked host memory it can copy to
 //! and from asynchronously, 32-bit flags in host-mapped memory that a stream can write and wait
@@ -7,7 +8,7 @@
 //! thread that queues it returns at once.
 //!
 //! Implementations:
-//! * [`host::HostDevice`]: an in-order executor thread per stream over host memory; flags are
+//! * [`cpu::HostDevice`]: an in-order executor thread per stream over host memory; flags are
 //!   atomics and copies run the shared kernel bodies on the CPU. A real device for CPU users,
 //!   and what lets the whole HostTransfer path run in CI without a GPU.
 //! * `cuda::CudaDevice` (feature `cuda`, the default) and `hip::HipDevice` (feature `hip`):
@@ -18,19 +19,27 @@
 //! they take raw addresses (the callers in the backend guarantee sizes and lifetimes); the
 //! safe types users touch are the buffers ([`DeviceSlice`]) and the backends' communicators.
 
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod gpu;
 #[cfg(feature = "hip")]
 pub mod hip;
-pub mod host;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod nccl;
 // Not part of the API (hidden from the docs, no stability promise): public only so the crate's
 // own device tests and benchmarks can drive the staging pool directly.
 #[doc(hidden)]
 pub mod pool;
 
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub use nccl::NcclDevice;
 pub use pool::PoolStats;
+
+/// The host device's module under its old name.
+#[doc(hidden)]
+pub use cpu as host;
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -40,7 +49,7 @@ use std::sync::atomic::AtomicU32;
 use duralumin_kernels::grid::HostGrid;
 use duralumin_kernels::{Element, KernelName, ReduceKernel, ReduceOp};
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// An address in a device's memory (a `CUdeviceptr`, a HIP device pointer, or a host address on
 /// the host device).
@@ -322,7 +331,9 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     ///
     /// # Safety
     /// The flag's slot stays held until the wait has finished (or is kept alive by `keep`), and
-    /// something not queued behind this wait on the same stream will write the value.
+    /// the value is written by the host or by work queued before this wait, never by work
+    /// queued after it on any stream (the queue-order rule,
+    /// `docs/architecture.md#the-queue-order-rule`).
     unsafe fn wait_flag(&self, stream: &Self::Stream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()>;
 
     /// Queues the reduction of `rows` rows of `len` elements, packed back to back in pinned
@@ -387,13 +398,13 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// running it.
     fn synchronize_helping(&self, stream: &Self::Stream, help: Help<'_>, give_up: GiveUp<'_>) -> Result<()> {
         let stop = || give_up.is_some_and(|g| g());
-        if crate::progress::help_until(|| Ok(stop() || self.query(stream)?), help, std::thread::sleep)? {
+        if crate::common::progress::help_until(|| Ok(stop() || self.query(stream)?), help, std::thread::sleep)? {
             return Ok(());
         }
         match give_up {
             None => self.synchronize(stream),
             Some(g) => {
-                let mut backoff = crate::progress::Backoff::default();
+                let mut backoff = crate::common::progress::Backoff::default();
                 while !g() && !self.query(stream)? {
                     backoff.snooze();
                 }
@@ -411,7 +422,7 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     unsafe fn host_wait(&self, flag: Flag, value: u32) {
         // SAFETY: the caller holds the slot.
         let atomic = unsafe { flag.atomic() };
-        let mut backoff = crate::progress::Backoff::default();
+        let mut backoff = crate::common::progress::Backoff::default();
         while !duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value) {
             backoff.snooze();
         }
@@ -436,14 +447,15 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
         let atomic = unsafe { flag.atomic() };
         let reached = || duralumin_kernels::flag::reached(atomic.load(std::sync::atomic::Ordering::Acquire), value);
         let stop = || give_up.is_some_and(|g| g());
-        if matches!(crate::progress::help_until(|| Ok(reached() || stop()), help, std::thread::sleep), Ok(true)) {
+        if matches!(crate::common::progress::help_until(|| Ok(reached() || stop()), help, std::thread::sleep), Ok(true))
+        {
             return;
         }
         match give_up {
             // SAFETY: as above.
             None => unsafe { self.host_wait(flag, value) },
             Some(g) => {
-                let mut backoff = crate::progress::Backoff::default();
+                let mut backoff = crate::common::progress::Backoff::default();
                 while !reached() && !g() {
                     backoff.snooze();
                 }
@@ -482,6 +494,26 @@ pub trait DeviceSlice<D: Device>: sealed::Sealed {
     /// a kernel that cudarc later queues on any stream to write the buffer waits for the
     /// operation. Nothing by default.
     fn track_read(&self) {}
+}
+
+/// Checks that `buf` lives on `device`: [`Error::WrongDevice`], naming it `what`, otherwise.
+pub(crate) fn check_on<D: Device, B: DeviceSlice<D> + ?Sized>(device: &D, what: &'static str, buf: &B) -> Result<()> {
+    if buf.ordinal() == device.ordinal() {
+        return Ok(());
+    }
+    Err(Error::WrongDevice { what, expected: device.name(), found: format!("device {}", buf.ordinal()) })
+}
+
+/// [`check_on`] for an operation's send buffer (where it has one) and receive buffer (where it
+/// uses one), named by `names` (`[send, receive]`).
+pub(crate) fn check_both<D: Device, S: DeviceSlice<D> + ?Sized, R: DeviceSlice<D> + ?Sized>(
+    device: &D,
+    names: [&'static str; 2],
+    send: Option<&S>,
+    recv: Option<&R>,
+) -> Result<()> {
+    send.map_or(Ok(()), |s| check_on(device, names[0], s))?;
+    recv.map_or(Ok(()), |r| check_on(device, names[1], r))
 }
 
 /// A [`DeviceSlice`] that operations may write (rsmpi's `BufferMut`): owned buffers and
@@ -539,7 +571,7 @@ impl<D: Device, S: DeviceSliceMut<D> + ?Sized> DeviceSliceMut<D> for &mut S {
 #[cfg(test)]
 mod tests {
     use super::ReduceFns;
-    use crate::error::Error;
+    use crate::api::error::Error;
 
     /// The row size every device's reduction computes: exact where it fits, a typed error
     /// (not a wrapped size) where the row, or the rows together, overflow `usize`.

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use duralumin_kernels::flag::reached;
 
 use super::{Device, DevicePtr, Flag};
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// The smallest staging block.
 pub const MIN_BLOCK: usize = 4096;
@@ -106,8 +106,8 @@ impl<D: Device> Pools<D> {
     /// allocated if the cap allows. With `free_idle`, idle blocks are freed to make room
     /// first. Pinned memory is allocated and freed outside the pool's lock, so a slow driver
     /// call never holds up a thread returning a block; the proxy thread passes `free_idle =
-    /// false` because freeing pinned memory may wait for the device, whose streams may be
-    /// waiting for the proxy thread.
+    /// false` because freeing pinned memory may wait for the device (the queue-order rule:
+    /// `docs/architecture.md#the-queue-order-rule`).
     pub fn try_take(self: &Arc<Self>, bytes: usize, free_idle: bool) -> Result<Option<PinnedBlock<D>>> {
         let size = self.check_fits(bytes)?;
         let mut victims = Vec::new();
@@ -235,10 +235,10 @@ impl<D: Device> Drop for Pools<D> {
                 unsafe { device.free_pinned(p as *mut u8, size) };
             }
         };
-        // Freeing pinned memory may wait for the device (CUDA's does), whose streams may be
-        // waiting for the proxy thread: there, the frees run on a thread of their own. The last
-        // operation of a dropped communicator lets its pools go there.
-        if crate::progress::on_proxy_thread() {
+        // Freeing pinned memory may wait for the device (CUDA's does), which the proxy thread
+        // must not (docs/architecture.md#the-queue-order-rule): there, the frees run on a thread
+        // of their own. The last operation of a dropped communicator lets its pools go there.
+        if crate::common::progress::on_proxy_thread() {
             let spawned = std::thread::Builder::new().name("duralumin-pool-free".into()).spawn(free);
             if spawned.is_err() {
                 tracing::warn!("could not start a thread to free a dropped pool's pinned memory; it leaks");
@@ -345,7 +345,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::{MIN_BLOCK, Pools};
-    use crate::device::host::HostDevice;
+    use crate::device::cpu::HostDevice;
 
     #[test]
     fn idle_blocks_freed_to_make_room_are_freed_even_when_it_is_not_enough() {

@@ -18,7 +18,7 @@ use std::ffi::{c_int, c_void};
 
 pub(crate) use mpi::ffi as sys;
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 unsafe extern "C" {
     fn duralumin_mpi_in_place() -> *mut c_void;

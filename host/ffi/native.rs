@@ -9,7 +9,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::{RawComm, RawDatatype, RawOp, RawRequest, check, sys};
-use crate::error::Result;
+use crate::api::error::Result;
 
 /// A send-buffer pointer that may be `MPI_IN_PLACE`.
 pub(crate) type SendPtr = *const c_void;
@@ -33,7 +33,7 @@ pub(crate) enum Native {
 
 // SAFETY: the raw pointers are only dereferenced by MPI while the owning operation is in flight,
 // and the operation's scope keeps the buffers borrowed for that whole time (see
-// `crate::request`); moving the description to the progress thread changes nothing about who
+// `crate::api::request`); moving the description to the progress thread changes nothing about who
 // may touch the memory.
 unsafe impl Send for Native {}
 

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{RawComm, check, sys};
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 type CommFn = unsafe extern "C" fn(sys::MPI_Comm) -> c_int;
 type ShrinkFn = unsafe extern "C" fn(sys::MPI_Comm, *mut sys::MPI_Comm) -> c_int;

@@ -8,7 +8,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::{RawComm, check, is_finalized, sys};
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// An MPI window handle that may be used from any thread.
 #[derive(Clone, Copy, Debug)]

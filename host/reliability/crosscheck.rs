@@ -15,7 +15,7 @@ use std::task::Poll;
 use super::monitor::{Asker, Monitor, OpId};
 use super::recorder::{OpKind, RecordView, Signature, State, clip};
 use super::report;
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 use crate::ffi::native::Native;
 use crate::ffi::{RawDatatype, p2p, sys};
 
@@ -122,7 +122,7 @@ fn collective(m: &Monitor, op: OpId, call: Native, bufs: Vec<Vec<u8>>) -> Result
     }
     // SAFETY: as above; the buffers and `call` live until the request completes, or are leaked.
     let mut req = unsafe { call.start(dt, m.check_comm) }?;
-    let mut backoff = crate::progress::Backoff::default();
+    let mut backoff = crate::common::progress::Backoff::default();
     loop {
         if p2p::test(&mut req)?.is_some() {
             return Ok(bufs);

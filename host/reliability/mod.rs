@@ -21,8 +21,8 @@ pub(crate) mod watchdog;
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-use crate::request::DeferredError;
+use crate::api::error::{Error, Result};
+use crate::api::request::DeferredError;
 use crosscheck::Pairs;
 use monitor::{Monitor, OpId};
 use recorder::{Signature, State};
@@ -161,7 +161,7 @@ pub(crate) fn prepare<P>(
     op: OpId,
     sig: &Signature,
     pairs: Option<Pairs>,
-    plan: impl FnOnce() -> Result<P>,
+    plan: &mut dyn FnMut() -> Result<P>,
 ) -> Result<P> {
     match errors.check().and_then(|()| plan()) {
         Ok(planned) => agree(m, op, sig, pairs, Ok(())).map(|()| planned),

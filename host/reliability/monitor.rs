@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::OnTimeout;
 use super::recorder::{self, OpKind, RecordId, RecordView, Recorder, Signature, Snapshot, State, Tick, WaitView};
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 use crate::ffi::{self, RawComm};
 
 /// How long past the answer window a failed collective waits for the watchdog's report

@@ -21,7 +21,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
-use crate::error::Result;
+use crate::api::error::Result;
 use crate::ffi::{RawComm, RawDatatype, RawRequest, p2p, sys};
 
 /// The receives expected on one communicator (see the module docs).
@@ -161,7 +161,7 @@ impl Matcher {
                     Some(_) => {
                         st.remove(ids[i]);
                         ids.swap_remove(i);
-                        crate::progress::made_progress();
+                        crate::common::progress::made_progress();
                         continue;
                     }
                     None => progress = Progress::Pending,
@@ -265,7 +265,7 @@ impl State {
                 // this receive until it is collected (`expect`'s contract); the message has
                 // exactly that length.
                 slot.state = SlotState::Receiving(unsafe { p2p::imrecv(slot.buf, slot.count, slot.dt, msg) }?);
-                crate::progress::made_progress();
+                crate::common::progress::made_progress();
                 continue;
             }
             let bytes = p2p::message_bytes(&status)?;

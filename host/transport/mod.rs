@@ -22,8 +22,8 @@ use std::task::{Context, Poll};
 use duralumin_kernels::Element;
 
 use crate::algorithms::segments;
-use crate::buffer::RawBuf;
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
+use crate::common::buffer::RawBuf;
 use crate::ffi::{RawComm, RawDatatype, RawRequest, c_rank, p2p};
 use crate::topology::Topology;
 pub(crate) use matcher::Matcher;
@@ -380,7 +380,7 @@ fn test_all<E>(reqs: &mut Few<E>, req: impl Fn(&mut E) -> &mut RawRequest) -> Re
     while i < reqs.len() {
         if p2p::test_p2p(req(&mut reqs[i]))?.is_some() {
             reqs.swap_remove(i);
-            crate::progress::made_progress();
+            crate::common::progress::made_progress();
         } else {
             i += 1;
         }
@@ -440,7 +440,7 @@ mod tests {
 
     /// A transport whose handles are never used: `max_to` reads only the limits.
     fn flat(rank: usize, size: usize, max_count: usize) -> MpiTransport {
-        let dt = crate::datatype::datatype::<u8>().unwrap();
+        let dt = crate::common::datatype::datatype::<u8>().unwrap();
         let world = crate::ffi::world();
         MpiTransport::new((world, &Arc::new(Matcher::new(world))), dt, 0, (rank, size), max_count, true)
     }

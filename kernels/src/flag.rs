@@ -14,8 +14,9 @@
 //! A stream-wait kernel occupies one thread of one block until the flag is set, and it must not be
 //! the reason the flag is never set. It is safe when the flag is set by the host (the proxy
 //! thread) independently of the waiting stream. It deadlocks if
-//! * the flag is set only by work queued *after* the wait on the same stream, or by a host thread
-//!   that first waits for such work (e.g. synchronizes the stream);
+//! * the flag is set only by work queued *after* the wait, or by a host thread that first waits
+//!   for such work (e.g. synchronizes the stream): the queue-order rule,
+//!   `docs/architecture.md#the-queue-order-rule`;
 //! * the flag is set by a kernel on another stream that cannot start because waiting kernels (or
 //!   other resident work) occupy every SM slot it needs: the GPU gives no guarantee that a
 //!   launched kernel ever runs concurrently with another, so at least one slot must stay free

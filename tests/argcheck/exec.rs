@@ -2,8 +2,8 @@
 //! or on NCCL over a CUDA device, blocking (stream-ordered) or non-blocking.
 
 use duralumin::backends::host_transfer;
+use duralumin::device::cpu::HostDevice;
 use duralumin::device::cuda::CudaDevice;
-use duralumin::device::host::HostDevice;
 use duralumin::{Error, MpiCommunicator, NcclCommunicator, Request, Sum, scope};
 
 use crate::case::{Case, Op};

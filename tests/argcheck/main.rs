@@ -33,8 +33,8 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use duralumin::cudarc::driver::CudaContext;
+use duralumin::device::cpu::HostDevice;
 use duralumin::device::cuda::CudaDevice;
-use duralumin::device::host::HostDevice;
 use duralumin::{Error, MpiCommunicator, NcclCommunicator, Tuning};
 use duralumin::{HostTransferCommunicator, HostTransferConfig};
 use libtest_mimic::{Arguments, Failed, Trial};

@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use duralumin::backends::host_transfer::{HostTransferCommunicator, HostTransferConfig};
-use duralumin::device::host::HostDevice;
+use duralumin::device::cpu::HostDevice;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::mpi::traits::CommunicatorCollectives as _;
 use duralumin::reliability::OnTimeout;

@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use duralumin::backends::host_transfer::{self, HostTransferConfig};
-use duralumin::device::host::{HostBuffer, HostDevice};
+use duralumin::device::cpu::{HostBuffer, HostDevice};
 use duralumin::device::{Device, DeviceSliceMut};
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::{Error, MpiCommunicator, Result, Sum};

@@ -4,9 +4,9 @@
 //! will run for HostTransfer on CUDA).
 
 use duralumin::backends::host_transfer::{self, HostTransferConfig};
+use duralumin::device::cpu::{HostBuffer, HostDevice, HostStream};
 #[cfg(feature = "cuda")]
 use duralumin::device::cuda::CudaDevice;
-use duralumin::device::host::{HostBuffer, HostDevice, HostStream};
 use duralumin::device::{Device, DeviceSliceMut};
 use duralumin::scope;
 use duralumin::*;
@@ -19,82 +19,92 @@ macro_rules! mpi_call {
 }
 pub(crate) use mpi_call;
 
-/// One collective interface over host vectors, for the sweep.
-#[allow(clippy::too_many_arguments)]
-pub trait Backend {
-    fn rank(&self) -> usize;
-    fn size(&self) -> usize;
-    /// The allreduce and bcast algorithms the backend takes.
-    fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm];
-    fn bcast_algorithms(&self) -> &'static [BcastAlgorithm];
-    /// Whether user (element, operator) pairs reduce here; where they do not (the NCCL
-    /// backend, whose test pairs have no device kernels), they must be refused by name.
-    fn runs_user_pairs(&self) -> bool {
-        true
-    }
-
-    fn allreduce_with<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        s: &[T],
-        r: &mut [T],
-        op: O,
-        a: AllreduceAlgorithm,
-    ) -> Result<()>;
-    fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        op: O,
-        a: AllreduceAlgorithm,
-    ) -> Result<()>;
-    fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()>;
-    fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()>;
-    fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()>;
-    fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()>;
-    fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        s: &[T],
-        r: &mut [T],
-        counts: &[usize],
-        op: O,
-    ) -> Result<()>;
-    fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        counts: &[usize],
-        op: O,
-    ) -> Result<()>;
-    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()>;
-    fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()>;
-    fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()>;
-    fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()>;
-    fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()>;
-    fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()>;
-    fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()>;
-    fn alltoallv<T: Element>(
-        &self,
-        nb: bool,
-        s: &[T],
-        sc: &[usize],
-        sd: &[usize],
-        r: &mut [T],
-        rc: &[usize],
-        rd: &[usize],
-    ) -> Result<()>;
-    fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()>;
-    fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()>;
-    fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()>;
-    fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()>;
-    fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()>;
-    fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()>;
-    fn scatterv<T: Element>(&self, nb: bool, s: &[T], c: &[usize], d: &[usize], r: &mut [T], root: usize)
-    -> Result<()>;
-    fn scatterv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize)
-    -> Result<()>;
+/// A wrapper's parameter type for an argument of kind `$kind` of the library's list of
+/// operations (`duralumin::for_each_operation!`): host vectors, as the sweep holds its data.
+macro_rules! host {
+    ([in]) => { &[T] };
+    ([out]) => { &mut [T] };
+    ([ins]) => { &[(&'b [T], usize)] };
+    ([outs]) => { &mut [(&'b mut [T], usize)] };
+    ($t:ty) => { $t };
 }
+
+/// Declares [`Backend`] from the library's list of operations (`duralumin::for_each_operation!`),
+/// the list the library generates its [`Collectives`] trait and every backend's methods from.
+macro_rules! declare_backend {
+    ($(
+        $(#[$doc:meta])*
+        fn $f:ident / $i:ident <$($lt:lifetime,)? $($g:ident: $b:path),*> ($($a:ident: $k:tt),* $(,)?)
+            describe($call:expr => $elem:ident::<$($et:ty),+>) plan($plan:ident($($pa:expr),*));
+    )*) => {
+        /// One collective interface over host vectors, for the sweep: every operation of the
+        /// library's list; `nb` runs it non-blocking (waiting on its request) instead of
+        /// blocking or stream-ordered.
+        #[allow(clippy::too_many_arguments)]
+        pub trait Backend {
+            fn rank(&self) -> usize;
+            fn size(&self) -> usize;
+            /// The allreduce and bcast algorithms the backend takes.
+            fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm];
+            fn bcast_algorithms(&self) -> &'static [BcastAlgorithm];
+            /// Whether user (element, operator) pairs reduce here; where they do not (the NCCL
+            /// backend, whose test pairs have no device kernels), they must be refused by name.
+            fn runs_user_pairs(&self) -> bool {
+                true
+            }
+            $(
+                #[allow(unused_parens)]
+                fn $f<$($lt,)? $($g: $b),*>(&self, nb: bool, $($a: host!($k)),*) -> Result<()>;
+            )*
+        }
+    };
+}
+duralumin::for_each_operation!(declare_backend);
+
+/// Copies an argument of kind `$k` where the backend `$s` can run on it: `(host, staged)`, the
+/// receive side too, so elements an operation must not touch keep their values.
+macro_rules! stage {
+    ($s:ident, [in], $x:ident) => {
+        ($x, $s.up($x))
+    };
+    ($s:ident, [out], $x:ident) => {{
+        let staged = $s.up(&*$x);
+        ($x, staged)
+    }};
+    ($s:ident, [ins], $x:ident) => {
+        ($x, $x.iter().map(|(b, p)| ($s.up(b), *p)).collect::<Vec<_>>())
+    };
+    ($s:ident, [outs], $x:ident) => {{
+        let staged = $x.iter().map(|(b, p)| ($s.up(&**b), *p)).collect::<Vec<_>>();
+        ($x, staged)
+    }};
+    ($s:ident, $k:tt, $x:ident) => {
+        ($x, ())
+    };
+}
+
+/// Copies a staged argument back (`[out]`, `[outs]`) or checks that the operation left it alone
+/// (`[in]`, `[ins]`).
+macro_rules! unstage {
+    ($s:ident, [in], $x:ident) => {
+        assert!(crate::elements::same(&$s.down(&$x.1), $x.0), "the device input changed")
+    };
+    ($s:ident, [out], $x:ident) => {
+        $x.0.copy_from_slice(&$s.down(&$x.1))
+    };
+    ($s:ident, [ins], $x:ident) => {
+        for ((host, _), (staged, _)) in $x.0.iter().zip(&$x.1) {
+            assert!(crate::elements::same(&$s.down(staged), host), "the device input changed");
+        }
+    };
+    ($s:ident, [outs], $x:ident) => {
+        for ((host, _), (staged, _)) in $x.0.iter_mut().zip(&$x.1) {
+            host.copy_from_slice(&$s.down(staged));
+        }
+    };
+    ($s:ident, $k:tt, $x:ident) => {};
+}
+pub(crate) use {host, stage, unstage};
 
 /// Every allreduce algorithm.
 pub const ALL_ALLREDUCE: &[AllreduceAlgorithm] = &[
@@ -117,142 +127,36 @@ pub fn allreduce_algorithms_for(topology: &duralumin::Topology) -> &'static [All
 pub const ALL_BCAST: &[BcastAlgorithm] =
     &[BcastAlgorithm::Auto, BcastAlgorithm::Native, BcastAlgorithm::Chain, BcastAlgorithm::Hierarchical];
 
-impl Backend for MpiCommunicator {
-    fn rank(&self) -> usize {
-        MpiCommunicator::rank(self)
-    }
-    fn size(&self) -> usize {
-        MpiCommunicator::size(self)
-    }
-    fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
-        allreduce_algorithms_for(self.topology())
-    }
-    fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
-        ALL_BCAST
-    }
-    fn allreduce_with<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        s: &[T],
-        r: &mut [T],
-        op: O,
-        a: AllreduceAlgorithm,
-    ) -> Result<()> {
-        mpi_call!(nb, self.allreduce_with / iallreduce_with(s, r, op, a))
-    }
-    fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        op: O,
-        a: AllreduceAlgorithm,
-    ) -> Result<()> {
-        mpi_call!(nb, self.allreduce_in_place_with / iallreduce_in_place_with(b, op, a))
-    }
-    fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
-        mpi_call!(nb, self.reduce / ireduce(s, r, root, op))
-    }
-    fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()> {
-        mpi_call!(nb, self.reduce_in_place / ireduce_in_place(b, root, op))
-    }
-    fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()> {
-        mpi_call!(nb, self.reduce_scatter / ireduce_scatter(s, r, op))
-    }
-    fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()> {
-        mpi_call!(nb, self.reduce_scatter_in_place / ireduce_scatter_in_place(b, op))
-    }
-    fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        s: &[T],
-        r: &mut [T],
-        counts: &[usize],
-        op: O,
-    ) -> Result<()> {
-        mpi_call!(nb, self.reduce_scatterv / ireduce_scatterv(s, r, counts, op))
-    }
-    fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        counts: &[usize],
-        op: O,
-    ) -> Result<()> {
-        mpi_call!(nb, self.reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op))
-    }
-    fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()> {
-        mpi_call!(nb, self.bcast_with / ibcast_with(b, root, a))
-    }
-    fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
-        mpi_call!(nb, self.allgather / iallgather(s, r))
-    }
-    fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
-        mpi_call!(nb, self.allgather_in_place / iallgather_in_place(b))
-    }
-    fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-        mpi_call!(nb, self.allgatherv / iallgatherv(s, r, counts, displs))
-    }
-    fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-        mpi_call!(nb, self.allgatherv_in_place / iallgatherv_in_place(b, counts, displs))
-    }
-    fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
-        mpi_call!(nb, self.alltoall / ialltoall(s, r))
-    }
-    fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
-        mpi_call!(nb, self.alltoall_in_place / ialltoall_in_place(b))
-    }
-    fn alltoallv<T: Element>(
-        &self,
-        nb: bool,
-        s: &[T],
-        sc: &[usize],
-        sd: &[usize],
-        r: &mut [T],
-        rc: &[usize],
-        rd: &[usize],
-    ) -> Result<()> {
-        mpi_call!(nb, self.alltoallv / ialltoallv(s, sc, sd, r, rc, rd))
-    }
-    fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
-        mpi_call!(nb, self.gather / igather(s, r, root))
-    }
-    fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
-        mpi_call!(nb, self.gather_in_place / igather_in_place(b, root))
-    }
-    fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
-        mpi_call!(nb, self.gatherv / igatherv(s, r, c, d, root))
-    }
-    fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
-        mpi_call!(nb, self.gatherv_in_place / igatherv_in_place(b, c, d, root))
-    }
-    fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
-        mpi_call!(nb, self.scatter / iscatter(s, r, root))
-    }
-    fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
-        mpi_call!(nb, self.scatter_in_place / iscatter_in_place(b, root))
-    }
-    fn scatterv<T: Element>(
-        &self,
-        nb: bool,
-        s: &[T],
-        c: &[usize],
-        d: &[usize],
-        r: &mut [T],
-        root: usize,
-    ) -> Result<()> {
-        mpi_call!(nb, self.scatterv / iscatterv(s, c, d, r, root))
-    }
-    fn scatterv_in_place<T: Element>(
-        &self,
-        nb: bool,
-        b: &mut [T],
-        c: &[usize],
-        d: &[usize],
-        root: usize,
-    ) -> Result<()> {
-        mpi_call!(nb, self.scatterv_in_place / iscatterv_in_place(b, c, d, root))
-    }
+/// The Mpi backend's implementation from the list: host vectors are its buffers.
+macro_rules! mpi_backend {
+    ($(
+        $(#[$doc:meta])*
+        fn $f:ident / $i:ident <$($lt:lifetime,)? $($g:ident: $b:path),*> ($($a:ident: $k:tt),* $(,)?)
+            describe($call:expr => $elem:ident::<$($et:ty),+>) plan($plan:ident($($pa:expr),*));
+    )*) => {
+        impl Backend for MpiCommunicator {
+            fn rank(&self) -> usize {
+                MpiCommunicator::rank(self)
+            }
+            fn size(&self) -> usize {
+                MpiCommunicator::size(self)
+            }
+            fn allreduce_algorithms(&self) -> &'static [AllreduceAlgorithm] {
+                allreduce_algorithms_for(self.topology())
+            }
+            fn bcast_algorithms(&self) -> &'static [BcastAlgorithm] {
+                ALL_BCAST
+            }
+            $(
+                #[allow(unused_parens)]
+                fn $f<$($lt,)? $($g: $b),*>(&self, nb: bool, $($a: host!($k)),*) -> Result<()> {
+                    mpi_call!(nb, self.$f / $i($($a),*))
+                }
+            )*
+        }
+    };
 }
+duralumin::for_each_operation!(mpi_backend);
 
 /// A device the HostTransfer tests run on: how to move host vectors in and out of its buffers
 /// (synchronously; the tests' own business, not the library's), and two stand-ins for a
@@ -392,6 +296,25 @@ macro_rules! ht_call {
     };
 }
 
+/// A staged argument as a stream-ordered backend takes it.
+macro_rules! staged {
+    ([in], $x:ident) => {
+        &$x.1
+    };
+    ([out], $x:ident) => {
+        &mut $x.1
+    };
+    ([ins], $x:ident) => {
+        &$x.1.iter().map(|(b, p)| (b, *p)).collect::<Vec<_>>()
+    };
+    ([outs], $x:ident) => {
+        &mut $x.1.iter_mut().map(|(b, p)| (b, *p)).collect::<Vec<_>>()
+    };
+    ($k:tt, $x:ident) => {
+        $x.0
+    };
+}
+
 /// The sweep's interface for a stream-ordered backend's adapter (`$adapter<D>` with fields
 /// `dev`, `comm` and `algorithms`): host vectors are uploaded to device buffers (the receive
 /// buffer too, so elements an operation must not touch keep their values), the operation is
@@ -406,33 +329,24 @@ macro_rules! device_backend {
             fn down<T: Element>(&self, b: &D::Buf<T>) -> Vec<T> {
                 self.dev.down(self.comm.stream(), b)
             }
-
-            /// Runs `f` on device copies of `s` and `r`, then copies the device result back into `r`.
-            fn two<T: Element>(
-                &self,
-                s: &[T],
-                r: &mut [T],
-                f: impl FnOnce(&D::Buf<T>, &mut D::Buf<T>) -> Result<()>,
-            ) -> Result<()> {
-                let (ds, mut dr) = (self.up(s), self.up(r));
-                f(&ds, &mut dr)?;
-                self.comm.synchronize()?;
-                r.copy_from_slice(&self.down(&dr));
-                assert!(crate::elements::same(&self.down(&ds), s), "the device input changed");
-                Ok(())
-            }
-
-            /// Runs `f` on a device copy of `b`, then copies it back.
-            fn one<T: Element>(&self, b: &mut [T], f: impl FnOnce(&mut D::Buf<T>) -> Result<()>) -> Result<()> {
-                let mut db = self.up(b);
-                f(&mut db)?;
-                self.comm.synchronize()?;
-                b.copy_from_slice(&self.down(&db));
-                Ok(())
-            }
         }
 
-impl<D: $($bound)+> Backend for $adapter<D> {
+        duralumin::for_each_operation!(device_backend_impl, $adapter where D: $($bound)+);
+    };
+}
+
+/// A stream-ordered backend's implementation from the list (see [`device_backend!`]): each
+/// argument staged on the device, the operation queued stream-ordered or non-blocking, the
+/// results copied back after synchronizing.
+macro_rules! device_backend_impl {
+    (($adapter:ident where D: $($bound:tt)+)
+        $(
+            $(#[$doc:meta])*
+            fn $f:ident / $i:ident <$($lt:lifetime,)? $($g:ident: $b:path),*> ($($a:ident: $k:tt),* $(,)?)
+                describe($call:expr => $elem:ident::<$($et:ty),+>) plan($plan:ident($($pa:expr),*));
+        )*
+    ) => {
+        impl<D: $($bound)+> Backend for $adapter<D> {
             fn rank(&self) -> usize {
                 self.comm.rank()
             }
@@ -448,128 +362,16 @@ impl<D: $($bound)+> Backend for $adapter<D> {
             fn runs_user_pairs(&self) -> bool {
                 self.user_pairs()
             }
-            fn allreduce_with<T: Element, O: ReduceOp<T>>(
-                &self,
-                nb: bool,
-                s: &[T],
-                r: &mut [T],
-                op: O,
-                a: AllreduceAlgorithm,
-            ) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, allreduce_with / iallreduce_with(s, r, op, a)))
-            }
-            fn allreduce_in_place_with<T: Element, O: ReduceOp<T>>(
-                &self,
-                nb: bool,
-                b: &mut [T],
-                op: O,
-                a: AllreduceAlgorithm,
-            ) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, allreduce_in_place_with / iallreduce_in_place_with(b, op, a)))
-            }
-            fn reduce<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], root: usize, op: O) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce / ireduce(s, r, root, op)))
-            }
-            fn reduce_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], root: usize, op: O) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, reduce_in_place / ireduce_in_place(b, root, op)))
-            }
-            fn reduce_scatter<T: Element, O: ReduceOp<T>>(&self, nb: bool, s: &[T], r: &mut [T], op: O) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatter / ireduce_scatter(s, r, op)))
-            }
-            fn reduce_scatter_in_place<T: Element, O: ReduceOp<T>>(&self, nb: bool, b: &mut [T], op: O) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, reduce_scatter_in_place / ireduce_scatter_in_place(b, op)))
-            }
-            fn reduce_scatterv<T: Element, O: ReduceOp<T>>(
-                &self,
-                nb: bool,
-                s: &[T],
-                r: &mut [T],
-                counts: &[usize],
-                op: O,
-            ) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, reduce_scatterv / ireduce_scatterv(s, r, counts, op)))
-            }
-            fn reduce_scatterv_in_place<T: Element, O: ReduceOp<T>>(
-                &self,
-                nb: bool,
-                b: &mut [T],
-                counts: &[usize],
-                op: O,
-            ) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, reduce_scatterv_in_place / ireduce_scatterv_in_place(b, counts, op)))
-            }
-            fn bcast_with<T: Element>(&self, nb: bool, b: &mut [T], root: usize, a: BcastAlgorithm) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, bcast_with / ibcast_with(b, root, a)))
-            }
-            fn allgather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, allgather / iallgather(s, r)))
-            }
-            fn allgather_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, allgather_in_place / iallgather_in_place(b)))
-            }
-            fn allgatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, allgatherv / iallgatherv(s, r, counts, displs)))
-            }
-            fn allgatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], counts: &[usize], displs: &[usize]) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, allgatherv_in_place / iallgatherv_in_place(b, counts, displs)))
-            }
-            fn alltoall<T: Element>(&self, nb: bool, s: &[T], r: &mut [T]) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoall / ialltoall(s, r)))
-            }
-            fn alltoall_in_place<T: Element>(&self, nb: bool, b: &mut [T]) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, alltoall_in_place / ialltoall_in_place(b)))
-            }
-            fn alltoallv<T: Element>(
-                &self,
-                nb: bool,
-                s: &[T],
-                sc: &[usize],
-                sd: &[usize],
-                r: &mut [T],
-                rc: &[usize],
-                rd: &[usize],
-            ) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, alltoallv / ialltoallv(s, sc, sd, r, rc, rd)))
-            }
-            fn gather<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, gather / igather(s, r, root)))
-            }
-            fn gather_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, gather_in_place / igather_in_place(b, root)))
-            }
-            fn gatherv<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, gatherv / igatherv(s, r, c, d, root)))
-            }
-            fn gatherv_in_place<T: Element>(&self, nb: bool, b: &mut [T], c: &[usize], d: &[usize], root: usize) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, gatherv_in_place / igatherv_in_place(b, c, d, root)))
-            }
-            fn scatter<T: Element>(&self, nb: bool, s: &[T], r: &mut [T], root: usize) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, scatter / iscatter(s, r, root)))
-            }
-            fn scatter_in_place<T: Element>(&self, nb: bool, b: &mut [T], root: usize) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, scatter_in_place / iscatter_in_place(b, root)))
-            }
-            fn scatterv<T: Element>(
-                &self,
-                nb: bool,
-                s: &[T],
-                c: &[usize],
-                d: &[usize],
-                r: &mut [T],
-                root: usize,
-            ) -> Result<()> {
-                self.two(s, r, |s, r| ht_call!(nb, self.comm, scatterv / iscatterv(s, c, d, r, root)))
-            }
-            fn scatterv_in_place<T: Element>(
-                &self,
-                nb: bool,
-                b: &mut [T],
-                c: &[usize],
-                d: &[usize],
-                root: usize,
-            ) -> Result<()> {
-                self.one(b, |b| ht_call!(nb, self.comm, scatterv_in_place / iscatterv_in_place(b, c, d, root)))
-            }
+            $(
+                #[allow(unused_parens, unused_mut)]
+                fn $f<$($lt,)? $($g: $b),*>(&self, nb: bool, $($a: host!($k)),*) -> Result<()> {
+                    $(let mut $a = stage!(self, $k, $a);)*
+                    ht_call!(nb, self.comm, $f / $i($(staged!($k, $a)),*))?;
+                    self.comm.synchronize()?;
+                    $(unstage!(self, $k, $a);)*
+                    Ok(())
+                }
+            )*
         }
     };
 }

@@ -11,7 +11,7 @@
 //! communicator is dropped.
 
 use duralumin::device::Device;
-use duralumin::device::host::HostDevice;
+use duralumin::device::cpu::HostDevice;
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::*;
 use duralumin::{HostTransferCommunicator, HostTransferConfig};
@@ -234,11 +234,10 @@ fn queued_on_fresh_communicators<D: TestDevice>(
 }
 
 /// Every stream of the device on one executor, as on a GPU whose streams share one hardware
-/// queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`): work runs in the order it was queued across
-/// streams, and a stream's wait holds up everything queued after it. An operation whose
-/// stream waited for copies queued later (by the proxy thread) would never finish here; the
-/// staged sweep, the ordering checks (work queued right behind each operation) and operations
-/// streaming through a full ring must.
+/// queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`; the queue-order rule,
+/// `docs/architecture.md#the-queue-order-rule`): the staged sweep, the ordering checks (work
+/// queued right behind each operation) and operations streaming through a full ring must
+/// finish here.
 fn one_hardware_queue(world: &SimpleCommunicator) {
     let dev = HostDevice::with_queues(0, 1);
     let stream = dev.stream().unwrap();
@@ -495,7 +494,8 @@ fn beyond_the_ring<D: TestDevice>(
     // A multi-peer send met by a plain receive: both sides cut the message alike.
     if n > 1 {
         if me == 0 {
-            c.multi_sendrecv::<u32, _, D::Buf<u32>>(&[(&mine, 1)], &mut [], 4).unwrap();
+            let no_recvs: &mut [(&mut D::Buf<u32>, usize)] = &mut [];
+            c.multi_sendrecv(&[(&mine, 1)], no_recvs, 4).unwrap();
             c.synchronize().unwrap();
         } else if me == 1 {
             let mut got = dev.up(&s, &vec![0u32; len]);

@@ -20,6 +20,15 @@ pub fn main() {
     let mut args = Arguments::from_args();
     // Rank counts share the machine's cores: run one launch at a time.
     args.test_threads = Some(1);
+    let cluster = Cluster::new();
+    // A constant condition: the other binary's trials are not compiled into this one.
+    let trials = if crate::DEVICE { device_trials(&cluster) } else { host_trials(&cluster) };
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// The `mpi_ranks` binary's trials: Mpi and HostTransfer on the host device, on one host and
+/// on the simulated cluster.
+fn host_trials(cluster: &Cluster) -> Vec<Trial> {
     // Every element with every operator at 3 ranks (uneven blocks, a ring that is not a
     // pairwise exchange); the other rank counts move the same pairs' data by other algorithms,
     // which the representative cut covers at every element width.
@@ -41,7 +50,6 @@ pub fn main() {
     trials.push(Trial::test("topology_np3", || launch(3, "topology")));
     // The same programs on a simulated cluster on this machine (scripts/cluster.sh: each host a
     // network namespace with its own hostname, TCP between hosts, shared memory within one).
-    let cluster = Cluster::new();
     // The sweep of the Mpi and HostTransfer backends (host device), every algorithm: on nodes
     // of two, of one, and uneven. The links are not shaped here (the benchmark shapes them):
     // correctness does not need a slow network, and the suite's time does not want one.
@@ -53,9 +61,23 @@ pub fn main() {
     for (name, layout, np) in [("2x2", "2x2", 4), ("3x1", "3x1", 3), ("2+1", "2,1", 3)] {
         trials.push(cluster.trial(format!("cluster_topology_{name}"), layout, np, "topology", Ok(vec![]), false));
     }
+    trials
+}
+
+/// The `device_ranks` binary's trials: HostTransfer on CUDA and the NCCL backend, on a GPU and
+/// on the simulators.
+#[cfg(not(feature = "cuda"))]
+fn device_trials(_: &Cluster) -> Vec<Trial> {
+    Vec::new()
+}
+
+/// The `device_ranks` binary's trials: HostTransfer on CUDA and the NCCL backend, on a GPU and
+/// on the simulators.
+#[cfg(feature = "cuda")]
+fn device_trials(cluster: &Cluster) -> Vec<Trial> {
+    let mut trials = Vec::new();
     // HostTransfer on a CUDA GPU: several ranks share the one GPU. Reported as ignored (never
     // passed) without one.
-    #[cfg(feature = "cuda")]
     {
         let gpu = duralumin::device::cuda::device_count() > 0;
         trials.extend(
@@ -133,8 +155,9 @@ pub fn main() {
         let env = vec![("DURALUMIN_NCCL", "/nonexistent/libnccl.so.2".to_string())];
         trials.push(on_sim("ncclsim_missing_library_np2".into(), 2, "nccl_missing", env, minute));
     }
-    libtest_mimic::run(&args, trials).exit();
+    trials
 }
+
 
 /// The rank count at which the Mpi and NCCL sweeps take every element with every operator
 /// (HostTransfer on cudasim takes them at 2, the simulator's cheapest multi-rank count).

@@ -1,5 +1,7 @@
-//! Multi-rank tests of every backend: Mpi, HostTransfer (host device, CUDA on a GPU or on
-//! cudasim) and NCCL (on a GPU or on ncclsim).
+//! Multi-rank tests of every backend: Mpi and HostTransfer on the host device here, the device
+//! groups (HostTransfer on CUDA, on a GPU or on cudasim, and NCCL, on a GPU or on ncclsim) in
+//! `tests/device_ranks`, built from the same source (`ranks.rs`) as a second binary so the two
+//! compile in parallel (`docs/testing.md`).
 //!
 //! Run by `cargo test`, this binary is the launcher: one trial per rank count (1..=5), each
 //! starting `mpirun --oversubscribe -np N` on this same binary with `DURALUMIN_RANK_PROGRAM`
@@ -12,117 +14,4 @@
 // wanted modulo the type): the cast lints are noise here.
 #![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 
-mod backend;
-mod bad_input;
-mod case;
-#[cfg(feature = "cuda")]
-mod cuda;
-mod elements;
-mod engine;
-mod generic;
-mod host_transfer;
-mod launcher;
-#[path = "../common/mpirun.rs"]
-mod mpirun;
-#[cfg(feature = "cuda")]
-mod nccl;
-mod p2p;
-mod sweep;
-mod topology;
-
-use std::time::Instant;
-
-use duralumin::mpi::topology::SimpleCommunicator;
-use duralumin::{MpiCommunicator, Tuning};
-
-/// The tuning the sweep runs with: thresholds low enough that the "big" count goes through
-/// every algorithm (`Auto` on one node: the shared-memory window; a non-blocking one before any
-/// blocking one has made the window: the ring), pipelines through several segments and chunks,
-/// and is split into several MPI messages (the large-count path; messages to other nodes in
-/// smaller pieces still), while counts 0, 1 and 7 take the native paths (on several nodes,
-/// `Auto` runs recursive doubling for those allreduces).
-pub fn small_thresholds() -> Tuning {
-    Tuning::default()
-        .with_allreduce_ring_bytes(256)
-        .with_ring_segment_bytes(64)
-        .with_reduce_ring_bytes(256)
-        .with_reduce_root_ring_bytes(256)
-        .with_bcast_chain_bytes(256)
-        .with_bcast_chunk_bytes(64)
-        .with_max_message_elements(50)
-        .with_hierarchical_allreduce_bytes(256)
-        .with_hierarchical_bcast_bytes(256)
-        .with_hierarchical_reduce_scatter_bytes(256)
-        .with_hierarchical_allgather_bytes(256)
-        .with_hierarchical_chunk_bytes(256)
-        .with_network_message_bytes(64)
-        .with_shared_memory_allreduce_bytes(256)
-}
-
-/// Counts every operation is tested with: empty, one, odd, and above every threshold.
-pub const COUNTS: [usize; 4] = [0, 1, 7, 300];
-
-fn main() {
-    if let Ok(program) = std::env::var("DURALUMIN_RANK_PROGRAM") {
-        rank_main(&program);
-        return;
-    }
-    launcher::main();
-}
-
-/// A named group of checks run on every rank.
-type Group = (&'static str, fn(&MpiCommunicator, &SimpleCommunicator));
-
-fn rank_main(program: &str) {
-    let universe = duralumin::init().expect("MPI init");
-    // The user pairs' device kernels (the custom-kernels example's), for the device backends.
-    duralumin_example_custom_kernels::register().expect("registering the user kernels");
-    let world = universe.world();
-    let mut comm = MpiCommunicator::new(&world).expect("communicator");
-    mpirun::rank_case::start(comm.rank());
-    comm.set_tuning(small_thresholds());
-    let groups: [Group; 8] = [
-        ("sweep", |c, _| sweep::run(c, "Mpi")),
-        ("p2p", |c, _| p2p::run(c)),
-        ("bad_input", |c, _| bad_input::run(c)),
-        ("engine", |c, _| engine::run(c)),
-        ("topology", topology::run),
-        ("threads", |c, _| engine::threads(c)),
-        ("host_transfer", host_transfer::run),
-        ("generic", generic::run),
-    ];
-    #[cfg(feature = "cuda")]
-    let groups = groups.into_iter().chain([
-        ("cuda", cuda::run as fn(&MpiCommunicator, &SimpleCommunicator)),
-        ("nccl", nccl::run as fn(&MpiCommunicator, &SimpleCommunicator)),
-        ("nccl_faults", nccl::faults as fn(&MpiCommunicator, &SimpleCommunicator)),
-        ("nccl_watchdog", nccl::watchdog as fn(&MpiCommunicator, &SimpleCommunicator)),
-        ("nccl_missing", nccl::missing_library as fn(&MpiCommunicator, &SimpleCommunicator)),
-    ]);
-    for (name, group) in groups {
-        // The GPU groups run only when asked for by name (the `cuda_np*`, `nccl_np*` trials).
-        // `program` is a group, `all` (every group but the GPU ones), or groups joined by `+`.
-        let listed = program.split('+').any(|p| p == name);
-        if !listed && (program != "all" || name == "cuda" || name.starts_with("nccl")) {
-            continue;
-        }
-        #[cfg(feature = "cuda")]
-        if (name == "cuda" || name.starts_with("nccl")) && duralumin::device::cuda::device_count() == 0 {
-            if comm.rank() == 0 {
-                println!("rank group {name}: SKIPPED: no CUDA device");
-            }
-            continue;
-        }
-        let _group = mpirun::rank_case::enter(format!("group {name}"));
-        let t = Instant::now();
-        group(&comm, &world);
-        comm.barrier().expect("barrier after group");
-        if comm.rank() == 0 {
-            println!("rank group {name}: ok on {} ranks in {:.2?}", comm.size(), t.elapsed());
-        }
-    }
-    drop(comm);
-    if program == "all" || program == "engine" {
-        engine::after_drop();
-    }
-}
+include!("ranks.rs");

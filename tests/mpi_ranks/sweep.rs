@@ -59,6 +59,7 @@ pub fn run_with(c: &impl Backend, backend: &str, breadth: Breadth) {
         movement::<u8>(c);
         movement::<f64>(c);
         user_pairs(c);
+        point_to_point(c);
         return;
     }
     macro_rules! numeric {
@@ -84,6 +85,41 @@ pub fn run_with(c: &impl Backend, backend: &str, breadth: Breadth) {
     numeric!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, f16, bf16);
     integer!(i8, i16, i32, i64, u8, u16, u32, u64);
     user_pairs(c);
+    point_to_point(c);
+}
+
+/// Point-to-point around the ring, blocking and not: send/recv (even ranks send first),
+/// sendrecv, sendrecv in place, and multi_sendrecv to both neighbours. On one rank, messages
+/// to itself: a sendrecv and a multi_sendrecv.
+pub fn point_to_point(c: &impl Backend) {
+    let (me, n) = (c.rank(), c.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let mine = |r: usize| vec![r as u32 * 10 + 1; 5];
+    for nb in NB {
+        let _case = Case::movement::<u32>("point-to-point around the ring", 5, nb, false).enter();
+        let mut got = vec![0u32; 5];
+        if n > 1 && me % 2 == 0 {
+            c.send(nb, &mine(me), next, 1).expect("send");
+            c.recv(nb, &mut got, prev, 1).expect("recv");
+        } else if n > 1 {
+            c.recv(nb, &mut got, prev, 1).expect("recv");
+            c.send(nb, &mine(me), next, 1).expect("send");
+        } else {
+            c.sendrecv(nb, &mine(me), next, &mut got, prev, 1).expect("sendrecv to itself");
+        }
+        assert_eq!(got, mine(prev), "send/recv around the ring");
+        let mut got = vec![0u32; 5];
+        c.sendrecv(nb, &mine(me), next, &mut got, prev, 2).expect("sendrecv");
+        assert_eq!(got, mine(prev), "sendrecv");
+        let mut buf = mine(me);
+        c.sendrecv_in_place(nb, &mut buf, next, prev, 3).expect("sendrecv in place");
+        assert_eq!(buf, mine(prev), "sendrecv in place");
+        let (sent, mut from_prev, mut from_next) = (mine(me), vec![0u32; 5], vec![0u32; 5]);
+        let sends = [(&sent[..], next), (&sent[..], prev)];
+        let mut recvs = [(&mut from_prev[..], prev), (&mut from_next[..], next)];
+        c.multi_sendrecv(nb, &sends, &mut recvs, 4).expect("multi_sendrecv");
+        assert_eq!((from_prev, from_next), (mine(prev), mine(next)), "multi_sendrecv");
+    }
 }
 
 /// The user pairs: moved, and reduced where the backend runs them (else refused by name).
@@ -104,7 +140,7 @@ fn user_pairs(c: &impl Backend) {
 fn user_pairs_refused<T: TestElem, O: ReduceOp<T>>(c: &impl Backend) {
     let _case = Case::reduction::<T, O>("allreduce refusal (no device kernels)", 7, false, true).enter();
     let mut buf = input::<T, O>(c.rank(), 7);
-    let e = c.allreduce_in_place_with(false, &mut buf, O::default(), AllreduceAlgorithm::Auto).unwrap_err();
+    let e = c.allreduce_in_place(false, &mut buf, O::default()).unwrap_err();
     assert!(matches!(&e, Error::KernelsUnavailable(m) if m.contains(T::NAME) && m.contains(O::NAME)), "{e}");
     assert!(same(&buf, &input::<T, O>(c.rank(), 7)), "refused call changed the buffer");
 }
@@ -142,11 +178,18 @@ fn allreduce<T: TestElem, O: ReduceOp<T>>(
     let expect: Vec<T> = (0..count).map(|i| reduced::<T, O>(0..n, n, i)).collect();
     if in_place {
         let mut buf = send.clone();
-        case.ok(c.allreduce_in_place_with(nb, &mut buf, O::default(), algorithm));
+        // `Auto` through the plain method, the others through `_with`: both are swept.
+        case.ok(match algorithm {
+            AllreduceAlgorithm::Auto => c.allreduce_in_place(nb, &mut buf, O::default()),
+            a => c.allreduce_in_place_with(nb, &mut buf, O::default(), a),
+        });
         case.check(&buf, &expect);
     } else {
         let mut recv = poison::<T>(count);
-        case.ok(c.allreduce_with(nb, &send, &mut recv, O::default(), algorithm));
+        case.ok(match algorithm {
+            AllreduceAlgorithm::Auto => c.allreduce(nb, &send, &mut recv, O::default()),
+            a => c.allreduce_with(nb, &send, &mut recv, O::default(), a),
+        });
         case.check(&recv, &expect);
         case.unchanged(&send, &input::<T, O>(me, count));
     }
@@ -266,7 +309,10 @@ fn bcast<T: TestElem>(c: &impl Backend, count: usize, nb: bool, root: usize, alg
     let case = Case::movement::<T>("bcast", count, nb, false).root(root).algorithm(algorithm).enter();
     let expect = data::<T>(root, 0, count);
     let mut buf = if c.rank() == root { expect.clone() } else { poison::<T>(count) };
-    case.ok(c.bcast_with(nb, &mut buf, root, algorithm));
+    case.ok(match algorithm {
+        BcastAlgorithm::Auto => c.bcast(nb, &mut buf, root),
+        a => c.bcast_with(nb, &mut buf, root, a),
+    });
     case.check(&buf, &expect);
 }
 

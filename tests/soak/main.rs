@@ -26,7 +26,7 @@ mod run;
 use std::time::{Duration, Instant};
 
 use duralumin::device::PoolStats;
-use duralumin::device::host::HostDevice;
+use duralumin::device::cpu::HostDevice;
 use duralumin::{HostTransferCommunicator, HostTransferConfig};
 use duralumin::{MpiCommunicator, Sum, Tuning};
 use libtest_mimic::{Arguments, Failed, Trial};

@@ -2,7 +2,7 @@
 //! communicator each, every result checked against [`Spec::expected`].
 
 use duralumin::backends::host_transfer::{self, DeviceRequest};
-use duralumin::device::host::{HostBuffer, HostDevice};
+use duralumin::device::cpu::{HostBuffer, HostDevice};
 use duralumin::{Max, MpiCommunicator, Request, Result, Scope, Sum, scope};
 
 use crate::plan::{Kind, Spec};

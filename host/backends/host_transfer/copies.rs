@@ -8,8 +8,8 @@ use duralumin_kernels::flag::reached;
 
 use super::plans::{InputArea, Region, cut};
 use super::ring::Place;
+use crate::api::error::Result;
 use crate::device::{Copy2d, Device, DevicePtr, Flag, ReduceFns};
-use crate::error::Result;
 
 /// The pieces of chunk `k` as `(address, bytes)`, empty ones left out.
 fn chunk_pieces(pieces: &[(DevicePtr, usize)], k: usize, chunk_elems: usize, sz: usize) -> Vec<(DevicePtr, usize)> {
@@ -243,7 +243,8 @@ impl<D: Device> Copies<D> {
                 }
                 return self.device.write_flag(&self.ins, self.done, 1);
             }
-            // Chunk `k + ahead` may wait for chunk `k` to be drained: queued after it.
+            // Chunk `k + ahead` may wait for chunk `k` to be drained: queued after it
+            // (the queue-order rule: docs/architecture.md#the-queue-order-rule).
             for k in 0..ahead.min(chunks) {
                 self.stage_in(k)?;
             }

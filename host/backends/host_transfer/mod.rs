@@ -39,12 +39,9 @@
 //! # Queue order
 //!
 //! The calling thread queues all of an operation's device work, each item after whatever it
-//! waits for: a stream never waits on the device for work queued later. GPUs may run streams
-//! that share a hardware queue one item at a time (more streams than
-//! `CUDA_DEVICE_MAX_CONNECTIONS`, or it set to 1), and a wait for later work there is a
-//! deadlock. The host device built by
-//! [`HostDevice::with_queues`](crate::device::host::HostDevice::with_queues) behaves the same
-//! way, so the tests show such waits.
+//! waits for: the queue-order rule, argued in `docs/architecture.md#the-queue-order-rule`. The
+//! host device built by [`HostDevice::with_queues`](crate::device::cpu::HostDevice::with_queues)
+//! runs streams on shared queues as a GPU may, so the tests catch a wait that breaks it.
 
 mod collectives;
 mod copies;
@@ -65,17 +62,17 @@ pub use request::DeviceRequest;
 #[deprecated(since = "0.2.0", note = "renamed `HostTransferCommunicator` (also at the crate root)")]
 pub type Communicator<D> = HostTransferCommunicator<D>;
 
+use crate::api::error::{Error, Result};
+use crate::api::request::DeferredError;
 use crate::backends::mpi::Tuning;
+use crate::common::progress::{Engine, Task};
 use crate::device::PoolStats;
 use crate::device::pool::Pools;
 use crate::device::{Device, DeviceSlice};
-use crate::error::{Error, Result};
-use crate::progress::{Engine, Task};
 use crate::reliability::OnTimeout;
 use crate::reliability::crosscheck::Pairs;
 use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::{Signature, State};
-use crate::request::DeferredError;
 
 /// Pipelining and memory settings of a HostTransfer communicator. Every rank must use the same
 /// values (they decide how operations are cut into chunks).
@@ -324,6 +321,11 @@ impl<D: Device> HostTransferCommunicator<D> {
         self.shared.size
     }
 
+    /// This rank's place, as the operations' rules read it.
+    pub(crate) fn ranks(&self) -> crate::operations::Ranks {
+        crate::operations::Ranks { rank: self.rank(), size: self.size() }
+    }
+
     /// The stream operations are ordered on.
     pub fn stream(&self) -> &D::Stream {
         &self.stream
@@ -485,18 +487,13 @@ impl<D: Device> HostTransferCommunicator<D> {
         &self,
         sig: Signature,
         pairs: Option<Pairs>,
-        plan: impl FnOnce() -> Result<P>,
+        plan: &mut dyn FnMut() -> Result<P>,
     ) -> Result<((OpId, Signature), P)> {
         let m = &self.shared.monitor;
         let op = m.begin(sig, State::Running)?;
         let planned = crate::reliability::prepare(m, &self.shared.errors, op, &sig, pairs, plan)?;
         m.set(op, State::Queued, None);
         Ok(((op, sig), planned))
-    }
-
-    /// Whether the signature check is on for operations like `sig`.
-    fn checks(&self, sig: &Signature) -> bool {
-        self.shared.monitor.checks(sig)
     }
 
     /// Remembers the host part of an operation just queued, for [`HostTransferCommunicator::synchronize`].
@@ -544,15 +541,8 @@ impl<D: Device> HostTransferCommunicator<D> {
     }
 
     /// Checks that a buffer lives on this communicator's device.
-    fn check_buffer<B: DeviceSlice<D>>(&self, what: &'static str, buf: &B) -> Result<()> {
-        if buf.ordinal() != self.shared.device.ordinal() {
-            return Err(Error::WrongDevice {
-                what,
-                expected: self.shared.device.name(),
-                found: format!("device {}", buf.ordinal()),
-            });
-        }
-        Ok(())
+    fn check_buffer<B: DeviceSlice<D> + ?Sized>(&self, what: &'static str, buf: &B) -> Result<()> {
+        crate::device::check_on(&*self.shared.device, what, buf)
     }
 }
 

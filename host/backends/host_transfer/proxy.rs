@@ -12,14 +12,14 @@ use duralumin_kernels::flag::reached;
 use super::Shared;
 use super::copies::Geometry;
 use super::plans::{ChunkBufs, ChunkFn};
-use crate::buffer::RawBuf;
+use crate::api::error::{Error, Result};
+use crate::api::request::ErrorSlot;
+use crate::common::buffer::RawBuf;
+use crate::common::progress::OpFuture;
 use crate::device::pool::FlagSlot;
 use crate::device::{Device, KeepAlive};
-use crate::error::{Error, Result};
-use crate::progress::OpFuture;
 use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::{Signature, State};
-use crate::request::ErrorSlot;
 
 /// The flags of an operation in flight. Dropping it (normally after the stream raised `done`;
 /// early only if the MPI part panicked) releases the stream and its ring cells.
@@ -121,7 +121,7 @@ async fn until(mut ready: impl FnMut() -> bool) {
     }
     std::future::poll_fn(|_| {
         if ready() {
-            crate::progress::made_progress();
+            crate::common::progress::made_progress();
             std::task::Poll::Ready(())
         } else {
             std::task::Poll::Pending
@@ -168,7 +168,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
     pub(super) fn into_future(mut self) -> OpFuture {
         Box::pin(async move {
             // Chunks in flight: the proxy thread polls without sleeping until the end.
-            let _hot = crate::progress::Hot::new();
+            let _hot = crate::common::progress::Hot::new();
             if self.run_to_end().await.is_err() {
                 return self.abandon();
             }
@@ -270,7 +270,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
             Ok(job) => {
                 let (m, id) = (&*self.monitor, self.id);
                 let give_up = || m.poisoned().map(|p| p.error(Asker::Op(id)));
-                crate::progress::unless(job, give_up).await.map_err(|_| GivenUp)?
+                crate::common::progress::unless(job, give_up).await.map_err(|_| GivenUp)?
             }
             Err(e) => Err(e),
         };

@@ -7,13 +7,13 @@ use duralumin_kernels::flag::reached;
 
 use super::Shared;
 use super::staging::Queued;
+use crate::api::error::Result;
+use crate::api::request::ErrorSlot;
+use crate::common::progress::Task;
 use crate::device::pool::FlagSlot;
 use crate::device::{Device, GiveUp, KeepAlive};
-use crate::error::Result;
-use crate::progress::Task;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::Asker;
-use crate::request::ErrorSlot;
 
 /// A non-blocking HostTransfer operation in flight on the communicator's internal stream.
 ///

@@ -17,8 +17,8 @@
 //! The input stream waits for *free* before it refills a cell: that is the only wait of an
 //! operation on an earlier one, and the proxy thread raises *free* once the earlier chunk's
 //! MPI part is over and (if it copies back) the output stream has drained it, which was queued
-//! before the wait. So the device only ever waits on work queued before its wait, or on the
-//! host.
+//! before the wait. So this wait keeps the queue-order rule
+//! (`docs/architecture.md#the-queue-order-rule`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use duralumin_kernels::flag::reached;
 
+use crate::api::error::{Error, Result};
 use crate::device::Device;
 use crate::device::pool::{FlagSlot, PinnedBlock, Pools};
-use crate::error::{Error, Result};
 
 /// The low 32 bits of a chunk number or position: the counters compare modulo 2³², and fewer
 /// than 2³¹ chunks or cells are ever in flight.

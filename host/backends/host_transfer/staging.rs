@@ -24,14 +24,14 @@ use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
 use super::plans::{ChunkFn, InputArea, Plan};
 use super::proxy::{HostPart, InFlight};
+use crate::api::error::{Error, Result};
+use crate::api::request::ErrorSlot;
+use crate::common::progress::Task;
 use crate::device::pool::FlagSlot;
 use crate::device::{Device, KeepAlive};
-use crate::error::{Error, Result};
-use crate::progress::Task;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::OpId;
 use crate::reliability::recorder::{Signature, State};
-use crate::request::ErrorSlot;
 
 /// An operation handed to the proxy thread and queued on a stream.
 pub(crate) struct Queued<D: Device> {
@@ -77,9 +77,9 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// The calling thread queues the device work of every chunk on the communicator's two copy
     /// streams (device-to-host on one, host-to-device on the other, so both directions overlap
     /// each other and the MPI work), which start where `stream` is and which `stream` then
-    /// waits for, each item after whatever it waits for (see the
-    /// [module docs](super#queue-order)). It takes no memory and waits for nothing: the chunks
-    /// stream through the communicator's ring, whose cells the device waits for.
+    /// waits for, each item after whatever it waits for (the queue-order rule:
+    /// `docs/architecture.md#the-queue-order-rule`). It takes no memory and waits for nothing:
+    /// the chunks stream through the communicator's ring, whose cells the device waits for.
     ///
     /// `(id, sig)` is the operation's record and signature: the proxy thread marks it running
     /// when the stream reaches the operation, and done or failed when its MPI part ends (whose
@@ -363,7 +363,7 @@ mod tests {
     use mpi::topology::SimpleCommunicator;
 
     use crate::Sum;
-    use crate::device::host::HostDevice;
+    use crate::device::cpu::HostDevice;
 
     const LIMIT: Duration = Duration::from_secs(30);
     /// The ring's counters, lent for the communicator's life.

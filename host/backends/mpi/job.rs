@@ -12,15 +12,15 @@ use duralumin_kernels::Element;
 
 use super::MpiCommunicator;
 use super::shadow::Shadow;
-use crate::buffer::RawBuf;
-use crate::error::Result;
+use crate::api::error::Result;
+use crate::api::request::{Request, Scope};
+use crate::common::buffer::RawBuf;
+use crate::common::progress::{OpFuture, Task, block_on};
 use crate::ffi::native::Native;
 use crate::ffi::{RawComm, RawDatatype, RawRequest, p2p};
-use crate::progress::{OpFuture, Task, block_on};
 use crate::reliability::crosscheck::Pairs;
 use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::{Signature, State};
-use crate::request::{Request, Scope};
 
 /// Whether an operation is being built for a blocking call or for the progress engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +222,7 @@ impl Drop for StartTurn {
         if let Some(i) = q.iter().position(|&x| x == self.id) {
             q.remove(i);
             self.order.queued.fetch_sub(1, Ordering::Release);
-            crate::progress::made_progress();
+            crate::common::progress::made_progress();
         }
     }
 }
@@ -240,7 +240,7 @@ impl Future for WaitRequests {
         for r in &mut this.reqs {
             if r.0 != RawRequest::null().0 {
                 match p2p::test(r) {
-                    Ok(Some(_)) => crate::progress::made_progress(),
+                    Ok(Some(_)) => crate::common::progress::made_progress(),
                     Ok(None) => done = false,
                     Err(e) => return Poll::Ready(Err(e)),
                 }
@@ -387,7 +387,7 @@ impl MpiCommunicator {
         op: OpId,
         sig: &Signature,
         pairs: Option<Pairs>,
-        plan: impl FnOnce() -> Result<Job<T>>,
+        plan: &mut dyn FnMut() -> Result<Job<T>>,
     ) -> Result<Job<T>> {
         // A refused operation sends nothing, so it gives back the algorithm tags its plan took:
         // a rank whose own checks refuse it plans nothing, and every rank must stay in step.
@@ -398,11 +398,6 @@ impl MpiCommunicator {
             self.seq.set(seq);
         }
         r.map(|job| self.gate(job, true))
-    }
-
-    /// Whether operations of this kind go through the signature check.
-    pub(crate) fn checks(&self, sig: &Signature) -> bool {
-        self.core.monitor.checks(sig)
     }
 
     /// Runs a planned operation to completion on this thread and records how it ended.
@@ -443,7 +438,7 @@ impl MpiCommunicator {
 /// An operation on shadow copies, recorded: copied back when it completes; abandoned with its
 /// copies (which MPI may still use) if the communicator is given up first.
 async fn shadowed(inner: OpFuture, m: Arc<Monitor>, op: OpId, shadow: Shadow) -> Result<()> {
-    match crate::progress::unless(inner, || m.poisoned().map(|p| p.error(Asker::Op(op)))).await {
+    match crate::common::progress::unless(inner, || m.poisoned().map(|p| p.error(Asker::Op(op)))).await {
         Ok(r) => {
             if r.is_ok() {
                 // SAFETY: the operation completed; the public method (or the request's scope)

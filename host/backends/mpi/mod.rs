@@ -10,9 +10,11 @@
 //! (`algorithms/`) where they beat the library's; the choice is automatic by size and
 //! can be forced per call ([`AllreduceAlgorithm`], [`BcastAlgorithm`]).
 
+mod choice;
 mod collectives;
 mod job;
 mod p2p;
+mod plans;
 mod shadow;
 mod shm;
 
@@ -22,19 +24,19 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::buffer::ScratchPool;
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
+use crate::api::request::DeferredError;
+use crate::common::buffer::ScratchPool;
+use crate::common::progress::Engine;
 use crate::ffi::native::Native;
 use crate::ffi::{self, RawComm, sys};
-use crate::progress::Engine;
 use crate::reliability::OnTimeout;
 use crate::reliability::monitor::{Monitor, OpId};
 use crate::reliability::recorder::{OpKind, Signature};
-use crate::request::DeferredError;
 use crate::topology::{Shape, Topology};
 use crate::transport::{Matcher, OnError, TagLayout};
 
-pub use collectives::{AllreduceAlgorithm, BcastAlgorithm};
+pub use choice::{AllgatherAlgorithm, AllreduceAlgorithm, BcastAlgorithm, ReduceScatterAlgorithm};
 
 /// The Mpi backend's communicator under its old name.
 #[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator` (also at the crate root)")]
@@ -265,7 +267,7 @@ impl MpiCommunicator {
     }
 
     fn from_raw(comm: RawComm) -> Result<Self> {
-        crate::init::require_thread_multiple()?;
+        crate::api::init::require_thread_multiple()?;
         crate::reliability::abort::settle(None)?;
         let mut made = Vec::new();
         let built = Self::build(comm, &mut made);
@@ -337,6 +339,11 @@ impl MpiCommunicator {
         self.core.size
     }
 
+    /// This rank's place, as the operations' rules read it.
+    pub(crate) fn ranks(&self) -> crate::operations::Ranks {
+        crate::operations::Ranks { rank: self.rank(), size: self.size() }
+    }
+
     /// This process's rank among the ranks on its node (`MPI_Comm_split_type` with
     /// `MPI_COMM_TYPE_SHARED`).
     pub fn local_rank(&self) -> usize {
@@ -364,7 +371,7 @@ impl MpiCommunicator {
         let sig = Signature::new(OpKind::Dup);
         let op = self.begin(sig)?;
         // (The barrier's plan is never run: `prepare` only checks, and runs the signature check.)
-        self.prepare(op, &sig, None, || self.plan_barrier::<u8>())?;
+        self.prepare(op, &sig, None, &mut || self.plan_barrier::<u8>())?;
         let made = Self::from_raw(self.core.coll);
         self.record_end(op, &made);
         made.map(|c| self.inherit(c))
@@ -383,7 +390,7 @@ impl MpiCommunicator {
             Some(Err(_)) => (0, Some(Error::CountOverflow { what: "split color", value: color.unwrap_or(0).into() })),
         };
         // (The barrier's plan is never run: `prepare` only checks, as for `dup`.)
-        self.prepare(op, &sig, None, || match refused.take() {
+        self.prepare(op, &sig, None, &mut || match refused.take() {
             Some(e) => Err(e),
             None => self.plan_barrier::<u8>(),
         })?;
@@ -573,7 +580,7 @@ impl MpiCommunicator {
 /// then an allgather over `coll` of each node's lowest rank (which names the node). Collective.
 fn learn_topology(coll: RawComm, node: RawComm, rank: usize, size: usize) -> Result<(usize, usize, Topology)> {
     let (local_rank, local_size) = ffi::comm::rank_size(node)?;
-    let dt = crate::datatype::datatype::<u64>()?;
+    let dt = crate::common::datatype::datatype::<u64>()?;
     // The node's lowest rank: the split was keyed by rank, so it is local rank 0.
     let mut leader = rank as u64;
     let mut leaders = vec![0u64; size];
@@ -604,5 +611,5 @@ fn simulated_nodes() -> Option<usize> {
 /// Whether the process's progress thread is running (it stops when the last communicator that
 /// used non-blocking operations is dropped).
 pub fn progress_thread_running() -> bool {
-    crate::progress::engine_running()
+    crate::common::progress::engine_running()
 }

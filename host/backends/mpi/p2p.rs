@@ -11,14 +11,11 @@ use std::sync::Arc;
 use duralumin_kernels::Element;
 
 use super::MpiCommunicator;
-use super::collectives::{blocking_and_nonblocking, shadow};
 use super::job::{Job, Mode};
-use crate::buffer::RawBuf;
-use crate::check;
-use crate::datatype::datatype;
-use crate::error::{Error, Result};
-use crate::reliability::recorder::{OpKind, Signature};
-use crate::request::{Request, Scope};
+use crate::api::error::{Error, Result};
+use crate::common::buffer::RawBuf;
+use crate::common::datatype::datatype;
+use crate::operations::check_peers;
 use crate::transport::{MpiTransport, Transport};
 
 /// A job that posts `sends` and `recvs` (block, peer) on `x` and completes when all have.
@@ -36,45 +33,33 @@ pub(crate) unsafe fn exchange<T: Element>(
 }
 
 impl MpiCommunicator {
+    /// The transport of a point-to-point operation whose `tag` was checked
+    /// ([`check_peers`]).
     pub(crate) fn p2p_transport<T: Element>(&self, tag: i32, mode: Mode) -> Result<MpiTransport> {
-        check::tag(tag, self.core.tag_ub)?;
         let dt = datatype::<T>()?;
         let max = self.tuning.max_message_elements;
         let comm = (self.core.p2p, &self.core.p2p_matcher);
         Ok(MpiTransport::new(comm, dt, tag as c_int, (self.rank(), self.size()), max, mode == Mode::Blocking))
     }
 
-    blocking_and_nonblocking! {
-        /// Sends `buf` to rank `dest` with `tag` (`MPI_Send`). A blocking send to this rank
-        /// itself is refused ([`Error::SelfMessage`]): nothing could receive it.
-        fn send / isend <T: Element> (buf: &'buf [T], dest: usize, tag: i32)
-            sig(|_| Signature::new(OpKind::Send).elem::<T>().count(buf.len()).root(dest).tag(tag)) bufs(read buf)
-            => plan_p2p(&[(RawBuf::from_ref(buf), dest)], &[], tag, "send");
-        /// Receives exactly `buf.len()` elements from rank `source` with `tag` (`MPI_Recv`).
-        fn recv / irecv <T: Element> (buf: &'buf mut [T], source: usize, tag: i32)
-            sig(|_| Signature::new(OpKind::Recv).elem::<T>().count(buf.len()).root(source).tag(tag)) bufs(write buf)
-            => plan_p2p(&[], &[(RawBuf::from_mut(buf), source)], tag, "recv");
-        /// Sends `send` to `dest` and receives `recv` from `source` at once (`MPI_Sendrecv`);
-        /// either peer may be this rank itself.
-        fn sendrecv / isendrecv <T: Element>
-            (send: &'buf [T], dest: usize, recv: &'buf mut [T], source: usize, tag: i32)
-            sig(|_| Signature::new(OpKind::SendRecv).elem::<T>().count(send.len()).root(dest).tag(tag))
-            bufs(read send, write recv)
-            => plan_p2p(&[(RawBuf::from_ref(send), dest)], &[(RawBuf::from_mut(recv), source)], tag, "sendrecv");
-        /// Sends `buf` to `dest` and replaces it by the same number of elements from `source`
-        /// (`MPI_Sendrecv_replace`).
-        fn sendrecv_in_place / isendrecv_in_place <T: Element> (buf: &'buf mut [T], dest: usize, source: usize, tag: i32)
-            sig(|_| Signature::new(OpKind::SendRecv).elem::<T>().count(buf.len()).root(dest).tag(tag).in_place())
-            bufs(write buf)
-            => plan_sendrecv_replace(buf, dest, source, tag);
-        /// Sends each `(buffer, dest)` of `sends` and receives each `(buffer, source)` of
-        /// `recvs`, all at once (Aluminum's MultiSendRecv). Peers may repeat and may be this
-        /// rank itself; messages to the same peer are matched in order.
-        fn multi_sendrecv / imulti_sendrecv <T: Element>
-            (sends: &[(&'buf [T], usize)], recvs: &mut [(&'buf mut [T], usize)], tag: i32)
-            sig(|_| Signature::new(OpKind::MultiSendRecv).elem::<T>().count(sends.iter().map(|s| s.0.len()).sum()).tag(tag))
-            bufs(reads sends, writes recvs)
-            => plan_multi(sends, recvs, tag);
+    pub(crate) fn plan_send<T: Element>(&self, buf: &[T], dest: usize, tag: i32, mode: Mode) -> Result<Job<T>> {
+        self.plan_p2p(&[(RawBuf::from_ref(buf), dest)], &[], tag, "send", mode)
+    }
+
+    pub(crate) fn plan_recv<T: Element>(&self, buf: &mut [T], source: usize, tag: i32, mode: Mode) -> Result<Job<T>> {
+        self.plan_p2p(&[], &[(RawBuf::from_mut(buf), source)], tag, "recv", mode)
+    }
+
+    pub(crate) fn plan_sendrecv<T: Element>(
+        &self,
+        send: &[T],
+        dest: usize,
+        recv: &mut [T],
+        source: usize,
+        tag: i32,
+        mode: Mode,
+    ) -> Result<Job<T>> {
+        self.plan_p2p(&[(RawBuf::from_ref(send), dest)], &[(RawBuf::from_mut(recv), source)], tag, "sendrecv", mode)
     }
 
     pub(crate) fn plan_multi<T: Element>(
@@ -97,13 +82,7 @@ impl MpiCommunicator {
         name: &'static str,
         mode: Mode,
     ) -> Result<Job<T>> {
-        let size = self.size();
-        for &(_, peer) in sends {
-            check::rank("destination rank", peer, size)?;
-        }
-        for &(_, peer) in recvs {
-            check::rank("source rank", peer, size)?;
-        }
+        check_peers(tag, self.core.tag_ub, sends.iter().map(|s| s.1), recvs.iter().map(|r| r.1), self.ranks())?;
         let only_self = |v: &[(RawBuf<T>, usize)]| !v.is_empty() && v.iter().all(|&(_, p)| p == self.rank());
         if mode == Mode::Blocking && (sends.is_empty() || recvs.is_empty()) && (only_self(sends) || only_self(recvs)) {
             return Err(Error::SelfMessage { op: name });
@@ -114,7 +93,7 @@ impl MpiCommunicator {
         Ok(unsafe { exchange(x, sends.to_vec(), recvs.to_vec()) })
     }
 
-    pub(crate) fn plan_sendrecv_replace<T: Element>(
+    pub(crate) fn plan_sendrecv_in_place<T: Element>(
         &self,
         buf: &mut [T],
         dest: usize,
@@ -122,8 +101,7 @@ impl MpiCommunicator {
         tag: i32,
         mode: Mode,
     ) -> Result<Job<T>> {
-        check::rank("destination rank", dest, self.size())?;
-        check::rank("source rank", source, self.size())?;
+        check_peers(tag, self.core.tag_ub, [dest], [source], self.ranks())?;
         let x = self.p2p_transport::<T>(tag, mode)?;
         let core = Arc::clone(&self.core);
         let out = RawBuf::from_mut(buf);

@@ -55,12 +55,12 @@ use duralumin_kernels::{Element, ReduceOp};
 use super::job::{Job, Mode};
 use super::{Core, MpiCommunicator};
 use crate::algorithms::block_range;
-use crate::buffer::RawBuf;
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
+use crate::common::buffer::RawBuf;
+use crate::common::progress::unless;
+use crate::common::reducer::{Reducer, host_reducer};
 use crate::ffi::win::{self, RawWin};
 use crate::ffi::{self, RawComm, c_rank, u32_rank};
-use crate::progress::unless;
-use crate::reducer::{HostReducer, Reducer};
 use crate::reliability::monitor::{Asker, Monitor, OpId};
 use crate::reliability::recorder::{OpKind, Signature, State};
 use crate::transport::MpiTransport;
@@ -391,7 +391,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
     Ok(Job::Future(Box::pin(async move {
         let first = turn.come_up().await;
         let w = turn.core.shm.window.get().ok_or(Error::Progress("shared-memory window missing"))?;
-        let r = HostReducer::<O>::new();
+        let r = host_reducer::<T, O>();
         // SAFETY: the public method borrows `send` and `out` for the whole operation (the
         // same slice in place); this operation holds the window's turn.
         let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first, header) }.await?;
@@ -425,7 +425,7 @@ fn copy_and_finish<T: Element, O: ReduceOp<T>>(input: Option<RawBuf<T>>, out: Ra
             unsafe { out.copy_from(input) };
         }
         // SAFETY: as above.
-        HostReducer::<O>::new().finish(unsafe { out.as_mut_slice() }, u32_rank(n));
+        host_reducer::<T, O>().finish(unsafe { out.as_mut_slice() }, u32_rank(n));
         Ok(())
     }))
 }
@@ -442,7 +442,7 @@ fn make_window(comm: &MpiCommunicator, x: &MpiTransport, op: Option<OpId>) -> Re
         // not in.
         let handshake = x.clone();
         let given_up = || core.monitor.poisoned().map(|p| p.error(op.map_or(Asker::New, Asker::Op)));
-        crate::progress::block_on(unless(Box::pin(async move { barrier(&handshake).await }), given_up))??;
+        crate::common::progress::block_on(unless(Box::pin(async move { barrier(&handshake).await }), given_up))??;
     }
     let w = core.shm.get_or_make(core.algo, core.rank)?;
     if w.size != comm.size() {

@@ -7,8 +7,8 @@
 use std::ffi::{c_int, c_void};
 
 use super::{NcclCommunicator, NcclDevice};
+use crate::api::error::Result;
 use crate::device::{DevicePtr, ReduceFns};
-use crate::error::Result;
 use crate::ffi::nccl::{Call, Progress, int, sys::dtype};
 
 /// The most calls in one NCCL group.

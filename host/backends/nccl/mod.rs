@@ -17,69 +17,21 @@ mod collectives;
 mod datatype;
 mod launch;
 mod ops;
+mod plans;
 mod request;
 mod watch;
 
 use std::cell::{Cell, OnceCell};
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use request::NcclRequest;
 
-use crate::MpiCommunicator;
-use crate::device::{Device, DevicePtr, ReduceFns};
-use crate::error::{Error, Result};
-use crate::ffi::nccl::{self, Comm, Flavor, Nccl, UniqueId};
+pub use crate::device::NcclDevice;
 
-/// A GPU device NCCL (CUDA) or RCCL (HIP) can run on. Implemented by
-/// [`CudaDevice`](crate::device::cuda::CudaDevice) and `HipDevice`; the methods are the
-/// device-memory primitives the backend is written over, not for use outside Duralumin.
-pub trait NcclDevice: Device + Clone {
-    /// The driver's event.
-    #[doc(hidden)]
-    type Event: Send + Sync + 'static;
-    #[doc(hidden)]
-    fn new_event(&self) -> Result<Self::Event>;
-    #[doc(hidden)]
-    fn record_event(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
-    #[doc(hidden)]
-    fn event_done(&self, event: &Self::Event) -> Result<bool>;
-    #[doc(hidden)]
-    fn wait_event(&self, waiter: &Self::Stream, event: &Self::Event) -> Result<()>;
-    #[doc(hidden)]
-    fn raw_stream(&self, stream: &Self::Stream) -> *mut c_void;
-    #[doc(hidden)]
-    fn api(&self) -> &'static str;
-    #[doc(hidden)]
-    fn bind(&self) -> Result<()>;
-    #[doc(hidden)]
-    fn scratch(&self, stream: &Self::Stream, bytes: usize) -> Result<DevicePtr>;
-    /// # Safety
-    /// `ptr` came from `scratch`; nothing queued later uses it.
-    #[doc(hidden)]
-    unsafe fn free_scratch(&self, stream: &Self::Stream, ptr: DevicePtr);
-    /// # Safety
-    /// Both ranges are device memory of this device, valid until the copy has run.
-    #[doc(hidden)]
-    unsafe fn copy_d2d(&self, stream: &Self::Stream, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
-    /// # Safety
-    /// `dst` and `src` hold `len` elements of `op`'s type, do not overlap, and stay valid until
-    /// the kernel has run.
-    #[doc(hidden)]
-    unsafe fn reduce_d2d(
-        &self,
-        stream: &Self::Stream,
-        dst: DevicePtr,
-        src: DevicePtr,
-        len: usize,
-        op: &ReduceFns,
-    ) -> Result<()>;
-    /// # Safety
-    /// `dst` holds `len` elements of `op`'s type, valid until the kernel has run.
-    #[doc(hidden)]
-    unsafe fn finish_d2d(&self, stream: &Self::Stream, dst: DevicePtr, len: usize, op: &ReduceFns) -> Result<()>;
-}
+use crate::MpiCommunicator;
+use crate::api::error::{Error, Result};
+use crate::ffi::nccl::{self, Comm, Flavor, Nccl, UniqueId};
 
 /// How long a communicator's creation, or a wait with no deadline set, may take before it is
 /// given up: NCCL's bootstrap waits for every rank.
@@ -228,6 +180,11 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     /// The number of ranks.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// This rank's place, as the operations' rules read it.
+    pub(crate) fn ranks(&self) -> crate::operations::Ranks {
+        crate::operations::Ranks { rank: self.rank, size: self.size }
     }
 
     /// This process's rank among the communicator's ranks on its node.

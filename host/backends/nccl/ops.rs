@@ -7,8 +7,8 @@ use std::ffi::c_void;
 use super::NcclDevice;
 use super::datatype::Native;
 use super::launch::{Launch, Piece, root};
+use crate::api::error::Result;
 use crate::device::{DevicePtr, ReduceFns};
-use crate::error::Result;
 use crate::ffi::nccl::Call;
 use crate::ffi::nccl::sys::{dtype, redop};
 

@@ -3,7 +3,7 @@
 use std::marker::PhantomData;
 
 use super::{NcclCommunicator, NcclDevice, Tracked};
-use crate::error::Result;
+use crate::api::error::Result;
 
 /// A non-blocking NCCL operation in flight on the communicator's internal stream.
 ///

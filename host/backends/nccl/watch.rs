@@ -21,7 +21,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::NcclDevice;
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 use crate::ffi::nccl::{Comm, Nccl};
 
 /// How often the watchdog looks at its communicators.

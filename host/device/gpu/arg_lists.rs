@@ -3,10 +3,10 @@
 //!
 //! The host writes a list before it queues the launch, and the kernel reads it over the bus:
 //! no copy is queued for it. A copy to device memory would need a stream of its own, and a
-//! copy from pageable memory may wait for its stream, whose hardware queue may hold a wait
-//! for the very operation the calling thread is queueing (streams share queues, see the
-//! HostTransfer backend's docs): the calling thread would wait for ever. With the list in
-//! mapped memory, the launch depends on nothing but its own stream.
+//! copy from pageable memory may wait for its stream, which may wait for the very operation
+//! the calling thread is queueing (the queue-order rule:
+//! `docs/architecture.md#the-queue-order-rule`). With the list in mapped memory, the launch depends
+//! on nothing but its own stream.
 //!
 //! Blocks are page-sized and larger powers of two, reused once the stream that read one has
 //! passed the launch (the [`ArgList`] is a keep-alive the device drops then); the device
@@ -15,8 +15,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{Driver, Gpu};
+use crate::api::error::Result;
 use crate::device::DevicePtr;
-use crate::error::Result;
 
 /// The smallest block: a page.
 const MIN_BLOCK: usize = 4096;

@@ -7,8 +7,8 @@ use duralumin_kernels::names::fixed;
 use duralumin_kernels::pack::Segment;
 
 use super::{BLOCK, Direction, Driver, Gpu, arg};
+use crate::api::error::Result;
 use crate::device::{Copy2d, DevicePtr, KeepAlive};
-use crate::error::Result;
 
 impl<R: Driver> Gpu<R> {
     /// Queues one 2-D (or 1-D) copy, then holds `keep` until it has run.

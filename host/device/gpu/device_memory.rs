@@ -3,8 +3,8 @@
 //! buffer into another by the Rust kernels.
 
 use super::{BLOCK, Driver, Gpu, arg};
+use crate::api::error::Result;
 use crate::device::{DevicePtr, ReduceFns};
-use crate::error::Result;
 
 impl<R: Driver> Gpu<R> {
     /// `bytes` of device memory for work queued on `stream` from now on.

@@ -7,8 +7,8 @@ use duralumin_kernels::flag::reached;
 use duralumin_kernels::names::fixed;
 
 use super::{Driver, FlagPath, Gpu, arg};
+use crate::api::error::Result;
 use crate::device::{Flag, KeepAlive};
-use crate::error::Result;
 
 impl<R: Driver> Gpu<R> {
     /// # Safety

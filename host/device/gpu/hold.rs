@@ -4,8 +4,9 @@
 //! A host function queued behind the work hands the keep-alives to the reaper thread (host
 //! functions may not call the driver, and a drop might free pinned memory). When the host
 //! function cannot be queued, the keep-alives go once the stream has been synchronized, on a
-//! thread of its own (the caller may be the proxy thread, whose flags that work waits for), or
-//! never (see [`super::reaper::drop_when_drained`]).
+//! thread of its own (the caller may be the proxy thread:
+//! `docs/architecture.md#the-queue-order-rule`), or never (see
+//! [`super::reaper::drop_when_drained`]).
 //!
 //! A buffer that belongs to a stream (a cudarc buffer's *home*, where it is freed in stream
 //! order) carries it in its keep-alive as a [`Home`]: an operation on another stream first waits
@@ -15,8 +16,8 @@
 use std::ffi::c_void;
 
 use super::{Driver, Gpu, reaper};
+use crate::api::error::Result;
 use crate::device::KeepAlive;
-use crate::error::Result;
 
 /// A buffer's home stream, as carried in its keep-alive.
 pub(crate) struct Home<S>(pub(crate) S);

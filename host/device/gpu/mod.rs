@@ -20,9 +20,9 @@
 //! * errors raised where they cannot be returned (drops, other threads), kept for the device's
 //!   next call, as cudarc does.
 //!
-//! So everything but the primitives runs in CI on `cudasim`, HIP's copy included. The rules the
-//! engine relies on (nothing the proxy thread calls may wait for the device; streams share
-//! hardware queues) are in `docs/host_transfer.md`.
+//! So everything but the primitives runs in CI on `cudasim`, HIP's copy included. The engine's
+//! design is in `docs/host_transfer.md`; the rule it relies on (nothing the proxy thread calls
+//! may wait for the device) is the queue-order rule, `docs/architecture.md#the-queue-order-rule`.
 //!
 //! The public devices ([`super::cuda::CudaDevice`], `hip::HipDevice`) are thin handles to a
 //! [`Gpu`]; [`gpu_device!`] implements [`super::Device`] for them by forwarding.
@@ -45,8 +45,8 @@ use duralumin_kernels::names::fixed;
 
 pub(crate) use self::hold::{Home, released};
 use super::{DevicePtr, HostFinishFn, HostReduceFn, ReduceFns};
+use crate::api::error::{Error, Result};
 use crate::device_code::KernelModule;
-use crate::error::{Error, Result};
 use arg_lists::ArgLists;
 
 /// How streams write and wait for flags.
@@ -318,7 +318,8 @@ impl<R: Driver> Drop for Inner<R> {
     /// Kernels of the device's modules, reading its argument lists, may still be queued (a flag
     /// kernel behind an operation's last wait, say): the modules are unloaded and the lists
     /// freed only once the device is through with its queued work. The proxy thread must not
-    /// wait for that (streams may be waiting for it): there, another thread waits and unloads.
+    /// wait for that (`docs/architecture.md#the-queue-order-rule`): there, another thread waits
+    /// and unloads.
     fn drop(&mut self) {
         let modules = std::mem::take(self.modules.get_mut().unwrap_or_else(PoisonError::into_inner));
         let functions = std::mem::take(self.functions.get_mut().unwrap_or_else(PoisonError::into_inner));
@@ -341,7 +342,7 @@ impl<R: Driver> Drop for Inner<R> {
                 record(R::API, ordinal, unsafe { driver.host_free(p as *mut u8) });
             }
         };
-        if crate::progress::on_proxy_thread() {
+        if crate::common::progress::on_proxy_thread() {
             // Without a thread, the modules stay loaded rather than the proxy thread waiting.
             let _ = std::thread::Builder::new().name("duralumin-unload".into()).spawn(unload);
         } else {
@@ -354,9 +355,9 @@ impl<R: Driver> Gpu<R> {
     /// A device over `driver` with flag path `flags` (resolved, never `Auto`), `units`
     /// multiprocessors and pitch limit `max_pitch`. Loads the builtin kernels now, on the
     /// caller's thread: with lazy loading (CUDA 12.2 and later) a kernel's first launch may
-    /// otherwise synchronize the context, which on the proxy thread, while streams wait for its
-    /// flags, would never return. Missing kernels the flag path needs fail here, not on the
-    /// first operation.
+    /// otherwise synchronize the context, which on the proxy thread would never return (the
+    /// queue-order rule: `docs/architecture.md#the-queue-order-rule`). Missing kernels the flag
+    /// path needs fail here, not on the first operation.
     pub(crate) fn new(driver: R, flags: FlagPath, units: u32, max_pitch: usize) -> Result<Self> {
         let gpu = Gpu {
             inner: Arc::new(Inner {
@@ -559,19 +560,19 @@ macro_rules! gpu_device {
         impl $crate::device::sealed::Sealed for $device {}
 
         #[cfg(any(feature = "cuda", feature = "hip"))]
-        impl $crate::backends::nccl::NcclDevice for $device {
+        impl $crate::device::NcclDevice for $device {
             type Event = $event;
 
-            fn new_event(&self) -> $crate::error::Result<Self::Event> {
+            fn new_event(&self) -> $crate::api::error::Result<Self::Event> {
                 self.gpu.new_event()
             }
-            fn record_event(&self, event: &Self::Event, stream: &Self::Stream) -> $crate::error::Result<()> {
+            fn record_event(&self, event: &Self::Event, stream: &Self::Stream) -> $crate::api::error::Result<()> {
                 self.gpu.record_event(event, stream)
             }
-            fn event_done(&self, event: &Self::Event) -> $crate::error::Result<bool> {
+            fn event_done(&self, event: &Self::Event) -> $crate::api::error::Result<bool> {
                 self.gpu.event_done(event)
             }
-            fn wait_event(&self, waiter: &Self::Stream, event: &Self::Event) -> $crate::error::Result<()> {
+            fn wait_event(&self, waiter: &Self::Stream, event: &Self::Event) -> $crate::api::error::Result<()> {
                 self.gpu.wait_event(waiter, event)
             }
             fn raw_stream(&self, stream: &Self::Stream) -> *mut std::ffi::c_void {
@@ -580,10 +581,14 @@ macro_rules! gpu_device {
             fn api(&self) -> &'static str {
                 self.gpu.api()
             }
-            fn bind(&self) -> $crate::error::Result<()> {
+            fn bind(&self) -> $crate::api::error::Result<()> {
                 self.gpu.bind()
             }
-            fn scratch(&self, stream: &Self::Stream, bytes: usize) -> $crate::error::Result<$crate::device::DevicePtr> {
+            fn scratch(
+                &self,
+                stream: &Self::Stream,
+                bytes: usize,
+            ) -> $crate::api::error::Result<$crate::device::DevicePtr> {
                 self.gpu.scratch(stream, bytes)
             }
             unsafe fn free_scratch(&self, stream: &Self::Stream, ptr: $crate::device::DevicePtr) {
@@ -596,7 +601,7 @@ macro_rules! gpu_device {
                 dst: $crate::device::DevicePtr,
                 src: $crate::device::DevicePtr,
                 bytes: usize,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.copy_d2d(stream, dst, src, bytes) }
             }
@@ -607,7 +612,7 @@ macro_rules! gpu_device {
                 src: $crate::device::DevicePtr,
                 len: usize,
                 op: &$crate::device::ReduceFns,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.reduce_d2d(stream, dst, src, len, op) }
             }
@@ -617,7 +622,7 @@ macro_rules! gpu_device {
                 dst: $crate::device::DevicePtr,
                 len: usize,
                 op: &$crate::device::ReduceFns,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.finish_d2d(stream, dst, len, op) }
             }
@@ -638,11 +643,11 @@ macro_rules! gpu_device {
                 $crate::device::gpu::Driver::owns(self.gpu.driver(), stream)
             }
 
-            fn new_stream(&self) -> $crate::error::Result<Self::Stream> {
+            fn new_stream(&self) -> $crate::api::error::Result<Self::Stream> {
                 self.gpu.new_stream()
             }
 
-            fn alloc_pinned(&self, bytes: usize) -> $crate::error::Result<*mut u8> {
+            fn alloc_pinned(&self, bytes: usize) -> $crate::api::error::Result<*mut u8> {
                 self.gpu.alloc_pinned(bytes)
             }
 
@@ -651,7 +656,7 @@ macro_rules! gpu_device {
                 unsafe { self.gpu.free_pinned(ptr) }
             }
 
-            fn mapped(&self, host: *mut u8) -> $crate::error::Result<$crate::device::DevicePtr> {
+            fn mapped(&self, host: *mut u8) -> $crate::api::error::Result<$crate::device::DevicePtr> {
                 self.gpu.mapped(host)
             }
 
@@ -662,7 +667,7 @@ macro_rules! gpu_device {
                 src: $crate::device::DevicePtr,
                 shape: $crate::device::Copy2d,
                 keep: Option<$crate::device::KeepAlive>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.copy(stream, $crate::device::gpu::Direction::ToHost, dst, src, shape, keep) }
             }
@@ -674,7 +679,7 @@ macro_rules! gpu_device {
                 src: *const u8,
                 shape: $crate::device::Copy2d,
                 keep: Option<$crate::device::KeepAlive>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 let to_device = $crate::device::gpu::Direction::ToDevice;
                 // SAFETY: forwarded from the caller; the host side is only read.
                 unsafe { self.gpu.copy(stream, to_device, src.cast_mut(), dst, shape, keep) }
@@ -686,7 +691,7 @@ macro_rules! gpu_device {
                 dst: *mut u8,
                 pieces: Vec<($crate::device::DevicePtr, usize)>,
                 keep: Vec<$crate::device::KeepAlive>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.pieces(stream, $crate::device::gpu::Direction::ToHost, dst, pieces, keep) }
             }
@@ -697,7 +702,7 @@ macro_rules! gpu_device {
                 pieces: Vec<($crate::device::DevicePtr, usize)>,
                 src: *const u8,
                 keep: Vec<$crate::device::KeepAlive>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 let to_device = $crate::device::gpu::Direction::ToDevice;
                 // SAFETY: forwarded from the caller; the host side is only read.
                 unsafe { self.gpu.pieces(stream, to_device, src.cast_mut(), pieces, keep) }
@@ -708,7 +713,7 @@ macro_rules! gpu_device {
                 stream: &Self::Stream,
                 flag: $crate::device::Flag,
                 value: u32,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.write_flag(stream, flag, value) }
             }
@@ -719,7 +724,7 @@ macro_rules! gpu_device {
                 flag: $crate::device::Flag,
                 value: u32,
                 keep: Option<$crate::device::KeepAlive>,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.wait_flag(stream, flag, value, keep) }
             }
@@ -732,7 +737,7 @@ macro_rules! gpu_device {
                 rows: usize,
                 len: usize,
                 op: $crate::device::ReduceFns,
-            ) -> $crate::error::Result<()> {
+            ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
                 unsafe { self.gpu.reduce_h2d(stream, dst, src, rows, len, op) }
             }
@@ -741,23 +746,31 @@ macro_rules! gpu_device {
                 self.gpu.can_reduce(op)
             }
 
-            fn acquire(&self, stream: &Self::Stream, keep: &[$crate::device::KeepAlive]) -> $crate::error::Result<()> {
+            fn acquire(
+                &self,
+                stream: &Self::Stream,
+                keep: &[$crate::device::KeepAlive],
+            ) -> $crate::api::error::Result<()> {
                 self.gpu.acquire(stream, keep)
             }
 
-            fn release(&self, stream: &Self::Stream, keep: &[$crate::device::KeepAlive]) -> $crate::error::Result<()> {
+            fn release(
+                &self,
+                stream: &Self::Stream,
+                keep: &[$crate::device::KeepAlive],
+            ) -> $crate::api::error::Result<()> {
                 self.gpu.release(stream, keep)
             }
 
-            fn join(&self, waiter: &Self::Stream, stream: &Self::Stream) -> $crate::error::Result<()> {
+            fn join(&self, waiter: &Self::Stream, stream: &Self::Stream) -> $crate::api::error::Result<()> {
                 self.gpu.join(waiter, stream)
             }
 
-            fn synchronize(&self, stream: &Self::Stream) -> $crate::error::Result<()> {
+            fn synchronize(&self, stream: &Self::Stream) -> $crate::api::error::Result<()> {
                 self.gpu.synchronize(stream)
             }
 
-            fn query(&self, stream: &Self::Stream) -> $crate::error::Result<bool> {
+            fn query(&self, stream: &Self::Stream) -> $crate::api::error::Result<bool> {
                 self.gpu.query(stream)
             }
         }

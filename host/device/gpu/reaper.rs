@@ -9,8 +9,8 @@
 use std::sync::OnceLock;
 use std::sync::mpsc::{Sender, channel};
 
+use crate::api::error::{Error, Result};
 use crate::device::KeepAlive;
-use crate::error::{Error, Result};
 
 /// The reaper's queue; `None` when its thread could not be started.
 static REAPER: OnceLock<Option<Sender<Vec<KeepAlive>>>> = OnceLock::new();
@@ -50,10 +50,11 @@ pub(crate) fn reap(keep: Vec<KeepAlive>) {
 /// and says whether it could tell) returns true, on a thread of its own; leaks it otherwise.
 /// For a keep-alive whose callback could not be queued: the work queued before may still use
 /// what it holds, so it may go only once that work is through, and the calling thread must not
-/// wait for that itself: it may be the proxy thread, whose flags that work waits for. Leaking is
-/// the fallback whenever the work is not known to be through (the wait failed, panicked, or no
-/// thread could start): a bounded loss on a path where the device is already failing, rather
-/// than memory freed under it, or a flag slot lent again under a stream still waiting on it.
+/// wait for that itself: it may be the proxy thread (`docs/architecture.md#the-queue-order-rule`).
+/// Leaking is the fallback whenever the work is not known to be through (the wait failed,
+/// panicked, or no thread could start): a bounded loss on a path where the device is already
+/// failing, rather than memory freed under it, or a flag slot lent again under a stream still
+/// waiting on it.
 pub(crate) fn drop_when_drained(keep: Vec<KeepAlive>, drained: impl FnOnce() -> bool + Send + 'static) {
     // Not dropped with the closure if the thread cannot start, nor on a panic in `drained`.
     let keep = std::mem::ManuallyDrop::new(keep);

@@ -2,8 +2,8 @@
 //! into it in row order by the reduction kernel, reading them through host-mapped memory.
 
 use super::{BLOCK, Direction, Driver, Gpu, arg};
+use crate::api::error::Result;
 use crate::device::{DevicePtr, ReduceFns};
-use crate::error::Result;
 
 impl<R: Driver> Gpu<R> {
     /// # Safety

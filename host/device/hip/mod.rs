@@ -37,7 +37,7 @@
 //!
 //! # Hardware queues
 //! ROCm maps streams onto a few hardware queues (`GPU_MAX_HW_QUEUES`, 4 by default), so the
-//! rules of `docs/host_transfer.md` ("Nothing waits for work queued later") apply in full.
+//! queue-order rule (`docs/architecture.md#the-queue-order-rule`) applies in full.
 //!
 //! # Errors
 //! A failing HIP call is [`Error::Device`] with the call's name and HIP's error string. Errors in
@@ -56,8 +56,8 @@ use duralumin_kernels::Element;
 pub use super::gpu::FlagPath;
 use super::gpu::{Direction, Driver, Gpu, gpu_device, record};
 use super::{DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, sealed};
+use crate::api::error::{Error, Result};
 use crate::device_code::KernelModule;
-use crate::error::{Error, Result};
 
 mod result;
 pub use result::HipError;
@@ -608,7 +608,7 @@ impl<T: Element> HipBuffer<T> {
     /// Overwrites the buffer with `data` (equal lengths), copied on `stream` after the work
     /// queued there so far; returns when the copy is done.
     pub fn write(&mut self, stream: &HipStream, data: &[T]) -> Result<()> {
-        crate::check::len("HipBuffer::write data", data.len(), self.len)?;
+        crate::common::check::len("HipBuffer::write data", data.len(), self.len)?;
         // SAFETY: `data` holds as many bytes as the buffer and outlives the copy.
         unsafe { self.copy_now(stream, self.ptr, data.as_ptr().cast(), sys::HOST_TO_DEVICE) }
     }

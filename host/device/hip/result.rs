@@ -6,7 +6,7 @@ use std::ffi::{CStr, c_int, c_uint, c_void};
 use std::ptr::null_mut;
 
 use super::sys::{self, Status};
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// A failed HIP call's `hipError_t`: the source of its [`Error::Device`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

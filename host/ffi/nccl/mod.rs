@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) use sys::{Comm, Flavor, Stream, UniqueId};
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// A loaded library and its version.
 pub(crate) struct Nccl {
@@ -173,11 +173,10 @@ impl Nccl {
     }
 
     /// `ncclCommSplit` into a non-blocking communicator (`None` for `color == None`), which may
-    /// still be initializing. The parent is non-blocking, so the split runs on NCCL's own
-    /// thread, which writes the new handle only as it finishes (NCCL 2.28, whose
-    /// `ncclCommSplit` then returns `ncclSuccess` all the same): this waits, up to
-    /// `deadline`, until the parent's `ncclCommGetAsyncError` reports the split done and, with
-    /// a color, the handle is there.
+    /// still be initializing. NCCL writes the new handle later, from its own thread (the NCCL
+    /// split bug: `docs/nccl.md#the-nccl-split-bug`): this waits, up to `deadline`, until the
+    /// parent's `ncclCommGetAsyncError` reports the split done and, with a color, the handle is
+    /// there.
     ///
     /// # Safety
     /// `comm` is a live, ready communicator, used by no other thread.

@@ -24,11 +24,10 @@ mod vector;
 use duralumin_kernels::Element;
 
 use super::HostTransferCommunicator;
+use crate::api::error::Result;
 use crate::backends::mpi::{Job, Mode, exchange};
-use crate::buffer::RawBuf;
-use crate::check;
+use crate::common::buffer::RawBuf;
 use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive, ReduceFns};
-use crate::error::Result;
 use crate::transport::MpiTransport;
 
 /// Device rows: `parts` rows of `len` elements starting at `ptr`, `pitch` elements apart.
@@ -304,8 +303,12 @@ pub(crate) trait SliceOf<D: Device, T>: DeviceSlice<D, Elem = T> {}
 
 impl<D: Device, T, S: DeviceSlice<D, Elem = T>> SliceOf<D, T> for S {}
 
+/// A buffer the operation reads, as the planners take it (the generated methods pass their
+/// read buffers as trait objects, so an in-place call's `None` needs no type).
+pub(crate) type Src<'a, D, T> = &'a dyn DeviceSlice<D, Elem = T>;
+
 /// `parts` rows of `pitch` elements of `buf` from element `offset`, back to back.
-fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitch: usize) -> Region {
+fn rows<D: Device, B: DeviceSlice<D> + ?Sized>(buf: &B, offset: usize, parts: usize, pitch: usize) -> Region {
     Region::Rows(Rows {
         ptr: buf.device_ptr().offset(offset * size_of::<B::Elem>()),
         parts,
@@ -316,7 +319,7 @@ fn rows<D: Device, B: DeviceSlice<D>>(buf: &B, offset: usize, parts: usize, pitc
 }
 
 /// The blocks `[displs[i], displs[i] + counts[i])` of `buf` as pieces, in rank order.
-fn blocks<D: Device, B: DeviceSlice<D>>(buf: &B, counts: &[usize], displs: &[usize]) -> Region {
+fn blocks<D: Device, B: DeviceSlice<D> + ?Sized>(buf: &B, counts: &[usize], displs: &[usize]) -> Region {
     let (sz, base) = (size_of::<B::Elem>(), buf.device_ptr());
     let pieces = counts.iter().zip(displs).map(|(&count, &displ)| (base.offset(displ * sz), count)).collect();
     Region::Pieces { pieces, keep: buf.keep_alive().into_iter().collect() }
@@ -344,22 +347,15 @@ fn peers<T>(n: usize, me: usize, f: impl Fn(usize) -> Option<RawBuf<T>>) -> Mess
 }
 
 impl<D: Device> HostTransferCommunicator<D> {
-    fn check_root(&self, what: &'static str, root: usize) -> Result<()> {
-        check::rank(what, root, self.size())
-    }
-
-    fn check_blocks<B: DeviceSlice<D>>(
+    /// Checks that an operation's send buffer (if it has one) and receive buffer (if it uses
+    /// one) live on this communicator's device; `names` ([`buffers!`]) name them.
+    fn check_buffers<S: DeviceSlice<D> + ?Sized, R: DeviceSlice<D> + ?Sized>(
         &self,
-        what: &'static str,
-        buf: &B,
-        counts: &[usize],
-        displs: &[usize],
-        disjoint: bool,
-    ) -> Result<usize> {
-        self.check_buffer(what, buf)?;
-        check::per_rank(what, counts, self.size())?;
-        check::blocks(what, counts, displs, buf.len(), disjoint)?;
-        check::total(what, counts)
+        names: [&'static str; 2],
+        send: Option<&S>,
+        recv: Option<&R>,
+    ) -> Result<()> {
+        crate::device::check_both(&*self.shared.device, names, send, recv)
     }
 
     /// A barrier: no data, one MPI barrier.

@@ -3,12 +3,12 @@
 
 use duralumin_kernels::Element;
 
-use super::{InputArea, Plan, SliceOf, on_slices, rows};
+use super::{InputArea, Plan, SliceOf, Src, on_slices, rows};
+use crate::api::error::Result;
 use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::backends::mpi::{BcastAlgorithm, Mode};
-use crate::check;
 use crate::device::Device;
-use crate::error::Result;
+use crate::operations::{Allgather, Alltoall, Bcast, Gather, Scatter, buffers};
 
 impl<D: Device> HostTransferCommunicator<D> {
     pub(crate) fn plan_bcast<T: Element, B: SliceOf<D, T>>(
@@ -17,7 +17,7 @@ impl<D: Device> HostTransferCommunicator<D> {
         root: usize,
         algorithm: BcastAlgorithm,
     ) -> Result<Plan<T>> {
-        self.check_root("bcast root", root)?;
+        Bcast { buf: buf.len(), root, algorithm: None }.check(self.ranks())?;
         self.check_buffer("bcast buffer", buf)?;
         let n = buf.len();
         let is_root = self.rank() == root;
@@ -29,23 +29,17 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output((!is_root).then(|| rows(buf, 0, 1, n))))
     }
 
-    pub(crate) fn plan_allgather<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_allgather<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_buffer("allgather receive buffer", recv)?;
-        let (count, input) = match send {
-            Some(s) => {
-                self.check_buffer("allgather send buffer", s)?;
-                check::len("allgather receive buffer", recv.len(), check::product("allgather", s.len(), n)?)?;
-                (s.len(), (rows(s, 0, 1, s.len()), InputArea::Send))
-            }
-            None => {
-                let c = check::divisible("allgather buffer (size * count)", recv.len(), n)?;
-                (c, (rows(recv, me * c, 1, c), InputArea::Recv { part: me }))
-            }
+        let count = Allgather { send: send.map(|s| s.len()), recv: recv.len() }.check(self.ranks())?;
+        self.check_buffers(buffers!("allgather"), send, Some(&*recv))?;
+        let input = match send {
+            Some(s) => (rows(s, 0, 1, count), InputArea::Send),
+            None => (rows(recv, me * count, 1, count), InputArea::Recv { part: me }),
         };
         let allgather = on_slices(|mpi, send, recv| mpi.plan_allgather(send, recv, Mode::NonBlocking));
         Ok(Plan::collective(count, n, allgather)
@@ -54,20 +48,16 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(rows(recv, 0, n, count)))
     }
 
-    pub(crate) fn plan_alltoall<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_alltoall<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
     ) -> Result<Plan<T>> {
         let n = self.size();
-        self.check_buffer("alltoall receive buffer", recv)?;
-        let count = check::divisible("alltoall receive buffer (size * count)", recv.len(), n)?;
+        let count = Alltoall { send: send.map(|s| s.len()), recv: recv.len() }.check(self.ranks())?;
+        self.check_buffers(buffers!("alltoall"), send, Some(&*recv))?;
         let input = match send {
-            Some(s) => {
-                self.check_buffer("alltoall send buffer", s)?;
-                check::len("alltoall receive buffer", recv.len(), s.len())?;
-                (rows(s, 0, n, count), InputArea::Send)
-            }
+            Some(s) => (rows(s, 0, n, count), InputArea::Send),
             None => (rows(recv, 0, n, count), InputArea::Recv { part: 0 }),
         };
         let alltoall = on_slices(|mpi, send, recv| mpi.plan_alltoall(send, recv, Mode::NonBlocking));
@@ -77,33 +67,20 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(rows(recv, 0, n, count)))
     }
 
-    pub(crate) fn plan_gather<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_gather<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         root: usize,
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_root("gather root", root)?;
+        let count = Gather { send: send.map(|s| s.len()), recv: recv.len(), root }.check(self.ranks())?;
         let is_root = me == root;
-        let (count, input) = match (send, is_root) {
-            (Some(s), _) => {
-                self.check_buffer("gather send buffer", s)?;
-                if is_root {
-                    self.check_buffer("gather receive buffer", recv)?;
-                    check::len("gather receive buffer", recv.len(), check::product("gather", s.len(), n)?)?;
-                }
-                (s.len(), (rows(s, 0, 1, s.len()), InputArea::Send))
-            }
-            (None, true) => {
-                self.check_buffer("gather buffer", recv)?;
-                let c = check::divisible("gather buffer (size * count)", recv.len(), n)?;
-                (c, (rows(recv, me * c, 1, c), InputArea::Recv { part: me }))
-            }
-            (None, false) => {
-                self.check_buffer("gather buffer", recv)?;
-                (recv.len(), (rows(recv, 0, 1, recv.len()), InputArea::Recv { part: 0 }))
-            }
+        self.check_buffers(buffers!("gather"), send, (is_root || send.is_none()).then_some(&*recv))?;
+        let input = match (send, is_root) {
+            (Some(s), _) => (rows(s, 0, 1, count), InputArea::Send),
+            (None, true) => (rows(recv, me * count, 1, count), InputArea::Recv { part: me }),
+            (None, false) => (rows(recv, 0, 1, count), InputArea::Recv { part: 0 }),
         };
         let recv_parts = match (is_root, send.is_some()) {
             (true, _) => n,
@@ -117,25 +94,16 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(is_root.then(|| rows(recv, 0, n, count))))
     }
 
-    pub(crate) fn plan_scatter<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_scatter<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         root: usize,
     ) -> Result<Plan<T>> {
         let n = self.size();
-        self.check_root("scatter root", root)?;
+        let count = Scatter { send: send.map(|s| s.len()), recv: recv.len(), root }.check(self.ranks())?;
         let is_root = self.rank() == root;
-        self.check_buffer("scatter receive buffer", recv)?;
-        let count = match (send, is_root) {
-            (Some(s), true) => {
-                self.check_buffer("scatter send buffer", s)?;
-                check::len("scatter send buffer", s.len(), check::product("scatter", recv.len(), n)?)?;
-                recv.len()
-            }
-            (None, true) => check::divisible("scatter buffer (size * count)", recv.len(), n)?,
-            (_, false) => recv.len(),
-        };
+        self.check_buffers(buffers!("scatter"), send.filter(|_| is_root), Some(&*recv))?;
         let (input, send_parts, recv_parts) = match (send, is_root) {
             (Some(s), true) => (Some((rows(s, 0, n, count), InputArea::Send)), n, 1),
             (None, true) => (Some((rows(recv, 0, n, count), InputArea::Recv { part: 0 })), 0, n),

@@ -5,40 +5,36 @@
 
 use duralumin_kernels::Element;
 
-use super::{ChunkBufs, InputArea, Messages, Plan, Region, SliceOf, Tag, longest, packed, rows};
+use super::{ChunkBufs, InputArea, Messages, Plan, Region, SliceOf, Src, Tag, longest, packed, rows};
+use crate::api::error::{Error, Result};
 use crate::backends::host_transfer::HostTransferCommunicator;
-use crate::buffer::RawBuf;
-use crate::check;
+use crate::common::buffer::RawBuf;
 use crate::device::{Device, DevicePtr, DeviceSlice, KeepAlive};
-use crate::error::{Error, Result};
+use crate::operations::check_peers;
 
 impl<D: Device> HostTransferCommunicator<D> {
     /// One message each way at most.
-    pub(crate) fn plan_p2p<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_p2p<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<(&S, usize)>,
+        send: Option<(Src<'_, D, T>, usize)>,
         recv: Option<(&mut R, usize)>,
         tag: i32,
         name: &'static str,
     ) -> Result<Plan<T>> {
         let me = self.rank();
-        check::tag(tag, self.shared.max_tag)?;
-        if let Some((s, dest)) = &send {
-            check::rank("destination rank", *dest, self.size())?;
-            self.check_buffer("send buffer", *s)?;
-        }
-        if let Some((r, source)) = &recv {
-            check::rank("source rank", *source, self.size())?;
-            self.check_buffer("receive buffer", *r)?;
-        }
+        let (dest, source) = (send.as_ref().map(|s| s.1), recv.as_ref().map(|r| r.1));
+        check_peers(tag, self.shared.max_tag, dest, source, self.ranks())?;
+        self.check_buffers(
+            ["send buffer", "receive buffer"],
+            send.as_ref().map(|s| s.0),
+            recv.as_ref().map(|r| &*r.0),
+        )?;
         let to_self = send.as_ref().is_some_and(|s| s.1 == me) || recv.as_ref().is_some_and(|r| r.1 == me);
         if to_self && (send.is_none() || recv.is_none()) {
             return Err(Error::SelfMessage { op: name });
         }
         let send_len = send.as_ref().map_or(0, |s| s.0.len());
         let recv_len = recv.as_ref().map_or(0, |r| r.0.len());
-        let dest = send.as_ref().map(|s| s.1);
-        let source = recv.as_ref().map(|r| r.1);
         let messages = move |chunk: &ChunkBufs<T>| {
             let sends = match (dest, chunk.send) {
                 (Some(d), Some(s)) if chunk.carries(send_len) => vec![(s.block(0, chunk.cut(send_len)), d)],
@@ -56,6 +52,30 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(recv.map(|(r, _)| rows(r, 0, 1, recv_len))))
     }
 
+    pub(crate) fn plan_send<T: Element>(&self, buf: Src<'_, D, T>, dest: usize, tag: i32) -> Result<Plan<T>> {
+        self.plan_p2p(Some((buf, dest)), None::<(&mut Src<'_, D, T>, usize)>, tag, "send")
+    }
+
+    pub(crate) fn plan_recv<T: Element, R: SliceOf<D, T>>(
+        &self,
+        buf: &mut R,
+        source: usize,
+        tag: i32,
+    ) -> Result<Plan<T>> {
+        self.plan_p2p(None, Some((buf, source)), tag, "recv")
+    }
+
+    pub(crate) fn plan_sendrecv<T: Element, R: SliceOf<D, T>>(
+        &self,
+        send: Src<'_, D, T>,
+        dest: usize,
+        recv: &mut R,
+        source: usize,
+        tag: i32,
+    ) -> Result<Plan<T>> {
+        self.plan_p2p(Some((send, dest)), Some((recv, source)), tag, "sendrecv")
+    }
+
     pub(crate) fn plan_sendrecv_in_place<T: Element, B: SliceOf<D, T>>(
         &self,
         buf: &mut B,
@@ -63,9 +83,7 @@ impl<D: Device> HostTransferCommunicator<D> {
         source: usize,
         tag: i32,
     ) -> Result<Plan<T>> {
-        check::tag(tag, self.shared.max_tag)?;
-        check::rank("destination rank", dest, self.size())?;
-        check::rank("source rank", source, self.size())?;
+        check_peers(tag, self.shared.max_tag, [dest], [source], self.ranks())?;
         self.check_buffer("sendrecv buffer", buf)?;
         let len = buf.len();
         let messages = move |chunk: &ChunkBufs<T>| {
@@ -122,16 +140,10 @@ impl<D: Device> HostTransferCommunicator<D> {
         recvs: &[(&mut R, usize)],
         tag: i32,
     ) -> Result<()> {
-        let (me, n) = (self.rank(), self.size());
-        check::tag(tag, self.shared.max_tag)?;
-        for (b, peer) in sends {
-            check::rank("destination rank", *peer, n)?;
-            self.check_buffer("send buffer", *b)?;
-        }
-        for (b, peer) in recvs {
-            check::rank("source rank", *peer, n)?;
-            self.check_buffer("receive buffer", *b)?;
-        }
+        let me = self.rank();
+        check_peers(tag, self.shared.max_tag, sends.iter().map(|s| s.1), recvs.iter().map(|r| r.1), self.ranks())?;
+        sends.iter().try_for_each(|(b, _)| self.check_buffer("send buffer", *b))?;
+        recvs.iter().try_for_each(|(b, _)| self.check_buffer("receive buffer", *b))?;
         let only_self = |peers: &mut dyn Iterator<Item = usize>| {
             let v: Vec<usize> = peers.collect();
             !v.is_empty() && v.iter().all(|&p| p == me)

@@ -2,30 +2,27 @@
 
 use duralumin_kernels::{Element, ReduceOp};
 
-use super::{ChunkBufs, InputArea, Plan, SliceOf, blocks, longest, on_slices, rows};
+use super::{ChunkBufs, InputArea, Plan, SliceOf, Src, blocks, longest, on_slices, rows};
+use crate::api::error::Result;
 use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::backends::mpi::{AllreduceAlgorithm, Mode};
-use crate::check;
+use crate::common::check;
 use crate::device::{Device, ReduceFns};
-use crate::error::Result;
+use crate::operations::{Allreduce, Reduce, ReduceScatter, ReduceScatterv, buffers};
 
 impl<D: Device> HostTransferCommunicator<D> {
-    pub(crate) fn plan_allreduce<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_allreduce<T: Element, O: ReduceOp<T>, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         op: O,
         algorithm: AllreduceAlgorithm,
     ) -> Result<Plan<T>> {
         algorithm.check_operator::<T, O>()?;
-        self.check_buffer("allreduce receive buffer", recv)?;
-        let n = recv.len();
+        let n = Allreduce { send: send.map(|s| s.len()), recv: recv.len(), algorithm: None }.check()?;
+        self.check_buffers(buffers!("allreduce"), send, Some(&*recv))?;
         let input = match send {
-            Some(s) => {
-                self.check_buffer("allreduce send buffer", s)?;
-                check::len("allreduce receive buffer", n, s.len())?;
-                (rows(s, 0, 1, n), InputArea::Send)
-            }
+            Some(s) => (rows(s, 0, 1, n), InputArea::Send),
             None => (rows(recv, 0, 1, n), InputArea::Recv { part: 0 }),
         };
         let size = self.size();
@@ -50,29 +47,16 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(rows(recv, 0, 1, n)))
     }
 
-    pub(crate) fn plan_reduce<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_reduce<T: Element, O: ReduceOp<T>, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         root: usize,
         op: O,
     ) -> Result<Plan<T>> {
-        self.check_root("reduce root", root)?;
+        let n = Reduce { send: send.map(|s| s.len()), recv: recv.len(), root }.check(self.ranks())?;
         let is_root = self.rank() == root;
-        let n = match send {
-            Some(s) => {
-                self.check_buffer("reduce send buffer", s)?;
-                if is_root {
-                    self.check_buffer("reduce receive buffer", recv)?;
-                    check::len("reduce receive buffer", recv.len(), s.len())?;
-                }
-                s.len()
-            }
-            None => {
-                self.check_buffer("reduce buffer", recv)?;
-                recv.len()
-            }
-        };
+        self.check_buffers(buffers!("reduce"), send, (is_root || send.is_none()).then_some(&*recv))?;
         let input = match send {
             Some(s) => (rows(s, 0, 1, n), InputArea::Send),
             None => (rows(recv, 0, 1, n), InputArea::Recv { part: 0 }),
@@ -85,24 +69,18 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(is_root.then(|| rows(recv, 0, 1, n))))
     }
 
-    pub(crate) fn plan_reduce_scatter<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_reduce_scatter<T: Element, O: ReduceOp<T>, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         op: O,
     ) -> Result<Plan<T>> {
         let n = self.size();
-        self.check_buffer("reduce_scatter receive buffer", recv)?;
-        let (count, input) = match send {
-            Some(s) => {
-                self.check_buffer("reduce_scatter send buffer", s)?;
-                check::len("reduce_scatter send buffer", s.len(), check::product("reduce_scatter", recv.len(), n)?)?;
-                (recv.len(), (rows(s, 0, n, recv.len()), InputArea::Send))
-            }
-            None => {
-                let c = check::divisible("reduce_scatter buffer (size * count)", recv.len(), n)?;
-                (c, (rows(recv, 0, n, c), InputArea::Recv { part: 0 }))
-            }
+        let count = ReduceScatter { send: send.map(|s| s.len()), recv: recv.len() }.check(self.ranks())?;
+        self.check_buffers(buffers!("reduce_scatter"), send, Some(&*recv))?;
+        let input = match send {
+            Some(s) => (rows(s, 0, n, count), InputArea::Send),
+            None => (rows(recv, 0, n, count), InputArea::Recv { part: 0 }),
         };
         let reduce_scatter =
             on_slices(move |mpi, send, recv| mpi.plan_reduce_scatter(send, recv, op, Mode::NonBlocking));
@@ -112,29 +90,20 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(rows(recv, 0, 1, count)))
     }
 
-    pub(crate) fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_reduce_scatterv<T: Element, O: ReduceOp<T>, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         counts: &[usize],
         op: O,
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_buffer("reduce_scatterv receive buffer", recv)?;
-        check::per_rank("reduce_scatterv counts", counts, n)?;
-        let total = check::total("reduce_scatterv counts", counts)?;
+        ReduceScatterv { send: send.map(|s| s.len()), recv: recv.len(), counts }.check(self.ranks())?;
+        self.check_buffers(buffers!("reduce_scatterv"), send, Some(&*recv))?;
         let packed_at = check::packed_displs(counts);
         let input = match send {
-            Some(s) => {
-                self.check_buffer("reduce_scatterv send buffer", s)?;
-                check::len("reduce_scatterv send buffer", s.len(), total)?;
-                check::len("reduce_scatterv receive buffer", recv.len(), counts[me])?;
-                (blocks(s, counts, &packed_at), InputArea::Send)
-            }
-            None => {
-                check::len("reduce_scatterv buffer", recv.len(), total)?;
-                (blocks(recv, counts, &packed_at), InputArea::Recv { part: 0 })
-            }
+            Some(s) => (blocks(s, counts, &packed_at), InputArea::Send),
+            None => (blocks(recv, counts, &packed_at), InputArea::Recv { part: 0 }),
         };
         let (out_of_place, count, own) = (send.is_some(), longest(counts), counts[me]);
         let counts = counts.to_vec();

@@ -4,24 +4,26 @@
 
 use duralumin_kernels::Element;
 
-use super::{ChunkBufs, InputArea, Plan, Region, SliceOf, Tag, blocks, longest, packed, peers, rows};
+use super::{ChunkBufs, InputArea, Plan, Region, SliceOf, Src, Tag, blocks, longest, packed, peers, rows};
+use crate::api::error::{Error, Result};
 use crate::backends::host_transfer::HostTransferCommunicator;
 use crate::backends::mpi::Mode;
-use crate::check;
+use crate::common::check;
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::operations::{Allgatherv, Alltoallv, Gatherv, Scatterv, buffers};
 
 impl<D: Device> HostTransferCommunicator<D> {
-    pub(crate) fn plan_allgatherv<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_allgatherv<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         counts: &[usize],
         displs: &[usize],
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_blocks("allgatherv receive blocks", recv, counts, displs, true)?;
-        let own = self.own_block("allgatherv send buffer", send, recv, counts, displs)?;
+        Allgatherv { send: send.map(|s| s.len()), recv: recv.len(), counts, displs }.check(self.ranks())?;
+        self.check_buffers(buffers!("allgatherv"), send, Some(&*recv))?;
+        let own = own_block(send, recv, counts[me], displs[me]);
         let input = (own, if send.is_some() { InputArea::Send } else { InputArea::Recv { part: me } });
         let output = blocks(recv, counts, displs);
         let (count, counts) = (longest(counts), counts.to_vec());
@@ -36,9 +38,9 @@ impl<D: Device> HostTransferCommunicator<D> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn plan_alltoallv<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_alltoallv<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: &S,
+        send: Src<'_, D, T>,
         send_counts: &[usize],
         send_displs: &[usize],
         recv: &mut R,
@@ -46,9 +48,10 @@ impl<D: Device> HostTransferCommunicator<D> {
         recv_displs: &[usize],
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_blocks("alltoallv send blocks", send, send_counts, send_displs, false)?;
-        self.check_blocks("alltoallv receive blocks", recv, recv_counts, recv_displs, true)?;
-        check::len("alltoallv receive count from this rank itself", recv_counts[me], send_counts[me])?;
+        let (send_len, recv_len) = (send.len(), recv.len());
+        Alltoallv { send: send_len, send_counts, send_displs, recv: recv_len, recv_counts, recv_displs }
+            .check(self.ranks())?;
+        self.check_buffers(buffers!("alltoallv"), Some(send), Some(&*recv))?;
         let (input, output) = (blocks(send, send_counts, send_displs), blocks(recv, recv_counts, recv_displs));
         let count = longest(send_counts).max(longest(recv_counts));
         let (sc, rc) = (send_counts.to_vec(), recv_counts.to_vec());
@@ -68,24 +71,24 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output(output))
     }
 
-    pub(crate) fn plan_gatherv<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_gatherv<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &mut R,
         counts: &[usize],
         displs: &[usize],
         root: usize,
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_root("gatherv root", root)?;
+        Gatherv { send: send.map(|s| s.len()), recv: recv.len(), counts, displs, root }.check(self.ranks())?;
         if me != root {
             return self.plan_gatherv_contribution(send, recv, root);
         }
         // Every block lands in the receive area packed, this rank's own included (staged from
         // `send`, or from its place in `recv` in place); the others arrive from their ranks,
         // chunk by chunk.
-        self.check_blocks("gatherv receive blocks", recv, counts, displs, true)?;
-        let own = self.own_block("gatherv send buffer", send, recv, counts, displs)?;
+        self.check_buffers(buffers!("gatherv"), send, Some(&*recv))?;
+        let own = own_block(send, recv, counts[me], displs[me]);
         let output = blocks(recv, counts, displs);
         let (count, counts) = (longest(counts), counts.to_vec());
         let messages = move |chunk: &ChunkBufs<T>| {
@@ -100,22 +103,17 @@ impl<D: Device> HostTransferCommunicator<D> {
 
     /// Gatherv off the root: this rank's contribution (`send`, or `recv` in place) goes to the
     /// root, chunk by chunk.
-    fn plan_gatherv_contribution<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    fn plan_gatherv_contribution<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         recv: &R,
         root: usize,
     ) -> Result<Plan<T>> {
         let contribution = send.map_or(recv.len(), |s| s.len());
+        self.check_buffers(buffers!("gatherv"), send, send.is_none().then_some(recv))?;
         let input = match send {
-            Some(s) => {
-                self.check_buffer("gatherv send buffer", s)?;
-                (rows(s, 0, 1, contribution), InputArea::Send)
-            }
-            None => {
-                self.check_buffer("gatherv buffer", recv)?;
-                (rows(recv, 0, 1, contribution), InputArea::Recv { part: 0 })
-            }
+            Some(s) => (rows(s, 0, 1, contribution), InputArea::Send),
+            None => (rows(recv, 0, 1, contribution), InputArea::Recv { part: 0 }),
         };
         let messages = move |chunk: &ChunkBufs<T>| {
             let area = chunk.send.unwrap_or(chunk.recv);
@@ -131,17 +129,17 @@ impl<D: Device> HostTransferCommunicator<D> {
             .input(input))
     }
 
-    pub(crate) fn plan_scatterv<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
+    pub(crate) fn plan_scatterv<T: Element, R: SliceOf<D, T>>(
         &self,
-        send: Option<&S>,
+        send: Option<Src<'_, D, T>>,
         counts: &[usize],
         displs: &[usize],
         recv: &mut R,
         root: usize,
     ) -> Result<Plan<T>> {
         let (n, me) = (self.size(), self.rank());
-        self.check_root("scatterv root", root)?;
-        self.check_buffer("scatterv receive buffer", recv)?;
+        Scatterv { send: send.map(|s| s.len()), counts, displs, recv: recv.len(), root }.check(self.ranks())?;
+        self.check_buffers(buffers!("scatterv"), send.filter(|_| me == root), Some(&*recv))?;
         if me != root {
             // This rank's block comes from the root, chunk by chunk.
             let len = recv.len();
@@ -157,15 +155,8 @@ impl<D: Device> HostTransferCommunicator<D> {
         // Every block is staged packed in the send area; this rank's own is copied to the
         // receive area (out of place) or stays where it is (in place).
         let all = match send {
-            Some(s) => {
-                self.check_blocks("scatterv send blocks", s, counts, displs, false)?;
-                check::len("scatterv receive buffer", recv.len(), counts[me])?;
-                blocks(s, counts, displs)
-            }
-            None => {
-                self.check_blocks("scatterv buffer", recv, counts, displs, false)?;
-                blocks(recv, counts, displs)
-            }
+            Some(s) => blocks(s, counts, displs),
+            None => blocks(recv, counts, displs),
         };
         let out_of_place = send.is_some();
         let output = out_of_place.then(|| rows(recv, 0, 1, counts[me]));
@@ -184,25 +175,18 @@ impl<D: Device> HostTransferCommunicator<D> {
             .input((all, InputArea::Send))
             .output(output))
     }
+}
 
-    /// This rank's own block of an allgatherv, or of a gatherv at the root: `send` (checked
-    /// against `counts[rank]`, as `what`), or in place its block of `recv`.
-    fn own_block<T: Element, S: SliceOf<D, T>, R: SliceOf<D, T>>(
-        &self,
-        what: &'static str,
-        send: Option<&S>,
-        recv: &R,
-        counts: &[usize],
-        displs: &[usize],
-    ) -> Result<Region> {
-        let me = self.rank();
-        match send {
-            Some(s) => {
-                self.check_buffer(what, s)?;
-                check::len(what, s.len(), counts[me])?;
-                Ok(rows(s, 0, 1, s.len()))
-            }
-            None => Ok(rows(recv, displs[me], 1, counts[me])),
-        }
+/// This rank's own block of an allgatherv, or of a gatherv at the root (`len` elements, at
+/// `displ` in `recv`): `send`, or in place its block of `recv`.
+fn own_block<D: Device, T: Element, R: SliceOf<D, T>>(
+    send: Option<Src<'_, D, T>>,
+    recv: &R,
+    len: usize,
+    displ: usize,
+) -> Region {
+    match send {
+        Some(s) => rows(s, 0, 1, len),
+        None => rows(recv, displ, 1, len),
     }
 }

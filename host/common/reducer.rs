@@ -17,15 +17,31 @@ pub(crate) trait Reducer<T>: Send + Sync {
     fn finish(&self, buf: &mut [T], ranks: u32);
 }
 
+/// A reducer behind a reference: the backends pass `&dyn Reducer<T>`, so each algorithm is
+/// compiled once per element type rather than once per element and operator (the combining
+/// loop, the only part that needs the operator, is called once per segment).
+impl<T, R: Reducer<T> + ?Sized> Reducer<T> for &R {
+    fn reduce(&self, acc: &mut [T], incoming: &[T]) {
+        (**self).reduce(acc, incoming);
+    }
+
+    fn reduce_into(&self, dst: &mut [T], a: &[T], b: &[T]) {
+        (**self).reduce_into(dst, a, b);
+    }
+
+    fn finish(&self, buf: &mut [T], ranks: u32) {
+        (**self).finish(buf, ranks);
+    }
+}
+
+/// The CPU reducer of `O` as a trait object (see the `&R` implementation).
+pub(crate) fn host_reducer<T: Element, O: ReduceOp<T>>() -> &'static dyn Reducer<T> {
+    &HostReducer::<O>(PhantomData)
+}
+
 /// Reduces on the calling CPU thread with the operator's own `combine`.
 #[derive(Debug)]
 pub(crate) struct HostReducer<O>(PhantomData<O>);
-
-impl<O> HostReducer<O> {
-    pub(crate) fn new() -> Self {
-        HostReducer(PhantomData)
-    }
-}
 
 impl<T: Element, O: ReduceOp<T>> Reducer<T> for HostReducer<O> {
     #[inline]

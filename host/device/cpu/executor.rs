@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::signals::{Signals, check_a_while};
+use crate::api::error::{Error, Result};
 use crate::device::{GiveUp, Help};
-use crate::error::{Error, Result};
 
 pub(super) type Work = Box<dyn FnOnce() + Send>;
 
@@ -268,13 +268,13 @@ impl Lane {
         let _helping = Helping(self);
         let done = || {
             if self.advance() {
-                crate::progress::made_progress();
+                crate::common::progress::made_progress();
             }
             until(&self.lock())
         };
         let news = |st: &LaneState| until(st) || st.runnable();
         let nap = |limit| drop(self.sleep(self.lock(), true, limit, news));
-        if matches!(crate::progress::help_until(|| Ok(done()), help, nap), Ok(true)) {
+        if matches!(crate::common::progress::help_until(|| Ok(done()), help, nap), Ok(true)) {
             return;
         }
         while check_a_while(|| done().then_some(())).is_none() {

@@ -1,6 +1,6 @@
 //! Argument checks, run on the calling rank before anything is sent.
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 pub(crate) fn len(what: &'static str, actual: usize, expected: usize) -> Result<()> {
     if actual == expected { Ok(()) } else { Err(Error::BufferLength { what, expected, actual }) }

@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use mpi::Threading;
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 use crate::ffi::{self, check, sys};
 use crate::reliability::InitOptions;
 

@@ -28,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// An operation's state machine.
 pub(crate) type OpFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
@@ -64,7 +64,7 @@ thread_local! {
 }
 
 /// Whether the calling thread is the proxy thread, which must never wait for the device (the
-/// device's streams may be waiting for it).
+/// queue-order rule: `docs/architecture.md#the-queue-order-rule`).
 pub(crate) fn on_proxy_thread() -> bool {
     PROXY.with(Cell::get)
 }

@@ -36,15 +36,15 @@
 //! Reads are ordered like writes (as the CUDA device orders every operation through a buffer's
 //! home stream): a buffer's two uses on different streams never overlap, whatever they do with
 //! it. So a kernel's `&mut [T]` never aliases other work on the buffer, whichever threads run
-//! them. A wait only ever names work queued before it, so it cannot deadlock the device.
+//! them. A wait only ever names work queued before it
+//! (`docs/architecture.md#the-queue-order-rule`).
 //!
 //! # Streams that share an executor
 //! A device made by [`HostDevice::with_queues`] maps its streams onto a fixed number of
-//! executors, round robin, the way a GPU maps streams onto its hardware queues
-//! (`CUDA_DEVICE_MAX_CONNECTIONS`). Work of streams that share an executor runs one item at a
-//! time in the order it was queued, whatever the stream: a stream waiting for a flag holds up
-//! the others behind it, as a blocked stream wait does on a GPU. So this device shows any work
-//! whose completion depends on work queued after it, which can deadlock a GPU.
+//! executors, round robin, as a GPU maps streams onto hardware queues: work of streams that
+//! share an executor runs one item at a time in queue order, so a stream waiting for a flag
+//! holds up the others behind it. So this device hangs on any break of the queue-order rule
+//! (`docs/architecture.md#the-queue-order-rule`), as a GPU can.
 
 mod executor;
 mod memory;
@@ -69,7 +69,7 @@ pub use self::memory::HostBuffer;
 use self::memory::{Memory, Use, memories, pending_uses};
 use self::signals::{LONGEST_SLEEP, Signals};
 use super::{Copy2d, Device, DevicePtr, Flag, GiveUp, Help, KeepAlive, ReduceFns, sealed};
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 static NEXT_DEVICE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -111,9 +111,8 @@ impl HostDevice {
     }
 
     /// A host device whose streams share `queues` executor threads (at least 1), handed out
-    /// round robin as streams are made, as a GPU's streams share its hardware queues: work
-    /// whose completion depends on work queued after it hangs here as it can deadlock a GPU
-    /// (see "Streams that share an executor" in the module docs).
+    /// round robin as streams are made: it hangs on any break of the queue-order rule, as a
+    /// GPU can (see "Streams that share an executor" in the module docs).
     pub fn with_queues(ordinal: usize, queues: usize) -> HostDevice {
         Self::make(ordinal, Some(Mutex::new(SharedQueues::new(queues))), LONGEST_SLEEP)
     }
@@ -164,7 +163,7 @@ impl HostDevice {
     /// Overwrites the buffer with `data` (equal lengths) after every stream of the device has
     /// finished its queued work.
     pub fn write<T: Element>(&self, buf: &mut HostBuffer<T>, data: &[T]) -> Result<()> {
-        crate::check::len("HostDevice::write data", data.len(), buf.len())?;
+        crate::common::check::len("HostDevice::write data", data.len(), buf.len())?;
         self.synchronize_all()?;
         // SAFETY: as in `download`; `&mut` keeps other safe code away meanwhile.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr(), data.len()) };
@@ -351,7 +350,7 @@ impl Device for HostDevice {
             HostGrid::SINGLE.signal(unsafe { flag.atomic() }, value);
             // The proxy thread and other streams may wait for the flag: neither need wait out
             // a sleep.
-            crate::progress::nudge();
+            crate::common::progress::nudge();
             signals.wake_all();
         }))
     }

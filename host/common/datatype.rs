@@ -16,7 +16,7 @@ use duralumin_kernels::{
     Avg, BitAnd, BitOr, BitXor, Element, LogicalAnd, LogicalOr, LogicalXor, Max, Min, Prod, ReduceOp, Sum,
 };
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 use crate::ffi::{RawDatatype, RawOp, check, sys};
 
 /// The MPI datatype of a builtin element, if MPI has one.

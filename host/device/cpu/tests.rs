@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::signals::Signals;
 use super::{HostDevice, HostStream};
+use crate::api::error::Error;
 use crate::device::{Copy2d, Device, DevicePtr, DeviceSlice, Flag, ReduceFns};
-use crate::error::Error;
 
 /// Streams share executors round robin on a device made with `with_queues`: work of two
 /// streams on one executor runs in the order it was queued (a slow item on one holds up the

@@ -9,8 +9,8 @@
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::{Error, Result};
-use crate::progress::Task;
+use crate::api::error::{Error, Result};
+use crate::common::progress::Task;
 
 /// Where a request whose outcome nobody collected leaves its error: the communicator reports it
 /// from its next call (like cudarc's `record_err`/`check_err`). Errors are kept in order and
@@ -240,7 +240,7 @@ impl Drop for Request<'_> {
 #[cfg(test)]
 mod tests {
     use super::DeferredError;
-    use crate::error::Error;
+    use crate::api::error::Error;
 
     fn progress(what: &'static str) -> Error {
         Error::Progress(what)

@@ -10,8 +10,8 @@ use duralumin_kernels::Element;
 
 use super::HostDevice;
 use super::executor::{Lane, LaneItem};
+use crate::api::error::{Error, Result};
 use crate::device::{DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, sealed};
-use crate::error::{Error, Result};
 
 /// Alignment of host-device allocations: enough for the copy bodies' 16-byte accesses and for
 /// any element type.

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::{Error, Result};
+use crate::api::error::{Error, Result};
 
 /// A pointer and length erased from a borrowed slice, for an operation that is in flight.
 ///
@@ -285,7 +285,7 @@ impl<T> Drop for Scratch<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::{EMPTY, MAX_IDLE_BLOCKS, RawBuf, SCRATCH_ALIGN, ScratchPool};
-    use crate::error::Error;
+    use crate::api::error::Error;
 
     #[test]
     fn a_streamed_copy_is_exact_at_every_alignment_and_length() {
