@@ -33,13 +33,13 @@ step clippy
 # The API docs: every intra-doc link resolves (the kernels' builder is behind its feature). The
 # docs need no device code: skip the nested GPU builds, which this (debug) profile would
 # otherwise make again for itself (about two minutes).
-RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin -p duralumin-cudasim "${hip[@]}"
-RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin-kernels --features builder
 # Undefined behaviour in the unit tests of the unsafe code, under Miri (see the script): on its
-# own toolchain and target directory, beside the builds below (Miri interprets on one core;
-# the builds leave part of the other idle). Its output is shown once it ends.
+# own toolchain and target directory, beside the docs and builds below (Miri interprets on one
+# core; rustdoc and the builds leave part of the other idle). Its output is shown once it ends.
 bash scripts/miri.sh > target/miri.log 2>&1 &
 miri=$!
+RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin -p duralumin-cudasim "${hip[@]}"
+RUSTDOCFLAGS="-D warnings" DURALUMIN_SKIP_KERNELS=1 cargo doc --no-deps -p duralumin-kernels --features builder
 # The CUDA driver simulator (cudasim/, libcuda.so on the CPU): the HostTransfer<cuda> sweep runs
 # on it (the cudasim_* trials of tests/device_ranks), which must not skip here.
 cargo build --release -p duralumin-cudasim
@@ -65,10 +65,11 @@ step "cargo test"
 # Recovery on ULFM: the survivor example built against Open MPI 5 (installed by setup.sh), run
 # with a rank killed mid-loop; these trials may not skip here.
 ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}
-# The example uses no device kernels: skip their nested nightly builds.
+# The example uses no device kernels: skip their nested nightly builds. A debug build: it runs
+# a few collectives, so optimizing it only costs build time.
 OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc DURALUMIN_SKIP_KERNELS=1 \
-    cargo build --release --example 03-survive-rank-loss --target-dir target/ulfm
-DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/release/examples/03-survive-rank-loss \
+    cargo build --example 03-survive-rank-loss --target-dir target/ulfm
+DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/debug/examples/03-survive-rank-loss \
     DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm
 step ulfm
 # The GPU benchmark programs must run to their end on the simulator (the multi-rank tests linked it

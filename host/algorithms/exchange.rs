@@ -149,27 +149,39 @@ pub(crate) async unsafe fn scatter_placed<T: Copy, X: Transport<T>>(
     unsafe { linear_scatter(x, root, mine, blocks).await }
 }
 
+/// Where [`alltoallv`] reads the blocks it sends.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Source<T> {
+    /// The send buffer.
+    Send(RawBuf<T>),
+    /// In place: scratch as long as the receive buffer, which is copied there first.
+    Aside(RawBuf<T>),
+}
+
 /// Pairwise all-to-all(v) of blocks of any lengths: block `j` of the send side (`(start, len)`
 /// of `sblocks[j]` in `send`) goes to rank `j`, rank `i`'s block lands in `rblocks[i]`, and this
-/// rank's own is copied locally. In place (`send: None`) the outgoing blocks are first copied
-/// into `aside` (as long as `recv`): the receive blocks are the same memory.
+/// rank's own is copied locally. `source` is where the outgoing blocks are read: the send
+/// buffer, or, in place (`Aside`), a copy of `recv` made first into the scratch given, since the
+/// receive blocks are the same memory.
 ///
 /// # Safety
-/// See [`crate::algorithms`]; the receive blocks lie in `recv` and are disjoint; `send` (or
-/// `aside`) is distinct from `recv`.
+/// See [`crate::algorithms`]; the receive blocks lie in `recv` and are disjoint; the send
+/// buffer (or the scratch, as long as `recv`) is distinct from `recv`.
 pub(crate) async unsafe fn alltoallv<T: Copy, X: Transport<T>>(
     x: &X,
-    send: Option<RawBuf<T>>,
-    aside: RawBuf<T>,
+    source: Source<T>,
     recv: RawBuf<T>,
     sblocks: &[(usize, usize)],
     rblocks: &[RawBuf<T>],
 ) -> Result<()> {
-    let source = send.unwrap_or_else(|| {
-        // SAFETY: `aside` and `recv` are distinct and exclusive (the caller's guarantee).
-        unsafe { aside.copy_from(recv) };
-        aside
-    });
+    let source = match source {
+        Source::Send(s) => s,
+        Source::Aside(aside) => {
+            // SAFETY: `aside` and `recv` are distinct and exclusive (the caller's guarantee).
+            unsafe { aside.copy_from(recv) };
+            aside
+        }
+    };
     let sends: Vec<_> = sblocks.iter().map(|&(start, len)| source.block(start, len)).collect();
     // SAFETY: send blocks are only read; receive blocks are disjoint and distinct from the
     // send side (or its copy).

@@ -1,7 +1,8 @@
 //! Each operation's documentation, said once: `op_doc!(name)` is the paragraph that says what the
 //! operation computes. The [`Collectives`](crate::Collectives) trait and every backend's method
-//! open with it, then add what only they know: which MPI or NCCL call runs, when the call
-//! returns, what the backend refuses.
+//! open with it; a backend's methods then say when the call returns (blocking, or queued on the
+//! stream), and its module docs what only it knows: which MPI or NCCL call runs, what it
+//! refuses.
 
 /// The paragraph of operation `$name` (see the [module docs](self)).
 macro_rules! op_doc {
@@ -13,9 +14,10 @@ macro_rules! op_doc {
         "In-place allreduce: `buf` is every rank's input and receives the result."
     };
     (allreduce_with) => {
-        "Allreduce with an explicit algorithm. Algorithms other than `Native` and `Auto` need a \
-         commutative operator ([`Error::AlgorithmUnsupported`](crate::Error::AlgorithmUnsupported) \
-         otherwise, with nothing sent)."
+        "Allreduce with an explicit algorithm. An algorithm a backend does not run, or one that \
+         cannot keep the rank order a non-commutative operator needs (all but `Auto`, `Native` \
+         and `SharedMemory`), is refused with \
+         [`Error::AlgorithmUnsupported`](crate::Error::AlgorithmUnsupported), with nothing sent."
     };
     (allreduce_in_place_with) => {
         "In-place allreduce with an explicit algorithm, as `allreduce_with`."

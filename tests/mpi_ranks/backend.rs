@@ -322,7 +322,7 @@ macro_rules! staged {
 macro_rules! device_backend {
     ($adapter:ident where D: $($bound:tt)+) => {
         impl<D: $($bound)+> $adapter<D> {
-    fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
+            fn up<T: Element>(&self, v: &[T]) -> D::Buf<T> {
                 self.dev.up(self.comm.stream(), v)
             }
 

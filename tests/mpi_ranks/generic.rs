@@ -105,7 +105,6 @@ pub fn run(c: &MpiCommunicator, world: &SimpleCommunicator) {
             native_only: false,
             allreduce: allreduce_algorithms_for(c.topology()),
         });
-        Collectives::barrier(c).expect("barrier through the trait");
     });
     let dev = duralumin::device::cpu::HostDevice::new(0);
     let stream = dev.stream().expect("stream");
@@ -121,7 +120,6 @@ pub fn on_device<D: TestDevice>(world: &SimpleCommunicator, dev: D, stream: D::S
         let allreduce = allreduce_algorithms_for(&ht.topology());
         subset(&Generic { comm: &ht, stage: OnDevice { dev, stream }, native_only: false, allreduce })
     });
-    Collectives::barrier(&ht).expect("barrier through the trait");
     Collectives::synchronize(&ht).expect("synchronize");
 }
 
@@ -134,8 +132,8 @@ pub fn on_nccl<D: TestDevice + duralumin::NcclDevice>(world: &SimpleCommunicator
         let g = Generic { comm: &comm, stage: OnDevice { dev, stream }, native_only: true, allreduce: ALL_ALLREDUCE };
         common_subset(&g);
         within("point-to-point around the ring", || crate::sweep::point_to_point(&g));
+        within("point-to-point chained on the stream", || chained_point_to_point(&g));
     });
-    Collectives::barrier(&comm).expect("barrier through the trait");
     Collectives::synchronize(&comm).expect("synchronize");
 }
 
@@ -149,6 +147,46 @@ fn subset<C: Collectives, S: Stage<C>>(g: &Generic<'_, C, S>) {
     common_subset(g);
     crate::sweep::non_commutative(g);
     within("point-to-point around the ring", || crate::sweep::point_to_point(g));
+    within("point-to-point chained on the stream", || chained_point_to_point(g));
+}
+
+/// Point-to-point chained through the trait: send/recv around the ring (even ranks send
+/// first), sendrecv, sendrecv in place, multi_sendrecv to both neighbours and a barrier, queued
+/// back to back with one synchronize between them, where the sweep's wrappers synchronize
+/// after every call.
+fn chained_point_to_point<C: Collectives, S: Stage<C>>(g: &Generic<'_, C, S>) {
+    let (c, st) = (g.comm, &g.stage);
+    let (me, n) = (c.rank(), c.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let mine = |r: usize| vec![r as u32 * 10 + 1; 5];
+    let mut got = st.up(&[0u32; 5]);
+    let sent = st.up(&mine(me));
+    if n > 1 && me % 2 == 0 {
+        c.send(S::buf(&sent), next, 1).expect("send");
+        c.recv(S::buf_mut(&mut got), prev, 1).expect("recv");
+    } else if n > 1 {
+        c.recv(S::buf_mut(&mut got), prev, 1).expect("recv");
+        c.send(S::buf(&sent), next, 1).expect("send");
+    } else {
+        c.sendrecv(S::buf(&sent), next, S::buf_mut(&mut got), prev, 1).expect("sendrecv to self");
+    }
+    c.synchronize().expect("synchronize");
+    assert_eq!(st.down(&got), mine(prev), "send/recv around the ring");
+    let mut got = st.up(&[0u32; 5]);
+    c.sendrecv(S::buf(&sent), next, S::buf_mut(&mut got), prev, 2).expect("sendrecv");
+    let mut buf = st.up(&mine(me));
+    c.sendrecv_in_place(S::buf_mut(&mut buf), next, prev, 3).expect("sendrecv in place");
+    c.synchronize().expect("synchronize");
+    assert_eq!(st.down(&got), mine(prev), "sendrecv");
+    assert_eq!(st.down(&buf), mine(prev), "sendrecv in place");
+    let (mut from_prev, mut from_next) = (st.up(&[0u32; 5]), st.up(&[0u32; 5]));
+    let sends = [(S::buf(&sent), next), (S::buf(&sent), prev)];
+    let mut recvs = [(S::buf_mut(&mut from_prev), prev), (S::buf_mut(&mut from_next), next)];
+    c.multi_sendrecv(&sends, &mut recvs, 4).expect("multi_sendrecv");
+    drop((sends, recvs));
+    c.barrier().expect("barrier");
+    c.synchronize().expect("synchronize");
+    assert_eq!((st.down(&from_prev), st.down(&from_next)), (mine(prev), mine(next)), "multi_sendrecv");
 }
 
 /// A staged argument as the trait takes it.

@@ -158,7 +158,6 @@ fn device_trials(cluster: &Cluster) -> Vec<Trial> {
     trials
 }
 
-
 /// The rank count at which the Mpi and NCCL sweeps take every element with every operator
 /// (HostTransfer on cudasim takes them at 2, the simulator's cheapest multi-rank count).
 const FULL_SWEEP_RANKS: usize = 3;

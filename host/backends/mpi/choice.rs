@@ -99,9 +99,10 @@ impl AllreduceAlgorithm {
     }
 }
 
-/// The paths a reduce-scatter (and reduce-scatterv) takes. It has no `_with` form: the
-/// communicator's [`super::Tuning`] decides, and [`MpiCommunicator::reduce_scatter_choice`]
-/// says which path runs.
+/// The paths a reduce-scatter with equal blocks takes (reduce-scatterv takes the first two: it
+/// never runs the two-level one). It has no `_with` form: the communicator's
+/// [`super::Tuning`] decides, and [`MpiCommunicator::reduce_scatter_choice`] says which path
+/// runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ReduceScatterAlgorithm {

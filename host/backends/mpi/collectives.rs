@@ -12,8 +12,10 @@
 //! and reduce-scatters with a commutative operator take the ring from their thresholds; counts
 //! beyond one MPI call are split, or run over point-to-point; gatherv, scatterv and alltoallv
 //! always run linear or pairwise over point-to-point, since no rank knows every count. A
-//! blocking send to this rank itself is refused ([`Error::SelfMessage`](crate::Error::SelfMessage)):
-//! nothing could receive it; the other point-to-point operations may name this rank as a peer.
+//! blocking point-to-point call that only sends to this rank itself, or only receives from it,
+//! with nothing going the other way (`send`, `recv`, a one-sided `multi_sendrecv`), is refused
+//! ([`Error::SelfMessage`](crate::Error::SelfMessage)): nothing could complete it. A
+//! `sendrecv`, a two-sided `multi_sendrecv` and every non-blocking call may name this rank.
 
 use duralumin_kernels::{Element, ReduceOp};
 

@@ -1,5 +1,5 @@
 //! The operations over NCCL calls and the Rust kernels, on raw device addresses whose
-//! arguments the planners in [`super::collectives`] have checked. One implementation per
+//! arguments the planners in [`super::plans`] have checked. One implementation per
 //! algorithm; `docs/nccl.md` lists which operation is which NCCL call.
 
 use std::ffi::c_void;

@@ -11,7 +11,7 @@ use super::super::job::{Job, Mode};
 use super::*;
 use crate::algorithms::hierarchical::{self, Levels};
 use crate::algorithms::{bcast, exchange};
-use crate::api::error::Result;
+use crate::api::error::{Error, Result};
 use crate::common::buffer::RawBuf;
 use crate::common::check;
 use crate::common::datatype::datatype;
@@ -146,10 +146,19 @@ impl MpiCommunicator {
         let sblocks: Vec<(usize, usize)> = send_counts.iter().zip(send_displs).map(|(&c, &d)| (d, c)).collect();
         let rblocks: Vec<_> = recv_counts.iter().zip(recv_displs).map(|(&c, &d)| recv.block(d, c)).collect();
         Ok(Job::Future(Box::pin(async move {
-            let mut aside = core.scratch.take::<T>(if send.is_some() { 0 } else { recv.len() })?;
+            // In place only: scratch for the outgoing blocks.
+            let mut aside = match send {
+                Some(_) => None,
+                None => Some(core.scratch.take::<T>(recv.len())?),
+            };
+            let source = match (send, aside.as_mut()) {
+                (Some(s), _) => exchange::Source::Send(s),
+                (None, Some(a)) => exchange::Source::Aside(a.raw()),
+                (None, None) => return Err(Error::Progress("an in-place all-to-all without scratch")),
+            };
             // SAFETY: the public method borrows the buffers for the whole operation; receive
             // blocks were checked in range and disjoint; the scratch is this operation's own.
-            unsafe { exchange::alltoallv(&x, send, aside.raw(), recv, &sblocks, &rblocks).await }
+            unsafe { exchange::alltoallv(&x, source, recv, &sblocks, &rblocks).await }
         })))
     }
 
