@@ -32,6 +32,7 @@ mod common;
 
 pub mod backends;
 pub mod device;
+pub mod elastic;
 pub mod reliability;
 
 mod algorithms;

@@ -62,16 +62,17 @@ export DURALUMIN_REQUIRE_CLUSTER=1
 export DURALUMIN_LAUNCH_TIMEOUT=1800
 cargo test --workspace --release "${hip[@]}"
 step "cargo test"
-# Recovery on ULFM: the survivor example built against Open MPI 5 (installed by setup.sh), run
-# with a rank killed mid-loop; these trials may not skip here.
+# Recovery on ULFM: the survivor example and the elastic training example built against Open
+# MPI 5 (installed by setup.sh), run with ranks killed; these trials may not skip here.
 ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}
 # The example uses no device kernels: skip their nested nightly builds. A debug build: it runs
 # a few collectives, so optimizing it only costs build time.
 OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc DURALUMIN_SKIP_KERNELS=1 \
-    cargo build --example 03-survive-rank-loss --target-dir target/ulfm
+    cargo build --example 03-survive-rank-loss --example 07-elastic-training --target-dir target/ulfm
 DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/debug/examples/03-survive-rank-loss \
-    DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm
-step ulfm
+    DURALUMIN_ELASTIC_EXAMPLE=$PWD/target/ulfm/debug/examples/07-elastic-training \
+    DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm --test elastic
+step "ulfm and elastic"
 # The GPU benchmark programs must run to their end on the simulator (the multi-rank tests linked it
 # as target/release/cudasim/libcuda.so). The HostTransfer one runs to 256 MiB (where a pinned
 # allocation on the calling thread once deadlocked) under the simulator's timing model, two

@@ -297,6 +297,12 @@ pub enum Error {
     #[error("the communicator was revoked")]
     Revoked,
 
+    /// An elastic job ([`crate::elastic`]) cannot go on: too few ranks are left, a state no
+    /// surviving rank holds, or ranks that disagree on what was committed. The message says
+    /// which, naming the ranks or slots.
+    #[error("elastic job: {0}")]
+    Membership(String),
+
     /// The feature needs something this build or MPI library lacks; the message says what.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),

@@ -11,6 +11,7 @@ pub(crate) mod native;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub(crate) mod nccl;
 pub(crate) mod os;
+pub(crate) mod spawn;
 pub(crate) mod ulfm;
 pub(crate) mod win;
 
@@ -282,7 +283,8 @@ pub(crate) mod comm {
         comm == unsafe { sys::RSMPI_COMM_NULL }
     }
 
-    fn errors_return(comm: RawComm) -> Result<RawComm> {
+    /// Makes `comm`'s errors return to the caller (`MPI_ERRORS_RETURN`).
+    pub(crate) fn errors_return(comm: RawComm) -> Result<RawComm> {
         // SAFETY: `comm` was just created and is live; the handler is a shim constant.
         check(unsafe { sys::MPI_Comm_set_errhandler(comm.0, sys::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
         Ok(comm)

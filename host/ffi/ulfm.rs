@@ -143,22 +143,30 @@ pub(crate) fn shrink(comm: RawComm) -> Result<RawComm> {
 /// process failure was seen (new failures are acknowledged first, so one failure is reported
 /// once).
 pub(crate) fn agree(comm: RawComm, flag: bool) -> Result<(bool, bool)> {
+    let (value, failed) = agree_bits(comm, u32::from(flag))?;
+    Ok((value != 0, failed))
+}
+
+/// `MPIX_Comm_agree` on the bits of `bits` over the live processes: their bitwise AND (every
+/// surviving rank gets the same), and whether a process failure was seen (as [`agree`]).
+pub(crate) fn agree_bits(comm: RawComm, bits: u32) -> Result<(u32, bool)> {
     let api = require()?;
-    let mut value = c_int::from(flag);
+    let mut value = c_int::from_ne_bytes(bits.to_ne_bytes());
     // SAFETY: `comm` is live (revoked is allowed); MPI writes one int.
     let rc = unsafe {
         (api.failure_ack)(comm.0);
         (api.agree)(comm.0, &mut value)
     };
+    let value = u32::from_ne_bytes(value.to_ne_bytes());
     if rc == super::SUCCESS {
-        if value == 0 {
-            // Some rank saw a failure.
+        if value != bits || value == 0 {
+            // Some rank cleared a bit (or none was set): it may have seen a failure.
             FAILURE_SEEN.store(true, Ordering::Relaxed);
         }
-        return Ok((value != 0, false));
+        return Ok((value, false));
     }
     match super::mpi_error(rc, "MPIX_Comm_agree") {
-        Error::ProcessFailed { .. } => Ok((false, true)),
+        Error::ProcessFailed { .. } => Ok((value & bits, true)),
         e => Err(e),
     }
 }

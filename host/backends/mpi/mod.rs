@@ -266,6 +266,20 @@ impl MpiCommunicator {
         Self::from_raw(RawComm(comm.as_raw()))
     }
 
+    /// The communicator over `comm` (duplicated: the caller still owns `comm`).
+    pub(crate) fn from_raw_comm(comm: RawComm) -> Result<Self> {
+        let made = Self::from_raw(comm);
+        // SAFETY: the caller handed `comm` over; `from_raw` duplicated it.
+        unsafe { ffi::comm::free(comm) };
+        made
+    }
+
+    /// The handle its collectives run on (for the calls the library makes over the whole
+    /// communicator itself: ULFM agreements, spawns, splits).
+    pub(crate) fn raw(&self) -> RawComm {
+        self.core.coll
+    }
+
     fn from_raw(comm: RawComm) -> Result<Self> {
         crate::api::init::require_thread_multiple()?;
         crate::reliability::abort::settle(None)?;
