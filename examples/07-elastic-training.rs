@@ -13,10 +13,14 @@
 //! - `DURALUMIN_ELASTIC_KILL=<who>@<where>[,...]`: `who` a slot (worker number) or `joiner`;
 //!   `where` `step:N` (a thread kills the rank 1 ms into step N's allreduce), `commit:N`
 //!   (inside the commit before step N), or a recovery stage (`shrunk`, `spawned`, `merged`,
-//!   `transferred`). Each fires once per job (markers in `DURALUMIN_ELASTIC_MARKS`).
+//!   `planned`, `transferred`). Each fires once per job (markers in `DURALUMIN_ELASTIC_MARKS`).
+//! - `DURALUMIN_ELASTIC_FAIL=<slot>@<step>`: that slot's step returns `Error::Revoked` once,
+//!   as if a peer had died, though none did (every rank rolls back and goes on; without ULFM
+//!   the recovery stops with `Error::Unsupported`).
 //! - `DURALUMIN_ELASTIC_GROW=<size>@<step>`: the discovery callback asks for `size` ranks from
-//!   that step on.
-//! - `DURALUMIN_ELASTIC_RESPAWN=0`: shrink only. `DURALUMIN_ELASTIC_STEPS`,
+//!   that step on (fewer than the job has: the highest slots leave).
+//! - `DURALUMIN_ELASTIC_RESPAWN=0`: shrink only. `DURALUMIN_ELASTIC_PROGRAM`: what to spawn
+//!   (a program that does not exist: the runtime refuses, and the job goes on smaller). `DURALUMIN_ELASTIC_STEPS`,
 //!   `DURALUMIN_ELASTIC_DIM` (model size).
 //! - `DURALUMIN_ELASTIC_BACKEND=mpi|host-transfer|cuda|nccl` (the last two on a GPU or
 //!   cudasim).
@@ -183,7 +187,7 @@ fn main() -> Result<()> {
     let outcome = run(&mut job, &mut state)?;
     let me = slot.get().unwrap_or(u64::MAX);
     if let duralumin::elastic::Outcome::Left { step } = outcome {
-        println!("RESULT slot {me}: left the job before step {step}");
+        println!("LEFT slot {me}: left the job before step {step}");
         return Ok(());
     }
     let exact = state.weights == reference(dim, steps) && state.cursor == reference_cursor(me, state.cursor[0], steps);
@@ -210,6 +214,10 @@ fn train_step(
 ) -> Result<()> {
     slot.set(Some(at.slot));
     set.kill_in_step(at);
+    if set.fails(at) {
+        println!("slot {}: step {} fails without a death", at.slot, at.step);
+        return Err(duralumin::Error::Revoked);
+    }
     let samples = (0..BATCH).filter(|i| *i % at.size as u64 == at.rank as u64);
     let (mut grad, loss) = gradient(&s.weights, at.step, samples);
     grad.push(loss);
@@ -294,6 +302,7 @@ struct Settings {
     dim: usize,
     joined: bool,
     kills: Vec<(String, String)>,
+    fail: Option<(u64, u64)>,
     marks: Option<std::path::PathBuf>,
 }
 
@@ -313,6 +322,10 @@ impl Settings {
             dim: var("DURALUMIN_ELASTIC_DIM").and_then(|v| v.parse().ok()).unwrap_or(256),
             joined,
             kills,
+            fail: var("DURALUMIN_ELASTIC_FAIL").and_then(|v| {
+                let (slot, step) = v.split_once('@')?;
+                Some((slot.parse().ok()?, step.parse().ok()?))
+            }),
             marks: var("DURALUMIN_ELASTIC_MARKS").map(Into::into),
         }
     }
@@ -325,6 +338,9 @@ impl Settings {
         );
         if std::env::var("DURALUMIN_ELASTIC_RESPAWN").is_ok_and(|v| v == "0") {
             policy.respawn = false;
+        }
+        if let Ok(program) = std::env::var("DURALUMIN_ELASTIC_PROGRAM") {
+            policy.program = Some((program, Vec::new()));
         }
         if let Some((size, from)) = std::env::var("DURALUMIN_ELASTIC_GROW").ok().and_then(|v| {
             let (s, f) = v.split_once('@')?;
@@ -341,7 +357,7 @@ impl Settings {
                 Event::Committing { step } => fire(&format!("commit:{step}")),
                 Event::Recovering { stage } => fire(stage),
                 Event::Changed(c) => println!(
-                    "CHANGE slot {}: {:?} at step {}, {} -> {} ranks, lost {:?}, joined {:?}, {:?}",
+                    "CHANGE slot {}: {:?} at step {}, {} -> {} ranks, lost {:?}, joined {:?}, spawn refused {:?}, {:?}",
                     who.map_or("new".into(), |s| s.to_string()),
                     c.cause,
                     c.step,
@@ -349,11 +365,17 @@ impl Settings {
                     c.to,
                     c.lost,
                     c.joined,
+                    c.spawn_refused,
                     c.timings
                 ),
                 _ => {}
             }
         })
+    }
+
+    /// Whether this step fails without a death (once per job).
+    fn fails(&self, at: Step) -> bool {
+        self.fail == Some((at.slot, at.step)) && claim(self.marks.as_deref(), "fail")
     }
 
     /// Kills this rank 1 ms into the step's allreduce, if a kill point says so.
@@ -384,9 +406,18 @@ fn kill_once(kills: &[(String, String)], slot: Option<u64>, joined: bool, at: &s
     }
 }
 
-/// Takes the once-per-job marker of `at` (without a marker directory, every time).
+/// Takes the once-per-job marker of `at` (without a marker directory, once per process).
 fn claim(marks: Option<&std::path::Path>, at: &str) -> bool {
-    marks.is_none_or(|dir| std::fs::File::create_new(dir.join(at.replace(':', "_"))).is_ok())
+    static FIRED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    match marks {
+        Some(dir) => std::fs::File::create_new(dir.join(at.replace(':', "_"))).is_ok(),
+        None => {
+            let mut fired = FIRED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let first = !fired.iter().any(|f| f == at);
+            fired.push(at.to_string());
+            first
+        }
+    }
 }
 
 fn die() {

@@ -26,9 +26,10 @@
 //! # Ok::<(), duralumin::Error>(())
 //! ```
 //!
-//! Needs an MPI library with ULFM and dynamic processes, run with fault tolerance on (Open
-//! MPI 5: `mpirun --with-ft ulfm`); elsewhere the first agreement returns
-//! [`Error::Unsupported`].
+//! Recovering from a rank's death needs an MPI library with ULFM, run with fault tolerance on
+//! (Open MPI 5: `mpirun --with-ft ulfm`, and the flags `docs/elastic.md` gives). On an MPI
+//! without ULFM (Open MPI 4.1) the job runs and grows by spawn, and a failure ends the run with
+//! [`Error::Unsupported`] (if the MPI library has not ended the job first).
 
 mod member;
 mod plan;
@@ -135,8 +136,9 @@ pub enum Event {
         /// The step the commit is taken before.
         step: u64,
     },
-    /// A recovery or resize reached `stage` (`"shrunk"`, `"spawned"`, `"merged"`,
-    /// `"transferred"`).
+    /// A recovery or resize reached `stage`: `"shrunk"`, `"spawned"`, `"merged"` (on the
+    /// spawned ranks too), `"planned"` (every member knows who sends what), `"transferred"`
+    /// (the new membership is agreed).
     Recovering {
         /// The stage just finished.
         stage: &'static str,
@@ -171,6 +173,9 @@ pub struct Change {
     pub lost: Vec<u64>,
     /// The slots whose ranks were spawned.
     pub joined: Vec<u64>,
+    /// Why the runtime would not start the ranks the policy asked for (no free slot, …), if it
+    /// would not: the job went on smaller.
+    pub spawn_refused: Option<String>,
     /// Where the time went.
     pub timings: Timings,
 }
@@ -239,6 +244,8 @@ pub struct Elastic {
     members: Vec<u64>,
     step: u64,
     store: Store,
+    /// Why the current change's spawn was refused, if it was (for its [`Change`]).
+    spawn_refused: Option<String>,
     changes: Vec<Change>,
 }
 
@@ -263,6 +270,31 @@ pub fn is_spawned() -> Result<bool> {
 /// than a failure of other ranks.
 const OK: u32 = 1;
 const SANE: u32 = 2;
+
+/// The AND of every member's `bits` over `ctl`, and whether a failure of a rank was seen:
+/// ULFM's fault-tolerant agreement (`MPIX_Comm_agree`), or on an MPI without ULFM an
+/// allreduce (a rank's death ends the job there anyway; the recovery that a clear bit starts
+/// stops at its shrink with [`Error::Unsupported`], and growing by spawn works).
+fn agree(ctl: &MpiCommunicator, bits: u32) -> Result<(u32, bool)> {
+    if ffi::ulfm::available() {
+        return ffi::ulfm::agree_bits(ctl.raw(), bits);
+    }
+    let mut all = [0u32];
+    ctl.allreduce(&[bits], &mut all, crate::BitAnd)?;
+    Ok((all[0], false))
+}
+
+/// After an agreement in which a rank's error was not a failure of another: whether any member
+/// knows of a dead rank (the error may then be the death's doing, and the job recovers). Every
+/// member gets the same answer.
+fn someone_died(ctl: &MpiCommunicator) -> Result<bool> {
+    if !ffi::ulfm::available() {
+        return Ok(false);
+    }
+    let none = ffi::ulfm::failed_ranks(ctl.raw()).is_ok_and(|f| f.is_empty());
+    let (all, failed) = agree(ctl, u32::from(none))?;
+    Ok(all == 0 || failed)
+}
 
 /// Whether `e` is what a dead or departed rank makes the others' calls return.
 fn is_failure(e: &Error) -> bool {
@@ -289,6 +321,7 @@ impl Elastic {
             members: Vec::new(),
             step: 0,
             store: Store::default(),
+            spawn_refused: None,
             changes: Vec::new(),
         };
         if let Some(parent) = ffi::spawn::parent()? {
@@ -323,6 +356,13 @@ impl Elastic {
     /// Whether this process was spawned into a running job.
     pub fn joined(&self) -> bool {
         self.changes.first().is_some_and(|c| c.cause == Cause::Joined) || self.join.is_some()
+    }
+
+    /// The communicator over the members now (in slot order), for work outside the steps:
+    /// [`Error::Membership`] on a rank that is not a member (a joiner before
+    /// [`run`](Self::run), a rank that left).
+    pub fn communicator(&self) -> Result<&SimpleCommunicator> {
+        self.owner.as_ref().ok_or(Error::Membership("this rank is not a member of the job".into()))
     }
 
     /// Every change of membership this rank went through, oldest first.
@@ -402,6 +442,14 @@ impl Elastic {
     /// another reason than another's failure (on that rank its own error, elsewhere
     /// [`Error::Membership`]).
     fn settle<C: Member>(&self, comm: &C, r: Result<()>) -> Result<bool> {
+        if matches!(&r, Err(e) if is_failure(e)) && !ffi::ulfm::available() {
+            // Nothing can wake the other ranks or shrink the job: they end at their deadline,
+            // or when the MPI library ends the job.
+            return Err(Error::Unsupported(
+                "recovering from a failed step needs an MPI library with ULFM (Open MPI 5 with `mpirun --with-ft \
+                 ulfm`, docs/elastic.md)",
+            ));
+        }
         if r.is_err() {
             // Nobody may stay waiting in this step: every rank's next call fails, and they
             // all come to the agreement.
@@ -420,8 +468,8 @@ impl Elastic {
         if bits != OK | SANE {
             let _ = ctl.revoke();
         }
-        let (all, failed) = ffi::ulfm::agree_bits(ctl.raw(), bits)?;
-        if all & SANE == 0 {
+        let (all, failed) = agree(ctl, bits)?;
+        if all & SANE == 0 && !someone_died(ctl)? {
             return Err(match r {
                 Err(e) if !is_failure(&e) => e,
                 _ => Error::Membership("another rank stopped with an error that is not a failure of a rank".into()),
@@ -439,7 +487,8 @@ impl Elastic {
         state::save(state.local(), &mut g.local)?;
         self.notify(&Event::Committing { step });
         let ctl = self.ctl()?;
-        g.replica = recovery::replicate(ctl, &self.members, &g.local)?;
+        let reuse = g.replica.take().map(|(_, bytes)| bytes);
+        g.replica = recovery::replicate(ctl, &self.members, &g.local, reuse)?;
         self.store.pending = Some(g);
         Ok(())
     }
@@ -468,8 +517,7 @@ impl Elastic {
 
     /// The steps' communicator over the members, returning its errors.
     fn build<C: Member>(&self, make: &mut impl FnMut(&SimpleCommunicator) -> Result<C>) -> Result<C> {
-        let owner = self.owner.as_ref().ok_or(Error::Membership("this rank is not a member of the job".into()))?;
-        let mut comm = make(owner)?;
+        let mut comm = make(self.communicator()?)?;
         comm.return_errors(self.policy.timeout);
         Ok(comm)
     }

@@ -10,27 +10,26 @@ use crate::api::error::{Error, Result};
 const NONE: u64 = u64::MAX;
 
 /// What one member reports: its slot, its two newest commits (step, and the slot whose
-/// replica it kept with each), the size of the membership it knows, the size it wants, and the
-/// length of its local parts.
+/// replica it kept with each), the size of the membership it knows, and the length of its
+/// local parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Info {
     pub slot: Option<u64>,
     pub commits: [Option<(u64, Option<u64>)>; 2],
     pub members: usize,
-    pub target: usize,
     pub local_len: u64,
 }
 
 impl Info {
     /// Words per report.
-    pub const WORDS: usize = 8;
+    pub const WORDS: usize = 7;
 
-    pub fn of(slot: Option<u64>, store: &Store, members: usize, target: usize, local_len: usize) -> Info {
+    pub fn of(slot: Option<u64>, store: &Store, members: usize, local_len: usize) -> Info {
         let mut commits = [None; 2];
         for (c, g) in commits.iter_mut().zip(&store.committed) {
             *c = Some((g.step, g.replica.as_ref().map(|(s, _)| *s)));
         }
-        Info { slot, commits, members, target, local_len: local_len as u64 }
+        Info { slot, commits, members, local_len: local_len as u64 }
     }
 
     pub fn words(&self) -> [u64; Self::WORDS] {
@@ -43,7 +42,6 @@ impl Info {
             opt(b.map(|c| c.0)),
             opt(b.and_then(|c| c.1)),
             self.members as u64,
-            self.target as u64,
             self.local_len,
         ]
     }
@@ -53,13 +51,7 @@ impl Info {
         let opt = |v: u64| (v != NONE).then_some(v);
         let commit = |i: usize| opt(get(i)).map(|step| (step, opt(get(i + 1))));
         let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-        Info {
-            slot: opt(get(0)),
-            commits: [commit(1), commit(3)],
-            members: size(get(5)),
-            target: size(get(6)),
-            local_len: get(7),
-        }
+        Info { slot: opt(get(0)), commits: [commit(1), commit(3)], members: size(get(5)), local_len: get(6) }
     }
 
     /// Whether this member holds the commit of `step`.
@@ -172,17 +164,16 @@ mod tests {
     use super::*;
 
     fn survivor(slot: u64, step: u64, replica: u64, members: usize) -> Info {
-        Info { slot: Some(slot), commits: [Some((step, Some(replica))), None], members, target: members, local_len: 8 }
+        Info { slot: Some(slot), commits: [Some((step, Some(replica))), None], members, local_len: 8 }
     }
 
     fn joiner() -> Info {
-        Info { slot: None, commits: [None, None], members: 0, target: 0, local_len: 8 }
+        Info { slot: None, commits: [None, None], members: 0, local_len: 8 }
     }
 
     #[test]
     fn words_round_trip() {
-        let i =
-            Info { slot: Some(3), commits: [Some((9, Some(2))), Some((8, None))], members: 4, target: 5, local_len: 7 };
+        let i = Info { slot: Some(3), commits: [Some((9, Some(2))), Some((8, None))], members: 4, local_len: 7 };
         assert_eq!(Info::from_words(&i.words()), i);
         assert_eq!(Info::from_words(&joiner().words()), joiner());
         // A short report reads as a member with nothing.

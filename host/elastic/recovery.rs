@@ -10,14 +10,17 @@ use mpi::raw::FromRaw;
 use mpi::topology::SimpleCommunicator;
 
 use super::plan::{Info, Plan};
-use super::{Cause, Change, Elastic, Event, Member, OK, SANE, State, Timings, is_failure, state};
+use super::{Cause, Change, Elastic, Event, Member, OK, SANE, State, Timings, agree, is_failure, someone_died, state};
 use crate::MpiCommunicator;
 use crate::api::error::{Error, Result};
 use crate::ffi::{self, RawComm};
 
 /// Attempts at one change of membership before giving up (each is cut short only by another
-/// rank's death).
+/// rank's death, or a spawn or merge that failed on some members).
 const ATTEMPTS: usize = 8;
+
+/// The bit of the spawn's agreement that says the runtime refused to start the ranks.
+const REFUSED: u32 = 2;
 
 /// The tags of the state transfers.
 const TAG_GLOBAL: i32 = 71;
@@ -60,7 +63,8 @@ pub(super) fn join_parent(parent: RawComm) -> Result<RawComm> {
 
 /// Ends this process if it has not joined the job within `limit` (until the returned sender
 /// is dropped): a joiner the job gave up on (its spawners died, or retried without it) waits
-/// in MPI calls no deadline reaches, and has no one to report to.
+/// in MPI calls no deadline reaches, and has no one to report to. It exits with status 0: the
+/// job goes on without it, and a failing status would end the job's `mpirun` in failure.
 pub(super) fn join_deadline(limit: Duration) -> std::sync::mpsc::Sender<()> {
     let (joined, wait) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
@@ -68,21 +72,27 @@ pub(super) fn join_deadline(limit: Duration) -> std::sync::mpsc::Sender<()> {
             eprintln!("duralumin elastic: this spawned rank did not join the job within {limit:?}: exiting");
             // SAFETY: ends the process at once, without running destructors or MPI's
             // finalization, which would wait on the job that gave this rank up.
-            unsafe { libc::_exit(75) };
+            unsafe { libc::_exit(0) };
         }
     });
     joined
 }
 
 /// Copies `local` (this rank's local parts) to the next member and returns the copy the
-/// previous one sent, with its slot. Collective over `ctl`.
-pub(super) fn replicate(ctl: &MpiCommunicator, members: &[u64], local: &[u8]) -> Result<Option<(u64, Vec<u8>)>> {
+/// previous one sent (into `reuse`'s memory, if given), with its slot. Collective over `ctl`.
+pub(super) fn replicate(
+    ctl: &MpiCommunicator,
+    members: &[u64],
+    local: &[u8],
+    reuse: Option<Vec<u8>>,
+) -> Result<Option<(u64, Vec<u8>)>> {
     let (rank, size) = (ctl.rank(), ctl.size());
     if size < 2 || local.is_empty() {
         return Ok(None);
     }
     let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
-    let mut copy = vec![0u8; local.len()];
+    let mut copy = reuse.unwrap_or_default();
+    copy.resize(local.len(), 0);
     ctl.sendrecv(local, next, &mut copy, prev, TAG_REPLICA)?;
     let slot =
         members.get(prev).copied().ok_or(Error::Membership("the members' list is shorter than the job".into()))?;
@@ -127,8 +137,14 @@ impl Elastic {
     ) -> Result<C> {
         let from = self.members.len();
         let mut t = Timings { detect: since.elapsed(), ..Timings::default() };
+        // A resize asked for this size: an attempt that a death cuts short still aims for it.
+        let goal = match (&start, &cause) {
+            (Start::Grow(_, wanted), _) => Some(*wanted),
+            (_, Cause::Discovery(wanted)) => Some(*wanted),
+            _ => None,
+        };
         for _ in 0..ATTEMPTS {
-            match self.attempt(start, state, make, &mut t) {
+            match self.attempt(start, goal, state, make, &mut t) {
                 Ok((comm, plan)) => {
                     t.total = since.elapsed();
                     let change = Change {
@@ -138,6 +154,7 @@ impl Elastic {
                         to: self.members.len(),
                         lost: plan.lost,
                         joined: plan.joined,
+                        spawn_refused: self.spawn_refused.take(),
                         timings: t,
                     };
                     self.notify(&Event::Changed(change.clone()));
@@ -148,7 +165,10 @@ impl Elastic {
                 Err(Stop::Fatal(e)) => return Err(e),
             }
         }
-        Err(Error::Membership(format!("ranks kept dying: gave up after {ATTEMPTS} attempts to recover")))
+        Err(Error::Membership(format!(
+            "gave up after {ATTEMPTS} attempts to change the membership, each cut short by a rank's death or a spawn or \
+             merge that failed on some members"
+        )))
     }
 
     /// One attempt: the communicator over everyone who takes part (survivors and newcomers),
@@ -156,36 +176,33 @@ impl Elastic {
     fn attempt<C: Member, S: State>(
         &mut self,
         start: Start,
+        goal: Option<usize>,
         state: &mut S,
         make: &mut impl FnMut(&SimpleCommunicator) -> Result<C>,
         t: &mut Timings,
     ) -> Result<(C, Plan), Stop> {
-        let (all, target) = match start {
+        let all = match start {
             Start::Failed(ctl) => {
                 let began = Instant::now();
                 let survivors = ctl.shrink()?;
                 t.shrink += began.elapsed();
                 self.notify(&Event::Recovering { stage: "shrunk" });
-                let target = self.target(&survivors)?;
-                (self.gather(survivors, target, t)?, target)
+                let target = self.target(&survivors, goal)?;
+                self.gather(survivors, target, t)?
             }
-            Start::Grow(ctl, wanted) => (self.gather(ctl, wanted, t)?, wanted),
-            Start::Merged(raw) => (with_errors(MpiCommunicator::from_raw_comm(raw), self.policy.timeout)?, 0),
-            Start::Kept(owner) => {
-                let kept = with_errors(MpiCommunicator::new(&owner), self.policy.timeout)?;
-                let size = kept.size();
-                (kept, size)
-            }
+            Start::Grow(ctl, wanted) => self.gather(ctl, wanted, t)?,
+            Start::Merged(raw) => with_errors(MpiCommunicator::from_raw_comm(raw), self.policy.timeout)?,
+            Start::Kept(owner) => with_errors(MpiCommunicator::new(&owner), self.policy.timeout)?,
         };
         let began = Instant::now();
-        let r = self.settle_members(&all, target, state, make);
+        let r = self.settle_members(&all, state, make);
         let ok = bits_of(&r);
         if ok != OK | SANE {
             let _ = all.revoke();
         }
-        let (agreed, failed) = ffi::ulfm::agree_bits(all.raw(), ok)?;
+        let (agreed, failed) = agree(&all, ok)?;
         t.transfer += began.elapsed();
-        if agreed & SANE == 0 {
+        if agreed & SANE == 0 && !someone_died(&all)? {
             return Err(Stop::Fatal(fatal(r)));
         }
         if agreed & OK == 0 || failed {
@@ -193,22 +210,25 @@ impl Elastic {
             self.owner = None;
             return Err(Stop::Retry(Box::new(all)));
         }
+        let settled = r.map_err(Stop::Fatal)?;
         self.notify(&Event::Recovering { stage: "transferred" });
-        r.map_err(Stop::Fatal)
+        Ok(self.apply(settled))
     }
 
-    /// The size to repair to, as the lowest survivor holding the job's membership decides it,
+    /// The size to repair to (`goal` when a resize asked for one), as the lowest survivor
+    /// holding the job's membership decides it,
     /// once every survivor agrees it knows it (a survivor dying now sends all to the next
     /// attempt, rather than some into a spawn the others never join).
-    fn target(&self, survivors: &MpiCommunicator) -> Result<usize, Stop> {
+    fn target(&self, survivors: &MpiCommunicator, goal: Option<usize>) -> Result<usize, Stop> {
         let known = self.members.len();
-        let mine = if self.policy.respawn { known.max(survivors.size()) } else { survivors.size() };
+        let repaired = if self.policy.respawn { known.max(survivors.size()) } else { survivors.size() };
+        let mine = goal.unwrap_or(repaired);
         let mut target = [if known > 0 { mine.min(self.policy.max) as u64 } else { 0 }];
         let sent = survivors.bcast(&mut target, 0);
         if sent.is_err() {
             let _ = survivors.revoke();
         }
-        let (agreed, failed) = ffi::ulfm::agree_bits(survivors.raw(), u32::from(sent.is_ok()))?;
+        let (agreed, failed) = agree(survivors, u32::from(sent.is_ok()))?;
         if agreed == 0 || failed {
             let again = survivors.shrink()?;
             return Err(Stop::Retry(Box::new(again)));
@@ -237,6 +257,11 @@ impl Elastic {
         let began = Instant::now();
         let inter = ffi::spawn::spawn(members.raw(), &program, &args, count, 0);
         t.spawn += began.elapsed();
+        // The runtime could not start the ranks (no free slot, no such program): not a death.
+        let refused = match &inter {
+            Err(e) if !is_failure(e) => Some(e.to_string()),
+            _ => None,
+        };
         self.notify(&Event::Recovering { stage: "spawned" });
         let began = Instant::now();
         let merged = inter.and_then(|inter| {
@@ -245,10 +270,11 @@ impl Elastic {
             unsafe { ffi::comm::free(inter) };
             with_errors(MpiCommunicator::from_raw_comm(merged?), self.policy.timeout)
         });
-        let (agreed, failed) = ffi::ulfm::agree_bits(members.raw(), u32::from(merged.is_ok()))?;
+        let bits = u32::from(merged.is_ok()) | if refused.is_some() { REFUSED } else { 0 };
+        let (agreed, failed) = agree(&members, bits)?;
         t.merge += began.elapsed();
         match merged {
-            Ok(all) if agreed == 1 && !failed => {
+            Ok(all) if agreed & 1 == 1 && !failed => {
                 self.notify(&Event::Recovering { stage: "merged" });
                 Ok(all)
             }
@@ -256,9 +282,24 @@ impl Elastic {
                 let _ = all.revoke();
                 Err(Stop::Retry(Box::new(members)))
             }
-            Err(e) if is_failure(&e) || agreed == 0 => Err(Stop::Retry(Box::new(members))),
-            Err(e) => Err(Stop::Fatal(e)),
+            Err(_) if agreed & REFUSED != 0 && !failed => self.without_newcomers(members, refused),
+            Err(_) => Err(Stop::Retry(Box::new(members))),
         }
+    }
+
+    /// Every member's spawn was refused: the job goes on over `members` if the policy's minimum
+    /// allows (the change says why it is smaller), else stops with the reason.
+    fn without_newcomers(&mut self, members: MpiCommunicator, why: Option<String>) -> Result<MpiCommunicator, Stop> {
+        let why = why.unwrap_or_else(|| "the spawn was refused".into());
+        if members.size() < self.policy.min {
+            return Err(Stop::Fatal(Error::Membership(format!(
+                "cannot spawn ranks ({why}), and {} ranks are fewer than the policy's minimum {}",
+                members.size(),
+                self.policy.min
+            ))));
+        }
+        self.spawn_refused = Some(why);
+        Ok(members)
     }
 
     /// The program spawned ranks run.
@@ -272,36 +313,80 @@ impl Elastic {
 
     /// Over `all` (survivors and newcomers): agree on the commit to go on from and who holds
     /// which slot, hand the state to those without it, and make the new members'
-    /// communicator (ranks in slot order), its replicas and the steps' communicator.
+    /// communicator (ranks in slot order), its replicas and the steps' communicator. Changes
+    /// nothing of this rank's membership or commits (the agreement after it may still send
+    /// everyone to another attempt); the program's state is loaded from the commit.
     fn settle_members<C: Member, S: State>(
         &mut self,
         all: &MpiCommunicator,
-        target: usize,
         state: &mut S,
         make: &mut impl FnMut(&SimpleCommunicator) -> Result<C>,
-    ) -> Result<(C, Plan)> {
+    ) -> Result<Settled<C>> {
         let local_len = state::bytes(state.local());
-        let plan = self.plan(all, target, local_len)?;
-        let mut g = self.received_state(all, &plan, state)?;
-        let raw = ffi::comm::split(all.raw(), 0, ffi::c_rank(plan.new_rank[all.rank()]))?
+        let plan = self.plan(all, local_len)?;
+        self.notify(&Event::Recovering { stage: "planned" });
+        let me = all.rank();
+        let fresh = if plan.has_state[me] {
+            self.send_state(all, &plan)?;
+            None
+        } else {
+            Some(receive_state(all, &plan, state)?)
+        };
+        let g = match &fresh {
+            Some(g) => g,
+            None => self.store.at(plan.step).ok_or(Error::Membership("this rank lost its own commit".into()))?,
+        };
+        let raw = ffi::comm::split(all.raw(), 0, ffi::c_rank(plan.new_rank[me]))?
             .ok_or(Error::Membership("the split of the members made no communicator".into()))?;
         // SAFETY: `raw` was made by the split above and is owned by nobody else.
-        self.install(unsafe { SimpleCommunicator::from_raw(raw.0) })?;
-        self.members = plan.members.clone();
-        self.slot = Some(plan.slot[all.rank()]);
-        g.replica = replicate(self.ctl()?, &self.members, &g.local)?;
+        let owner = unsafe { SimpleCommunicator::from_raw(raw.0) };
+        let ctl = with_errors(MpiCommunicator::new(&owner), self.policy.timeout)?;
+        let replica = replicate(&ctl, &plan.members, &g.local, None)?;
         state::load(state.global(), &g.global)?;
         state::load(state.local(), &g.local)?;
-        self.step = plan.step;
-        self.store.committed = vec![g];
+        let mut comm = make(&owner)?;
+        comm.return_errors(self.policy.timeout);
+        let slot = plan.slot[me];
+        Ok(Settled { owner, ctl, comm, plan, slot, fresh, replica })
+    }
+
+    /// The new membership, once every member agreed on it.
+    fn apply<C>(&mut self, s: Settled<C>) -> (C, Plan) {
+        let step = s.plan.step;
+        match s.fresh {
+            Some(g) => self.store.committed = vec![g],
+            None => self.store.committed.retain(|g| g.step == step),
+        }
+        if let Some(g) = self.store.committed.first_mut() {
+            g.replica = s.replica;
+        }
         self.store.pending = None;
-        let comm = self.build(make)?;
-        Ok((comm, plan))
+        self.step = step;
+        self.members = s.plan.members.clone();
+        self.slot = Some(s.slot);
+        self.ctl = Some(s.ctl);
+        self.owner = Some(s.owner);
+        (s.comm, s.plan)
+    }
+
+    /// A holder's part of the plan's transfers: the global parts to each newcomer, and its own
+    /// local parts or the replica it kept to the newcomer that takes the slot.
+    fn send_state(&self, all: &MpiCommunicator, plan: &Plan) -> Result<()> {
+        let me = all.rank();
+        let g = self.store.at(plan.step).ok_or(Error::Membership("this rank lost its own commit".into()))?;
+        for &(_, dst) in plan.global_sends.iter().filter(|(src, _)| *src == me) {
+            all.send(&g.global, dst, TAG_GLOBAL)?;
+        }
+        for &(_, dst, slot, replica) in plan.local_sends.iter().filter(|s| s.0 == me) {
+            let bytes = if replica { replica_of(g, slot)? } else { &g.local };
+            all.send(bytes, dst, TAG_LOCAL)?;
+        }
+        Ok(())
     }
 
     /// What every member holds, gathered, and the plan every member derives from it alike.
-    fn plan(&self, all: &MpiCommunicator, target: usize, local_len: usize) -> Result<Plan> {
-        let mine = Info::of(self.slot, &self.store, self.members.len(), target, local_len);
+    fn plan(&self, all: &MpiCommunicator, local_len: usize) -> Result<Plan> {
+        let mine = Info::of(self.slot, &self.store, self.members.len(), local_len);
         let mut infos = vec![0u64; Info::WORDS * all.size()];
         all.allgather(&mine.words(), &mut infos)?;
         let infos: Vec<Info> = infos.chunks_exact(Info::WORDS).map(Info::from_words).collect();
@@ -311,49 +396,35 @@ impl Elastic {
         all.bcast(&mut old, root)?;
         Plan::new(&infos, &old, self.policy.respawn)
     }
+}
 
-    /// This rank's committed copy at the plan's step: its own, or the one the plan has
-    /// others send it (the global parts from the holder, the local ones from the rank that
-    /// held its slot's replica; a fresh slot's from this rank's state as it is).
-    fn received_state<S: State>(
-        &mut self,
-        all: &MpiCommunicator,
-        plan: &Plan,
-        state: &mut S,
-    ) -> Result<state::Generation> {
-        let me = all.rank();
-        let mut g = match self.store.at(plan.step) {
-            Some(_) if plan.has_state[me] => self.take_generation(plan.step),
-            _ => {
-                let mut g = state::Generation { step: plan.step, ..Default::default() };
-                state::save(state.global(), &mut g.global)?;
-                state::save(state.local(), &mut g.local)?;
-                g
-            }
-        };
-        for &(src, dst) in &plan.global_sends {
-            if src == me {
-                all.send(&g.global, dst, TAG_GLOBAL)?;
-            } else if dst == me {
-                all.recv(&mut g.global, src, TAG_GLOBAL)?;
-            }
-        }
-        for &(src, dst, slot, replica) in &plan.local_sends {
-            if src == me {
-                let bytes = if replica { replica_of(&g, slot)? } else { &g.local };
-                all.send(bytes, dst, TAG_LOCAL)?;
-            } else if dst == me {
-                all.recv(&mut g.local, src, TAG_LOCAL)?;
-            }
-        }
-        Ok(g)
-    }
+/// What a settled attempt made, applied once every member agreed on it.
+struct Settled<C> {
+    owner: SimpleCommunicator,
+    ctl: MpiCommunicator,
+    comm: C,
+    plan: Plan,
+    slot: u64,
+    /// The commit this rank received (`None`: it holds its own).
+    fresh: Option<state::Generation>,
+    replica: Option<(u64, Vec<u8>)>,
+}
 
-    /// The committed generation of `step`, taken out of the store.
-    fn take_generation(&mut self, step: u64) -> state::Generation {
-        let at = self.store.committed.iter().position(|g| g.step == step).unwrap_or(0);
-        self.store.committed.swap_remove(at)
+/// A newcomer's part of the plan's transfers: the commit of the plan's step, its global parts
+/// from the holder and, for a slot that had a rank before, its local parts from the rank that
+/// kept them (a fresh slot's local parts are this rank's state as it is).
+fn receive_state<S: State>(all: &MpiCommunicator, plan: &Plan, state: &mut S) -> Result<state::Generation> {
+    let me = all.rank();
+    let mut g = state::Generation { step: plan.step, ..Default::default() };
+    state::save(state.global(), &mut g.global)?;
+    state::save(state.local(), &mut g.local)?;
+    for &(src, _) in plan.global_sends.iter().filter(|(_, dst)| *dst == me) {
+        all.recv(&mut g.global, src, TAG_GLOBAL)?;
     }
+    for &(src, ..) in plan.local_sends.iter().filter(|s| s.1 == me) {
+        all.recv(&mut g.local, src, TAG_LOCAL)?;
+    }
+    Ok(g)
 }
 
 /// The replica of `slot`'s local parts in `g`.

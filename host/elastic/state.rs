@@ -19,33 +19,27 @@ pub trait StatePart {
     fn load(&mut self, from: &[u8]) -> Result<()>;
 }
 
-impl<T: Pod> StatePart for Vec<T> {
-    fn bytes(&self) -> usize {
-        std::mem::size_of_val(self.as_slice())
-    }
-    fn save(&self, out: &mut Vec<u8>) -> Result<()> {
-        out.extend_from_slice(bytemuck::cast_slice(self));
-        Ok(())
-    }
-    fn load(&mut self, from: &[u8]) -> Result<()> {
-        bytemuck::cast_slice_mut::<T, u8>(self).copy_from_slice(from);
-        Ok(())
-    }
+/// `StatePart` for a container of Pod values, through its slice.
+macro_rules! slice_part {
+    ([$($params:tt)*] $ty:ty) => {
+        impl<$($params)*> StatePart for $ty {
+            fn bytes(&self) -> usize {
+                std::mem::size_of_val(self.as_slice())
+            }
+            fn save(&self, out: &mut Vec<u8>) -> Result<()> {
+                out.extend_from_slice(bytemuck::cast_slice(self.as_slice()));
+                Ok(())
+            }
+            fn load(&mut self, from: &[u8]) -> Result<()> {
+                bytemuck::cast_slice_mut::<T, u8>(self.as_mut_slice()).copy_from_slice(from);
+                Ok(())
+            }
+        }
+    };
 }
 
-impl<T: Pod, const N: usize> StatePart for [T; N] {
-    fn bytes(&self) -> usize {
-        std::mem::size_of_val(self)
-    }
-    fn save(&self, out: &mut Vec<u8>) -> Result<()> {
-        out.extend_from_slice(bytemuck::cast_slice(self));
-        Ok(())
-    }
-    fn load(&mut self, from: &[u8]) -> Result<()> {
-        bytemuck::cast_slice_mut::<T, u8>(self).copy_from_slice(from);
-        Ok(())
-    }
-}
+slice_part!([T: Pod] Vec<T>);
+slice_part!([T: Pod, const N: usize] [T; N]);
 
 /// A buffer of the host device, with the device that reads and writes it (after its streams'
 /// queued work).
@@ -199,5 +193,60 @@ impl Store {
     /// The committed generation of `step`.
     pub fn at(&self, step: u64) -> Option<&Generation> {
         self.committed.iter().find(|g| g.step == step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Two {
+        model: Vec<f32>,
+        cursor: [u64; 2],
+    }
+
+    impl State for Two {
+        fn global(&mut self) -> Vec<&mut dyn StatePart> {
+            vec![&mut self.model]
+        }
+        fn local(&mut self) -> Vec<&mut dyn StatePart> {
+            vec![&mut self.cursor]
+        }
+    }
+
+    #[test]
+    fn parts_save_and_load_back() {
+        let mut a = Two { model: vec![1.5, -2.0, 3.25], cursor: [7, 9] };
+        let (mut g, mut l) = (Vec::new(), Vec::new());
+        save(a.global(), &mut g).unwrap();
+        save(a.local(), &mut l).unwrap();
+        assert_eq!((g.len(), l.len()), (12, 16));
+        let mut b = Two { model: vec![0.0; 3], cursor: [0; 2] };
+        load(b.global(), &g).unwrap();
+        load(b.local(), &l).unwrap();
+        assert_eq!((b.model, b.cursor), (a.model.clone(), a.cursor));
+        // Another length is an error, not a partial load.
+        let mut c = Two { model: vec![0.0; 4], cursor: [0; 2] };
+        assert!(matches!(load(c.global(), &g), Err(Error::Membership(_))));
+        assert_eq!(c.model, vec![0.0; 4]);
+    }
+
+    #[test]
+    fn the_store_keeps_two_commits_and_reuses_the_oldest() {
+        let mut store = Store::default();
+        for step in 0..4u64 {
+            let mut g = store.blank();
+            g.step = step;
+            g.global = vec![step.to_le_bytes()[0]; 8];
+            store.pending = Some(g);
+            store.promote();
+        }
+        let steps: Vec<u64> = store.committed.iter().map(|g| g.step).collect();
+        assert_eq!(steps, vec![3, 2]);
+        assert!(store.at(2).is_some() && store.at(1).is_none());
+        // The next commit takes the oldest's buffers.
+        let reused = store.blank();
+        assert_eq!((reused.step, reused.global.capacity() >= 8), (2, true));
+        assert_eq!(store.committed.len(), 1);
     }
 }

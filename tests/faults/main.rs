@@ -129,6 +129,12 @@ fn main() {
         });
         trials.push(trial.with_ignored_flag(cluster.is_some() && !cluster_required));
     }
+    // `scripts/test.sh` runs this binary on its own, beside its last stages (its launches
+    // mostly wait out deadlines: `docs/testing.md`); inside the workspace's `cargo test` there,
+    // every trial reports itself ignored.
+    if std::env::var("DURALUMIN_FAULTS_DEFERRED").is_ok_and(|v| v == "1") {
+        trials = trials.into_iter().map(|t| t.with_ignored_flag(true)).collect();
+    }
     libtest_mimic::run(&args, trials).exit();
 }
 
