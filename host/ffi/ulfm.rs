@@ -2,7 +2,9 @@
 //! `_failure_ack`), looked up at run time: a binary built against an MPI without it (Debian's
 //! Open MPI 4.1) uses it when it runs on one that has it (Open MPI 5 with
 //! `mpirun --with-ft ulfm`). Its error classes are not in every `mpi.h`, so they come from the
-//! library's own description: Open MPI 5 and MPICH number them differently.
+//! library's own description: Open MPI 5 and MPICH number them differently. MPICH exports the
+//! functions whether or not its fault tolerance is on, and they abort the job when it is off:
+//! there they count only under `MPIR_CVAR_ENABLE_FT=1`.
 
 use std::ffi::{CStr, c_int};
 use std::sync::OnceLock;
@@ -60,7 +62,16 @@ unsafe fn lookup<F: Copy>(name: &CStr) -> Option<F> {
     (!p.is_null()).then(|| unsafe { std::mem::transmute_copy::<*mut libc::c_void, F>(&p) })
 }
 
-/// The ULFM functions, if the MPI library has them.
+/// Whether an MPICH library was started with its fault tolerance on (`MPIR_CVAR_ENABLE_FT`,
+/// or its older names). MPICH exports the `MPIX_Comm_*` functions either way, but without it
+/// they abort the job (MPICH 5.0.2's `MPIX_Comm_failure_ack`: an assertion in ch4_comm.c).
+fn mpich_fault_tolerant() -> bool {
+    ["MPIR_CVAR_ENABLE_FT", "MPIR_PARAM_ENABLE_FT", "MPICH_ENABLE_FT"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| matches!(v.as_str(), "1" | "yes" | "true")))
+}
+
+/// The ULFM functions, if the MPI library has them (on MPICH: and its fault tolerance is on).
 pub(crate) fn api() -> Option<&'static Api> {
     API.get_or_init(|| {
         // SAFETY: the types are ULFM's prototypes (`mpiext_ftmpi_c.h`).
@@ -69,6 +80,9 @@ pub(crate) fn api() -> Option<&'static Api> {
             let classes = if version.contains("Open MPI") {
                 Some((75, 76, 77))
             } else if version.contains("MPICH") {
+                if !mpich_fault_tolerant() {
+                    return None;
+                }
                 Some((101, 102, 103))
             } else {
                 None
