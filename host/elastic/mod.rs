@@ -469,7 +469,7 @@ impl Elastic {
             let _ = ctl.revoke();
         }
         let (all, failed) = agree(ctl, bits)?;
-        if all & SANE == 0 && !someone_died(ctl)? {
+        if all & SANE == 0 && !failed && !someone_died(ctl)? {
             return Err(match r {
                 Err(e) if !is_failure(&e) => e,
                 _ => Error::Membership("another rank stopped with an error that is not a failure of a rank".into()),

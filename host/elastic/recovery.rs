@@ -10,7 +10,7 @@ use mpi::raw::FromRaw;
 use mpi::topology::SimpleCommunicator;
 
 use super::plan::{Info, Plan};
-use super::{Cause, Change, Elastic, Event, Member, OK, SANE, State, Timings, agree, is_failure, someone_died, state};
+use super::{Cause, Change, Elastic, Event, Member, OK, SANE, State, Timings, agree, is_failure, state};
 use crate::MpiCommunicator;
 use crate::api::error::{Error, Result};
 use crate::ffi::{self, RawComm};
@@ -202,7 +202,7 @@ impl Elastic {
         }
         let (agreed, failed) = agree(&all, ok)?;
         t.transfer += began.elapsed();
-        if agreed & SANE == 0 && !someone_died(&all)? {
+        if agreed & SANE == 0 && !failed {
             return Err(Stop::Fatal(fatal(r)));
         }
         if agreed & OK == 0 || failed {
@@ -442,20 +442,23 @@ fn with_errors(comm: Result<MpiCommunicator>, timeout: Duration) -> Result<MpiCo
     Ok(comm)
 }
 
-/// The agreement's bits for `r` (see [`super::OK`]).
+/// The agreement's bits for an attempt's outcome `r` (see [`super::OK`]). Only a plan error
+/// (`Error::Membership`: derived alike on every member from what all reported) ends the job;
+/// any other error sends everyone to another attempt, since a death during an attempt shows
+/// up as MPI errors of any kind (communicator creation, transfers).
 fn bits_of<T>(r: &Result<T>) -> u32 {
     match r {
         Ok(_) => OK | SANE,
-        Err(e) if is_failure(e) => SANE,
-        Err(_) => 0,
+        Err(Error::Membership(_)) => 0,
+        Err(_) => SANE,
     }
 }
 
-/// The error a rank ends with when a member's error was not a failure: its own, or one that
-/// says another rank's was.
+/// The error a rank ends with when a member's plan failed: its own, or one that says another
+/// member's did.
 fn fatal<T>(r: Result<T>) -> Error {
     match r {
-        Err(e) if !is_failure(&e) => e,
-        _ => Error::Membership("another rank stopped with an error that is not a failure of a rank".into()),
+        Err(e @ Error::Membership(_)) => e,
+        _ => Error::Membership("another member could not plan the new membership".into()),
     }
 }
