@@ -90,6 +90,12 @@ DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/debug/exampl
     DURALUMIN_ELASTIC_EXAMPLE=$PWD/target/ulfm/debug/examples/07-elastic-training \
     DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm --test elastic
 step "ulfm and elastic"
+# The suite's representative cut under the other MPIs a cluster runs (scripts/mpi-cut.sh):
+# Open MPI 5 (in the ULFM builds' target directory) and MPICH (MPICH's ABI: MVAPICH2, Cray
+# MPICH, Intel MPI), both installed by setup.sh.
+bash scripts/mpi-cut.sh openmpi5 "$ulfm" target/ulfm
+bash scripts/mpi-cut.sh mpich "${DURALUMIN_MPICH_DIR:-/opt/duralumin/mpich}"
+step "Open MPI 5 and MPICH"
 # The GPU benchmark programs must run to their end on the simulator (the multi-rank tests linked it
 # as target/release/cudasim/libcuda.so). The HostTransfer one runs to 256 MiB (where a pinned
 # allocation on the calling thread once deadlocked) under the simulator's timing model, two

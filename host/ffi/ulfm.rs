@@ -2,9 +2,10 @@
 //! `_failure_ack`), looked up at run time: a binary built against an MPI without it (Debian's
 //! Open MPI 4.1) uses it when it runs on one that has it (Open MPI 5 with
 //! `mpirun --with-ft ulfm`). Its error classes are not in every `mpi.h`, so they come from the
-//! library's own description: Open MPI 5 and MPICH number them differently. MPICH exports the
-//! functions whether or not its fault tolerance is on, and they abort the job when it is off:
-//! there they count only under `MPIR_CVAR_ENABLE_FT=1`.
+//! library's own description: Open MPI 5 and MPICH number them differently. Both export the
+//! functions whether or not their fault tolerance is on (Open MPI's then interrupt nothing,
+//! MPICH's abort the job), so they count only when it is: `OMPI_MCA_mpi_ft_enable`, which
+//! `mpirun --with-ft ulfm` sets, or `MPIR_CVAR_ENABLE_FT=1`.
 
 use std::ffi::{CStr, c_int};
 use std::sync::OnceLock;
@@ -71,13 +72,25 @@ fn mpich_fault_tolerant() -> bool {
         .any(|v| std::env::var(v).is_ok_and(|v| matches!(v.as_str(), "1" | "yes" | "true")))
 }
 
-/// The ULFM functions, if the MPI library has them (on MPICH: and its fault tolerance is on).
+/// Whether an Open MPI 5 job was started with its fault tolerance on (`mpirun --with-ft
+/// ulfm` sets `OMPI_MCA_mpi_ft_enable=1` in every process). Open MPI exports the `MPIX_Comm_*`
+/// functions either way, but without it a revoke interrupts nothing: a rank blocked in a
+/// collective stays there (seen by the fault trials under Open MPI 5.0.11).
+fn open_mpi_fault_tolerant() -> bool {
+    std::env::var("OMPI_MCA_mpi_ft_enable")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "enabled"))
+}
+
+/// The ULFM functions, if the MPI library has them and its fault tolerance is on.
 pub(crate) fn api() -> Option<&'static Api> {
     API.get_or_init(|| {
         // SAFETY: the types are ULFM's prototypes (`mpiext_ftmpi_c.h`).
         unsafe {
             let version = super::library_version();
             let classes = if version.contains("Open MPI") {
+                if !open_mpi_fault_tolerant() {
+                    return None;
+                }
                 Some((75, 76, 77))
             } else if version.contains("MPICH") {
                 if !mpich_fault_tolerant() {

@@ -114,8 +114,36 @@ pub fn launch_with(
     Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
 }
 
+/// Which launcher a `mpirun` program is: MPICH's Hydra (MPICH, and the MPIs of its ABI) or
+/// Open MPI's (4's ORTE, 5's PRRTE). They take different flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Launcher {
+    Hydra,
+    OpenMpi,
+}
+
+/// The launcher `mpirun` is, from its `--version` (asked once per program named `mpirun` or
+/// `mpiexec`; any other, such as `scripts/cluster-mpirun`, wraps Open MPI's).
+pub fn launcher(mpirun: &str) -> Launcher {
+    let name = std::path::Path::new(mpirun).file_name().map(|n| n.to_string_lossy().into_owned());
+    if !name.is_some_and(|n| n.starts_with("mpirun") || n.starts_with("mpiexec")) {
+        return Launcher::OpenMpi;
+    }
+    static SEEN: std::sync::Mutex<Vec<(String, Launcher)>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, l)) = seen.iter().find(|(p, _)| p == mpirun) {
+        return *l;
+    }
+    let out = Command::new(mpirun).arg("--version").stdin(Stdio::null()).output();
+    let hydra = out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("HYDRA"));
+    let l = if hydra { Launcher::Hydra } else { Launcher::OpenMpi };
+    seen.push((mpirun.to_string(), l));
+    l
+}
+
 /// `mpirun -np np [extra] exe`, allowed to run as root (Open MPI 4's and 5's runtimes both ask),
 /// with `--oversubscribe` (fewer cores than ranks) and no binding (ranks share the cores).
+/// Under Hydra (MPICH), which neither asks about root nor counts slots: `-np` and no binding.
 ///
 /// The job ends with the thread that started it: `mpirun` (or the cluster script, which tears
 /// its cluster down) gets SIGTERM if the launching program is killed, rather than leaving the
@@ -131,8 +159,11 @@ pub fn command(mpirun: &str, np: usize, exe: &std::path::Path, extra: &[&str]) -
             Ok(())
         });
     }
-    c.args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()])
-        .args(extra)
+    match launcher(mpirun) {
+        Launcher::Hydra => c.args(["-bind-to", "none", "-np", &np.to_string()]),
+        Launcher::OpenMpi => c.args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()]),
+    };
+    c.args(extra)
         .arg(exe)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

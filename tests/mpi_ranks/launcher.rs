@@ -32,10 +32,14 @@ fn host_trials(cluster: &Cluster) -> Vec<Trial> {
     // Every element with every operator at 3 ranks (uneven blocks, a ring that is not a
     // pairwise exchange); the other rank counts move the same pairs' data by other algorithms,
     // which the representative cut covers at every element width.
+    // `DURALUMIN_RANK_GROUPS` names the groups they run (`sweep+p2p`, say; every group by
+    // default): the cut scripts/test.sh runs under the other MPIs.
+    let groups = std::env::var("DURALUMIN_RANK_GROUPS").unwrap_or_else(|_| "all".into());
     let mut trials: Vec<Trial> = (1..=5)
         .map(|np| {
             let env = if np == FULL_SWEEP_RANKS { vec![] } else { vec![representative()] };
-            Trial::test(format!("mpi_np{np}"), move || launch_with(np, "all", &env, timeout()))
+            let groups = groups.clone();
+            Trial::test(format!("mpi_np{np}"), move || launch_with(np, &groups, &env, timeout()))
         })
         .collect();
     // The two-level algorithms on one host, with rank r treated as on node r % 2: at 5 ranks
