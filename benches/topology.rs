@@ -18,7 +18,7 @@ mod timing;
 use std::fmt::Write as _;
 
 use duralumin::mpi::topology::SimpleCommunicator;
-use duralumin::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Sum, Tuning};
+use duralumin::{AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, Sum, Tuning, WindowStores};
 
 const SIZES: [usize; 9] = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
 const ROUNDS: usize = 5;
@@ -76,9 +76,11 @@ impl Bench<'_> {
             for (i, &tuning) in tunings.iter().enumerate() {
                 self.comm.set_tuning(tuning);
                 let comm = &*self.comm;
-                if round == 0 {
-                    f(comm, i);
-                } else {
+                // One untimed call first: the variant run right after another kind of algorithm
+                // finds the caches and the window in that one's state (without it, the same
+                // shared-memory path read 10-25 % slower in the column after another algorithm's).
+                f(comm, i);
+                if round > 0 {
                     t[i].push(timing::time_us(self.world, reps, || f(comm, i), || ()));
                 }
             }
@@ -147,9 +149,20 @@ fn allreduce(b: &mut Bench, bytes: usize) {
     .into_iter()
     .filter(|&a| single || a != AllreduceAlgorithm::SharedMemory)
     .collect();
-    let tunings = vec![b.comm.tuning(); algorithms.len()];
-    let t = b.time(bytes, &tunings, |c, i| c.allreduce_with(&send, &mut recv, Sum, algorithms[i]).expect("allreduce"));
-    let times = algorithms.iter().zip(t).map(|(a, t)| (name(&format!("{a:?}")), t)).collect();
+    let base = b.comm.tuning();
+    let mut variants: Vec<(String, AllreduceAlgorithm, Tuning)> =
+        algorithms.iter().map(|&a| (name(&format!("{a:?}")), a, base)).collect();
+    // The shared-memory window written one way only (the default picks as it runs from
+    // 4 MiB; below, every variant writes it with ordinary stores).
+    if single {
+        for (how, stores) in [("cached", WindowStores::Cached), ("streamed", WindowStores::Streamed)] {
+            let tuning = base.with_shared_memory_stores(stores);
+            variants.push((format!("shm_{how}"), AllreduceAlgorithm::SharedMemory, tuning));
+        }
+    }
+    let tunings: Vec<Tuning> = variants.iter().map(|v| v.2).collect();
+    let t = b.time(bytes, &tunings, |c, i| c.allreduce_with(&send, &mut recv, Sum, variants[i].1).expect("allreduce"));
+    let times = variants.iter().zip(t).map(|(v, t)| (v.0.clone(), t)).collect();
     let auto = name(&format!("{:?}", b.comm.allreduce_choice::<f32, Sum>(len)));
     b.points.push(Point { op: "allreduce", bytes, times, auto });
 }
@@ -263,14 +276,17 @@ fn report(points: &[Point], single_node: bool) {
             );
         }
     }
-    if !single_node {
-        let at =
-            |op: &str, name: &str| points.iter().find(|p| p.op == op && p.bytes == 64 << 20).and_then(|p| p.time(name));
-        let mut check = |what: &str, ratio: Option<f64>, ok: fn(f64) -> bool| {
-            if let Some(r) = ratio {
-                let _ = writeln!(targets, "{} {what}: {r:.2}", if ok(r) { "met   " } else { "MISSED" });
-            }
-        };
+    let at =
+        |op: &str, name: &str| points.iter().find(|p| p.op == op && p.bytes == 64 << 20).and_then(|p| p.time(name));
+    let mut check = |what: &str, ratio: Option<f64>, ok: fn(f64) -> bool| {
+        if let Some(r) = ratio {
+            let _ = writeln!(targets, "{} {what}: {r:.2}", if ok(r) { "met   " } else { "MISSED" });
+        }
+    };
+    if single_node {
+        let shm = at("allreduce", "shared_memory").zip(at("allreduce", "native")).map(|(s, n)| s / n);
+        check("shared-memory allreduce 64 MiB, time / native (<= 0.35)", shm, |r| r <= 0.35);
+    } else {
         let ring = at("allreduce", "ring").zip(at("allreduce", "hierarchical")).map(|(r, h)| r / h);
         check("hierarchical allreduce 64 MiB, speed-up over the flat ring (>= 1.5)", ring, |r| r >= 1.5);
         let native = at("allreduce", "hierarchical").zip(at("allreduce", "native")).map(|(h, n)| h / n);

@@ -46,7 +46,7 @@ pub use api::{device_code, topology};
 pub use backends::host_transfer::{DeviceRequest, HostTransferCommunicator, HostTransferConfig};
 pub use backends::mpi::{
     AllgatherAlgorithm, AllreduceAlgorithm, BcastAlgorithm, MpiCommunicator, ReduceScatterAlgorithm, Tuning,
-    progress_thread_running,
+    WindowStores, progress_thread_running,
 };
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub use backends::nccl::{NcclCommunicator, NcclDevice, NcclRequest};

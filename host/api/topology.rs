@@ -100,3 +100,57 @@ mod tests {
         assert!(Topology::from_leaders(&[0, 0, 0]).shape().single_node());
     }
 }
+
+/// Which MPI library the process runs on, from `MPI_Get_library_version`: what
+/// [`Tuning::for_library`](crate::Tuning::for_library) adjusts its thresholds for
+/// (`docs/topology.md`, "Per MPI").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MpiLibrary {
+    /// Open MPI (4 or 5).
+    OpenMpi,
+    /// MPICH, or an MPI of its family that says so (MVAPICH2, Intel MPI, Cray MPICH).
+    Mpich,
+    /// Any other.
+    Other,
+}
+
+impl MpiLibrary {
+    /// The library that `version` (`MPI_Get_library_version`'s text) describes.
+    pub fn from_version(version: &str) -> MpiLibrary {
+        let mpich_family = ["MPICH", "MVAPICH", "Intel(R) MPI", "CRAY MPICH"];
+        if version.starts_with("Open MPI") {
+            MpiLibrary::OpenMpi
+        } else if mpich_family.iter().any(|m| version.contains(m)) {
+            MpiLibrary::Mpich
+        } else {
+            MpiLibrary::Other
+        }
+    }
+
+    /// The library this process runs on (asked once).
+    pub fn running() -> MpiLibrary {
+        static RUNNING: std::sync::OnceLock<MpiLibrary> = std::sync::OnceLock::new();
+        *RUNNING.get_or_init(|| MpiLibrary::from_version(&crate::ffi::library_version()))
+    }
+}
+
+#[cfg(test)]
+mod library_tests {
+    use super::MpiLibrary;
+
+    #[test]
+    fn version_strings_name_their_library() {
+        let cases = [
+            ("Open MPI v5.0.11, package: Open MPI ..., ident: 5.0.11", MpiLibrary::OpenMpi),
+            ("MPICH Version:\t5.0.2\nMPICH Release date: ...", MpiLibrary::Mpich),
+            ("MVAPICH2 Version      :\t2.3.6", MpiLibrary::Mpich),
+            ("Intel(R) MPI Library 2021.6 for Linux* OS", MpiLibrary::Mpich),
+            ("MPI VERSION    : CRAY MPICH version 8.1.28.2 (ANL base 3.4a2)", MpiLibrary::Mpich),
+            ("Microsoft MPI 10.1", MpiLibrary::Other),
+        ];
+        for (version, library) in cases {
+            assert_eq!(MpiLibrary::from_version(version), library, "{version}");
+        }
+    }
+}

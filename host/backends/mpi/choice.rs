@@ -50,7 +50,7 @@ pub enum AllreduceAlgorithm {
 #[non_exhaustive]
 pub enum BcastAlgorithm {
     /// On several nodes, hierarchical from [`super::Tuning::hierarchical_bcast_bytes`]; on one,
-    /// chain from [`super::Tuning::bcast_chain_bytes`] with 3 ranks or more; native otherwise.
+    /// chain from [`super::Tuning::bcast_chain_bytes`] (at 2 ranks, one send); native otherwise.
     #[default]
     Auto,
     /// The MPI library's `MPI_Bcast`.
@@ -145,13 +145,14 @@ impl MpiCommunicator {
 
     /// The path a reduce-scatter of `count` elements per rank with `O` takes on this
     /// communicator, as its thresholds ([`super::Tuning::hierarchical_reduce_scatter_bytes`],
-    /// [`super::Tuning::reduce_ring_bytes`]) decide.
+    /// [`super::Tuning::reduce_native_above_bytes`], [`super::Tuning::reduce_ring_bytes`])
+    /// decide.
     pub fn reduce_scatter_choice<T: Element, O: ReduceOp<T>>(&self, count: usize) -> ReduceScatterAlgorithm {
         let total = count.saturating_mul(self.size());
         let bytes = total.saturating_mul(size_of::<T>());
         if self.use_two_level(bytes, self.tuning.hierarchical_reduce_scatter_bytes, O::COMMUTATIVE) {
             ReduceScatterAlgorithm::Hierarchical
-        } else if self.use_reduce_ring::<T, O>(total, self.tuning.reduce_ring_bytes) {
+        } else if self.use_reduce_scatter_ring::<T, O>(total) {
             ReduceScatterAlgorithm::Ring
         } else {
             ReduceScatterAlgorithm::Native
@@ -201,7 +202,7 @@ impl MpiCommunicator {
         let t = &self.tuning;
         if !self.topology.shape().single_node() && bytes >= t.hierarchical_bcast_bytes {
             BcastAlgorithm::Hierarchical
-        } else if self.topology.shape().single_node() && self.size() > 2 && bytes >= t.bcast_chain_bytes {
+        } else if self.topology.shape().single_node() && self.size() > 1 && bytes >= t.bcast_chain_bytes {
             BcastAlgorithm::Chain
         } else {
             BcastAlgorithm::Native
@@ -215,6 +216,15 @@ impl MpiCommunicator {
     }
 
     /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:
+    /// Whether a reduce-scatter of `total` elements runs the ring: from
+    /// [`super::Tuning::reduce_ring_bytes`] up to [`super::Tuning::reduce_native_above_bytes`],
+    /// and whenever it is too large for one MPI call.
+    pub(super) fn use_reduce_scatter_ring<T: Element, O: ReduceOp<T>>(&self, total: usize) -> bool {
+        let bytes = total.saturating_mul(size_of::<T>());
+        let native = bytes >= self.tuning.reduce_native_above_bytes && self.fits(total);
+        !native && self.use_reduce_ring::<T, O>(total, self.tuning.reduce_ring_bytes)
+    }
+
     /// decided from values every rank shares, so all ranks agree.
     pub(super) fn use_reduce_ring<T: Element, O: ReduceOp<T>>(&self, total: usize, threshold: usize) -> bool {
         let bytes = total.saturating_mul(size_of::<T>());

@@ -17,6 +17,9 @@ mod p2p;
 mod plans;
 mod shadow;
 mod shm;
+mod stores;
+
+pub use stores::WindowStores;
 
 use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
@@ -41,6 +44,7 @@ pub use choice::{AllgatherAlgorithm, AllreduceAlgorithm, BcastAlgorithm, ReduceS
 /// The Mpi backend's communicator under its old name.
 #[deprecated(since = "0.2.0", note = "renamed `MpiCommunicator` (also at the crate root)")]
 pub type Communicator = MpiCommunicator;
+use job::NATIVE_UNCHECKED_BYTES;
 pub(crate) use job::{Job, Mode};
 pub(crate) use p2p::exchange;
 
@@ -64,14 +68,21 @@ pub struct Tuning {
     /// Segment size (bytes) of the ring's pipelined reduce-scatter.
     pub ring_segment_bytes: usize,
     /// Reduce-scatters of at least this many bytes in total use the ring reduce-scatter
-    /// (commutative operators); smaller ones go to the MPI library.
+    /// (commutative operators); smaller ones go to the MPI library (256 KiB; 2 KiB at 2 ranks
+    /// on one node).
     pub reduce_ring_bytes: usize,
+    /// Reduce-scatters of at least this many bytes in total go back to the MPI library when it
+    /// fits one call: 32 MiB under MPICH, whose own was the faster at 64 MiB (2 ranks: 25.7 ms
+    /// against the ring's 41.9; at 16 MiB either won by turns); no bound (`usize::MAX`) under
+    /// the other MPIs.
+    pub reduce_native_above_bytes: usize,
     /// Reduces of at least this many bytes run the ring reduce-scatter and gather the blocks
     /// at the root (commutative operators). Off by default (`usize::MAX`): Open MPI's own reduce
     /// was faster in the benchmark here (1.5-4.8x at 256 KiB..64 MiB, 2 ranks); reduces too
     /// large for one MPI call take this path regardless.
     pub reduce_root_ring_bytes: usize,
-    /// Broadcasts of at least this many bytes use the pipelined chain (3 or more ranks).
+    /// On one node, broadcasts of at least this many bytes use the pipelined chain (1 MiB; 2 KiB
+    /// at 2 ranks, where the chain is one send).
     pub bcast_chain_bytes: usize,
     /// Chunk size (bytes) of the pipelined chain broadcast.
     pub bcast_chunk_bytes: usize,
@@ -112,12 +123,17 @@ pub struct Tuning {
     /// The hierarchical allreduce runs in chunks of this many bytes, pipelined so that one
     /// chunk's node-local phases overlap another's network phase.
     pub hierarchical_chunk_bytes: usize,
+    /// How a rank writes the shared-memory window in allreduces of 4 MiB and more: by default
+    /// whichever of ordinary and non-temporal stores costs it less while the job runs
+    /// ([`WindowStores::Adaptive`]).
+    pub shared_memory_stores: WindowStores,
 }
 
 with_setters!(Tuning {
     allreduce_ring_bytes: usize => with_allreduce_ring_bytes,
     ring_segment_bytes: usize => with_ring_segment_bytes,
     reduce_ring_bytes: usize => with_reduce_ring_bytes,
+    reduce_native_above_bytes: usize => with_reduce_native_above_bytes,
     reduce_root_ring_bytes: usize => with_reduce_root_ring_bytes,
     bcast_chain_bytes: usize => with_bcast_chain_bytes,
     bcast_chunk_bytes: usize => with_bcast_chunk_bytes,
@@ -130,6 +146,7 @@ with_setters!(Tuning {
     hierarchical_allgather_bytes: usize => with_hierarchical_allgather_bytes,
     network_message_bytes: usize => with_network_message_bytes,
     hierarchical_chunk_bytes: usize => with_hierarchical_chunk_bytes,
+    shared_memory_stores: WindowStores => with_shared_memory_stores,
 });
 
 impl Default for Tuning {
@@ -140,14 +157,34 @@ impl Default for Tuning {
 }
 
 impl Tuning {
+    /// The thresholds measured best for a communicator of `shape` under the MPI library this
+    /// process runs on (the tables in `docs/topology.md`). Every communicator starts from these.
+    pub fn for_shape_here(shape: Shape) -> Self {
+        Self::for_shape(shape).for_library(crate::topology::MpiLibrary::running())
+    }
+
+    /// These thresholds adjusted for `library`, where its own collectives measured faster.
+    pub fn for_library(mut self, library: crate::topology::MpiLibrary) -> Self {
+        if library == crate::topology::MpiLibrary::Mpich {
+            self.reduce_native_above_bytes = 32 << 20;
+        }
+        self
+    }
+
     /// The thresholds measured best for a communicator of `shape` (the table in
-    /// `docs/topology.md`). Every communicator starts from these.
+    /// `docs/topology.md`), under any MPI library.
     pub fn for_shape(shape: Shape) -> Self {
         // Measured on the simulated cluster's default 4 gbit links (docs/topology.md says what
         // changes on slower ones). With one rank per node the hierarchical allreduce is the flat
         // ring: it takes over where the ring does; the two-level reduce-scatter and allgather
         // have no node phase to save and take over later too.
         let several_per_node = shape.max_per_node > 1;
+        // Two ranks on one node: a bcast is one send and a reduce-scatter one exchange each way,
+        // and Duralumin's (its signature in the tags) beat every MPI's own from 4 KiB
+        // (docs/topology.md, "Per MPI"), from where MPI's own would wait for the signature
+        // check.
+        let pair = shape.nodes == 1 && shape.max_per_node == 2;
+        let pair_or = |bytes: usize| if pair { NATIVE_UNCHECKED_BYTES } else { bytes };
         Tuning {
             // From where a native allreduce would wait for the signature check
             // (`NATIVE_UNCHECKED_BYTES`): the window's barriers cost less than that.
@@ -159,13 +196,16 @@ impl Tuning {
             hierarchical_allgather_bytes: if several_per_node { 32 << 10 } else { 64 << 10 },
             allreduce_ring_bytes: 256 << 10,
             ring_segment_bytes: 1 << 20,
-            reduce_ring_bytes: 256 << 10,
+            reduce_ring_bytes: pair_or(256 << 10),
+            reduce_native_above_bytes: usize::MAX,
             reduce_root_ring_bytes: usize::MAX,
-            bcast_chain_bytes: 1 << 20,
+            // At 2 ranks the chain is one send, which beat every MPI's own bcast from 4 KiB.
+            bcast_chain_bytes: pair_or(1 << 20),
             bcast_chunk_bytes: 1 << 20,
             max_message_elements: c_int::MAX as usize,
             network_message_bytes: 60 << 10,
             hierarchical_chunk_bytes: 2 << 20,
+            shared_memory_stores: WindowStores::Adaptive,
         }
     }
 }
@@ -331,7 +371,7 @@ impl MpiCommunicator {
             seq: Cell::new(0),
             current: Cell::new(None),
             current_hash: Cell::new(None),
-            tuning: Tuning::for_shape(topology.shape()),
+            tuning: Tuning::for_shape_here(topology.shape()),
             topology: Arc::new(topology),
             engine: OnceCell::new(),
             _not_sync: PhantomData,

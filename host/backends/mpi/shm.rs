@@ -49,10 +49,12 @@ use std::future::poll_fn;
 use std::sync::atomic::{self, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::Poll;
+use std::time::Instant;
 
 use duralumin_kernels::{Element, ReduceOp};
 
 use super::job::{Job, Mode};
+use super::stores::{StoreChoice, Stores, WindowStores};
 use super::{Core, MpiCommunicator};
 use crate::algorithms::block_range;
 use crate::api::error::{Error, Result};
@@ -150,6 +152,8 @@ struct Window {
     rank: usize,
     size: usize,
     parts: Vec<*mut u8>,
+    /// How this rank writes the window in large operations ([`super::stores`]).
+    stores: StoreChoice,
 }
 
 // SAFETY: the part addresses point into MPI-allocated shared memory that lives as long as the
@@ -195,7 +199,7 @@ impl Window {
             Ok(parts)
         })();
         match ready {
-            Ok(parts) => Ok(Window { node, win, rank, size, parts }),
+            Ok(parts) => Ok(Window { node, win, rank, size, parts, stores: StoreChoice::default() }),
             Err(e) => {
                 // SAFETY: the window was made above, is not locked and nobody uses its memory;
                 // the failure (a property of what the library gave) is the same on every rank,
@@ -387,6 +391,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         count: out.len() as u64,
         elem_size: size_of::<T>() as u64,
     };
+    let stores = comm.tuning().shared_memory_stores;
     let turn = Turn::take(Arc::clone(&comm.core));
     Ok(Job::Future(Box::pin(async move {
         let first = turn.come_up().await;
@@ -394,7 +399,7 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         let r = host_reducer::<T, O>();
         // SAFETY: the public method borrows `send` and `out` for the whole operation (the
         // same slice in place); this operation holds the window's turn.
-        let chunks = unsafe { pipeline(w, &x, &r, input.unwrap_or(out), out, first, header) }.await?;
+        let chunks = unsafe { pipeline(w, &x, &r, (input.unwrap_or(out), out), first, header, stores) }.await?;
         turn.continue_at(first + chunks);
         Ok(())
     })))
@@ -474,19 +479,21 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
     w: &Window,
     x: &MpiTransport,
     r: &R,
-    input: RawBuf<T>,
-    out: RawBuf<T>,
+    (input, out): (RawBuf<T>, RawBuf<T>),
     first: usize,
     header: Header,
+    stores: WindowStores,
 ) -> Result<usize> {
-    let p = Chunks::new(w, input, out, first);
+    let mut p = Chunks::new(w, input, out, first);
     let chunks = p.count();
+    // Large operations write the window the way that costs this rank less (`super::stores`).
+    let how = if p.stream { w.stores.pick(stores) } else { Stores::Cached };
     // Each step below runs between the barriers the module docs give it, which is what the
     // steps of `Chunks` require.
     // SAFETY: this operation holds the turn, before its first barrier.
     unsafe { w.write_header(header) };
     // SAFETY: as above; the caller guarantees `input` readable.
-    unsafe { p.stage(0) };
+    unsafe { p.stage(0, how) };
     for c in 0..=chunks {
         w.fence()?;
         barrier(x).await?;
@@ -499,13 +506,19 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
             // SAFETY: as above.
             unsafe { p.copy_out(c - 1) };
         }
-        if c < chunks {
+        if c + 1 < chunks {
+            let t = Instant::now();
             // SAFETY: as above.
-            unsafe { p.reduce(r, c) };
-            if c + 1 < chunks {
-                // SAFETY: as above.
-                unsafe { p.stage(c + 1) };
+            unsafe {
+                p.reduce(r, c, how);
+                p.stage(c + 1, how);
             }
+            if p.stream {
+                w.stores.record(how, p.span(c).1 * size_of::<T>(), t.elapsed());
+            }
+        } else if c < chunks {
+            // SAFETY: as above.
+            unsafe { p.reduce(r, c, how) };
         }
     }
     Ok(chunks)
@@ -524,6 +537,9 @@ struct Chunks<'a, T> {
     block: usize,
     /// Whether results go to `out` with non-temporal stores (large operations).
     stream: bool,
+    /// A block to reduce into when the window is written around the caches (large operations
+    /// only).
+    scratch: Vec<T>,
 }
 
 impl<'a, T: Element> Chunks<'a, T> {
@@ -531,7 +547,8 @@ impl<'a, T: Element> Chunks<'a, T> {
         let k = (BUFFER_BYTES / size_of::<T>().max(1)).max(1);
         let block = (REDUCE_BLOCK_BYTES / size_of::<T>().max(1)).max(1);
         let stream = out.len().saturating_mul(size_of::<T>()) >= STREAM_BYTES;
-        Chunks { w, input, out, first, k, block, stream }
+        let scratch = if stream { vec![bytemuck::Zeroable::zeroed(); block] } else { Vec::new() };
+        Chunks { w, input, out, first, k, block, stream, scratch }
     }
 
     fn count(&self) -> usize {
@@ -562,14 +579,14 @@ impl<'a, T: Element> Chunks<'a, T> {
     /// # Safety
     /// Runs before the barrier after which the others read chunk `c`, and after the one past
     /// which nobody reads this buffer's previous chunk; `input` is readable.
-    unsafe fn stage(&self, c: usize) {
+    unsafe fn stage(&self, c: usize, how: Stores) {
         let ((off, l), me) = (self.span(c), self.w.rank);
         let mine = self.buffer(me, c);
         for j in (0..self.w.size).filter(|&j| j != me) {
             let (s, at, sl) = self.slice(l, j);
             // SAFETY: this rank's buffer for chunk `c` is written by it alone, and no rank
             // reads these slots before the next barrier (the caller's guarantee).
-            unsafe { mine.block(at, sl).copy_from(self.input.block(off + s, sl)) };
+            unsafe { put(mine.block(at, sl), self.input.block(off + s, sl), how == Stores::Streamed) };
         }
     }
 
@@ -580,20 +597,26 @@ impl<'a, T: Element> Chunks<'a, T> {
     /// # Safety
     /// Every rank staged chunk `c` before the barrier just passed, and nobody writes the staged
     /// slots until the next one; `out` is this operation's.
-    unsafe fn reduce<R: Reducer<T>>(&self, r: &R, c: usize) {
+    unsafe fn reduce<R: Reducer<T>>(&mut self, r: &R, c: usize, how: Stores) {
         let ((off, l), me, n) = (self.span(c), self.w.rank, self.w.size);
         let (s, at, sl) = self.slice(l, me);
         let ranks = u32_rank(n);
+        // Streamed: the result is made in the scratch block (in the first-level cache), then
+        // streamed into the window; cached: made in the window, where the output copies it from.
+        let streamed = how == Stores::Streamed && self.scratch.len() >= self.block;
+        let scratch = RawBuf::from_mut(&mut self.scratch);
         for b in (0..sl).step_by(self.block) {
             let bl = self.block.min(sl - b);
             let src = |j: usize| {
                 if j == me { self.input.block(off + s + b, bl) } else { self.buffer(j, c).block(at + b, bl) }
             };
-            let dst = self.buffer(me, c).block(at + b, bl);
+            let slot = self.buffer(me, c).block(at + b, bl);
+            let dst = if streamed { scratch.block(0, bl) } else { slot };
             // SAFETY: the staged sources are final (the caller's guarantee); `dst` (this rank's
-            // own slot of its buffer) is read by the others only after the next barrier, and
-            // lies apart from every source. The block of `out` is this operation's; in place it
-            // is the block of the input just read, and no one reads it again.
+            // own slot of its buffer, or its private scratch) is read by the others only after
+            // the next barrier, and lies apart from every source. The block of `out` is this
+            // operation's; in place it is the block of the input just read, and no one reads
+            // it again.
             unsafe {
                 let d = dst.as_mut_slice();
                 r.reduce_into(d, src(0).as_slice(), src(1).as_slice());
@@ -601,6 +624,9 @@ impl<'a, T: Element> Chunks<'a, T> {
                     r.reduce(d, src(j).as_slice());
                 }
                 r.finish(d, ranks);
+                if streamed {
+                    slot.stream_from(dst);
+                }
                 put(self.out.block(off + s + b, bl), dst, self.stream);
             }
         }
@@ -635,7 +661,7 @@ fn header_mismatch(x: &MpiTransport, j: usize, theirs: &Header, mine: &Header) -
     Error::Mismatch { op, seq, peer: j, what, report: String::new() }
 }
 
-/// Copies a result block into the output: streamed around the caches when `stream`.
+/// Copies a block: streamed around the caches when `stream`.
 ///
 /// # Safety
 /// As for [`RawBuf::copy_from`].

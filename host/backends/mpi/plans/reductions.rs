@@ -174,7 +174,7 @@ impl MpiCommunicator {
         let total = ReduceScatterv { send: send.map(<[T]>::len), recv: recv.len(), counts }.check(self.ranks())?;
         let out = RawBuf::from_mut(recv);
         let displs = check::packed_displs(counts);
-        if self.use_reduce_ring::<T, O>(total, self.tuning.reduce_ring_bytes) {
+        if self.use_reduce_scatter_ring::<T, O>(total) {
             return self.ring_reduce_scatter::<T, O>(send.map(RawBuf::from_ref), out, counts, &displs, mode);
         }
         let dt = datatype::<T>()?;
