@@ -215,7 +215,6 @@ impl MpiCommunicator {
         commutative && !self.topology.shape().single_node() && bytes >= threshold
     }
 
-    /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:
     /// Whether a reduce-scatter of `total` elements runs the ring: from
     /// [`super::Tuning::reduce_ring_bytes`] up to [`super::Tuning::reduce_native_above_bytes`],
     /// and whenever it is too large for one MPI call.
@@ -225,6 +224,7 @@ impl MpiCommunicator {
         !native && self.use_reduce_ring::<T, O>(total, self.tuning.reduce_ring_bytes)
     }
 
+    /// Whether a reduce or reduce-scatter of `total` elements runs the ring reduce-scatter:
     /// decided from values every rank shares, so all ranks agree.
     pub(super) fn use_reduce_ring<T: Element, O: ReduceOp<T>>(&self, total: usize, threshold: usize) -> bool {
         let bytes = total.saturating_mul(size_of::<T>());

@@ -13,8 +13,8 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WindowStores {
-    /// Whichever way costs this rank less, measured as the job runs (one chunk in 16 is
-    /// written the other way to keep its cost known).
+    /// Whichever way costs this rank less, measured as the job runs (one operation in 16 is
+    /// written the other way, on every rank at once, to keep its cost known).
     #[default]
     Adaptive,
     /// Ordinary stores: the best where the cores share a cache and stores into lines another
