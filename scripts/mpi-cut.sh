@@ -40,11 +40,6 @@ DURALUMIN_RANK_GROUPS=sweep+p2p+bad_input+engine+topology cargo_ test -q --test 
 cargo_ test -q --test argcheck -- --skip np5
 cargo_ test -q --test examples -- --skip cudasim --skip gpu
 # The Mpi backend's faults; the mismatch sweeps (30 s and more per rank count in a debug
-# build) are the main run's. Under MPICH, not the trials that end the job (`abort`, and the
-# window drops, which end it in every mode): their checks read what the launcher forwards, and
-# Hydra names a killed rank by neither its rank nor its process id, may drop a rank's last
-# lines of stderr when a rank calls MPI_Abort, and MPICH ends the job itself, from inside
-# MPI_Allreduce, on a longer message (docs/cluster.md).
+# build) are the main run's.
 skip=(--skip mismatch)
-[ "$name" != mpich ] || skip+=(--skip _abort_ --skip mpi_drop)
 cargo_ test -q --test faults -- mpi_ "${skip[@]}"
