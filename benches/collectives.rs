@@ -200,6 +200,30 @@ fn rank_main() {
             reliability_targets(&r);
         }
         write_csv(&b.rows);
+        write_plot(&b.rows, comm.size());
+    }
+}
+
+/// Bus bandwidth against size for the blocking rows, Duralumin's and MPI's own per operation,
+/// beside the CSV (`-np<N>.svg`; `docs/perf.md`).
+fn write_plot(rows: &[Row], np: usize) {
+    use duralumin_perf::plot::{Series, plot};
+    let csv = std::env::var("DURALUMIN_BENCH_CSV").unwrap_or_else(|_| "target/bench-collectives.csv".into());
+    let path = format!("{}-np{np}.svg", csv.trim_end_matches(".csv"));
+    let mut series: Vec<Series> = Vec::new();
+    let mut push = |label: String, bytes: usize, bw: f64| match series.iter_mut().find(|s| s.label == label) {
+        Some(s) => s.points.push((bytes, bw)),
+        None => series.push(Series { label, points: vec![(bytes, bw)] }),
+    };
+    for r in rows.iter().filter(|r| r.mode == "blocking") {
+        push(r.op.clone(), r.bytes, r.algbw() * r.busbw_factor);
+        if let Some(n) = r.native_us {
+            push(format!("{} native", r.op), r.bytes, r.bytes as f64 / (n * 1e3) * r.busbw_factor);
+        }
+    }
+    match plot(std::path::Path::new(&path), &format!("collectives, {np} ranks (blocking)"), &series) {
+        Ok(()) => println!("plot written to {path}"),
+        Err(e) => println!("no plot: {e}"),
     }
 }
 

@@ -128,6 +128,7 @@ fn rank_main() {
     }
     if me == 0 {
         report(&b.points, shape.single_node());
+        plot_points(&b.points, comm.size());
     }
 }
 
@@ -234,6 +235,34 @@ fn human(bytes: usize) -> String {
         b if b >= 1 << 20 => format!("{} MiB", b >> 20),
         b if b >= 1 << 10 => format!("{} KiB", b >> 10),
         b => format!("{b} B"),
+    }
+}
+
+/// Bus bandwidth against size of every variant, one plot per operation
+/// (`target/bench-topology-<op>-np<N>.svg`; `docs/perf.md`).
+fn plot_points(points: &[Point], np: usize) {
+    use duralumin_perf::ops::Coll;
+    use duralumin_perf::plot::{Series, plot};
+    let mut ops: Vec<&str> = points.iter().map(|p| p.op).collect();
+    ops.sort_unstable();
+    ops.dedup();
+    for op in ops {
+        let factor = Coll::parse(op).map_or(1.0, |c| c.busbw_factor(np));
+        let mut series: Vec<Series> = Vec::new();
+        for p in points.iter().filter(|p| p.op == op) {
+            for (name, t) in &p.times {
+                let bw = p.bytes as f64 / (t * 1e3) * factor;
+                match series.iter_mut().find(|s| s.label == *name) {
+                    Some(s) => s.points.push((p.bytes, bw)),
+                    None => series.push(Series { label: name.clone(), points: vec![(p.bytes, bw)] }),
+                }
+            }
+        }
+        let path = format!("target/bench-topology-{op}-np{np}.svg");
+        match plot(std::path::Path::new(&path), &format!("{op}, {np} ranks"), &series) {
+            Ok(()) => println!("plot written to {path}"),
+            Err(e) => println!("no plot: {e}"),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub(crate) mod crosscheck;
 pub(crate) mod monitor;
 pub(crate) mod recorder;
 pub(crate) mod report;
+pub(crate) mod spans;
 pub(crate) mod watchdog;
 
 use std::time::Duration;
@@ -26,6 +27,14 @@ use crate::api::request::DeferredError;
 use crosscheck::Pairs;
 use monitor::{Monitor, OpId};
 use recorder::{Signature, State};
+
+/// Turns the operations' `tracing` spans off for this process (or back on; they are on by
+/// default, and cost a cached check while no subscriber wants them). Hidden: it exists so that
+/// `duralumin-perf --span-cost` can time operations with and without them in one run.
+#[doc(hidden)]
+pub fn set_operation_spans(on: bool) {
+    spans::set_enabled(on);
+}
 
 /// What a panic does once MPI is initialized (`DURALUMIN_ON_PANIC=abort|unwind`, or
 /// [`InitOptions::on_panic`]).

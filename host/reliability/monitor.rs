@@ -142,6 +142,8 @@ pub(crate) struct MonitorState {
     pub(crate) fault: Option<FaultRequest>,
     /// Set by the watchdog when a fault's exchange concluded.
     pub(crate) fault_done: bool,
+    /// The operations' open spans (`super::spans`).
+    spans: super::spans::OpSpans,
 }
 
 /// See the module docs.
@@ -149,6 +151,8 @@ pub(crate) struct MonitorState {
 pub(crate) struct Monitor {
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    /// The communicator's number in its operations' spans.
+    pub(crate) comm_id: u64,
     settings: Settings,
     poisoned: AtomicBool,
     state: Mutex<MonitorState>,
@@ -205,6 +209,7 @@ impl Monitor {
         let monitor = Arc::new(Monitor {
             rank,
             size,
+            comm_id: super::spans::next_comm(),
             settings: Settings {
                 timeout_ms: AtomicU64::new(env.timeout.map_or(0, millis)),
                 on_timeout: AtomicU8::new(env.on_timeout as u8),
@@ -222,6 +227,7 @@ impl Monitor {
                 handled: None,
                 fault: None,
                 fault_done: false,
+                spans: super::spans::OpSpans::default(),
             }),
             concluded: Condvar::new(),
             check_comm,
@@ -329,15 +335,26 @@ impl Monitor {
         };
         let rec = st.recorder.push(seq, sig, state, now, self.timeout());
         st.last_activity = now;
+        st.spans.open(rec.id(), super::spans::operation(&sig, seq, self.comm_id));
         Ok(OpId { rec, seq, kind: sig.kind })
     }
 
-    /// Moves an operation to `state`; `note` says why it failed or was refused.
+    /// Moves an operation to `state`; `note` says why it failed or was refused. A finished
+    /// operation's span closes.
     pub(crate) fn set(&self, op: OpId, state: State, note: Option<String>) {
         let now = recorder::now();
         let mut st = self.lock();
         st.recorder.set(op.rec, state, now, note);
         st.last_activity = now;
+        let closed = if state.is_finished() { st.spans.take(op.rec.id()) } else { None };
+        drop(st);
+        drop(closed);
+    }
+
+    /// Operation `op`'s span while it is open (`None` without a subscriber), for the spans of
+    /// its steps.
+    pub(crate) fn span(&self, op: OpId) -> Option<tracing::Span> {
+        self.lock().spans.get(op.rec.id())
     }
 
     /// Records the end of an operation and turns its error into what the caller gets: a

@@ -73,9 +73,34 @@ pub fn launch_with(
     extra: &[&str],
     limit: Duration,
 ) -> Result<Launch, String> {
+    launch_program(mpirun, np, exe, &[], env, extra, limit)
+}
+
+/// [`launch_with`] of a program that takes arguments of its own (`args`, after it).
+pub fn launch_args(
+    mpirun: &str,
+    np: usize,
+    exe: &std::path::Path,
+    env: &[(&str, String)],
+    args: &[&str],
+    limit: Duration,
+) -> Result<Launch, String> {
+    launch_program(mpirun, np, exe, args, env, &[], limit)
+}
+
+fn launch_program(
+    mpirun: &str,
+    np: usize,
+    exe: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, String)],
+    extra: &[&str],
+    limit: Duration,
+) -> Result<Launch, String> {
     let records = rank_case::Records::new()?;
     let (var, dir) = records.env();
     let mut child = command(mpirun, np, exe, extra)
+        .args(args)
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
         .env(var, dir)
         .envs(env.iter().map(|(k, v)| (k, v)))

@@ -50,6 +50,7 @@ mod proxy;
 mod request;
 mod ring;
 mod staging;
+mod steps;
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::marker::PhantomData;

@@ -12,6 +12,7 @@ use duralumin_kernels::flag::reached;
 use super::Shared;
 use super::copies::Geometry;
 use super::plans::{ChunkBufs, ChunkFn};
+use super::steps::{Steps, observing};
 use crate::api::error::{Error, Result};
 use crate::api::request::ErrorSlot;
 use crate::common::buffer::RawBuf;
@@ -140,6 +141,15 @@ fn poisoned(m: &Monitor) -> bool {
 /// The communicator was given up while the operation waited or ran: it is to be abandoned.
 struct GivenUp;
 
+/// Moves the step spans on (`steps`: only when a subscriber wants them) from the input flag
+/// and the ring's *drained* counter.
+fn observe<D: Device>(steps: &mut Option<Steps>, geo: &Geometry, input: &FlagSlot<D>, ring: &super::ring::Ring<D>) {
+    if let Some(s) = steps {
+        let (staged, drained) = (input.load(), ring.drained.load());
+        s.observe(|k| reached(staged, geo.flag(k)), |k| reached(drained, geo.flag(k)));
+    }
+}
+
 /// The host part of a staged operation, which the proxy thread runs (see the module docs).
 pub(super) struct HostPart<D: Device, T> {
     /// First, so that it is dropped first when the operation ends.
@@ -160,6 +170,8 @@ pub(super) struct HostPart<D: Device, T> {
     /// A chunk's native MPI part passed the signature check: the whole operation agrees on
     /// every rank, and later chunks skip it (see `MpiCommunicator::gate`).
     pub(super) checked: bool,
+    /// The spans of its steps, when a subscriber wants the operation's span (`super::steps`).
+    pub(super) steps: Option<Steps>,
 }
 
 impl<D: Device, T: Element> HostPart<D, T> {
@@ -169,6 +181,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
         Box::pin(async move {
             // Chunks in flight: the proxy thread polls without sleeping until the end.
             let _hot = crate::common::progress::Hot::new();
+            self.steps = Steps::new(self.monitor.span(self.id), self.op.geo.chunks);
             if self.run_to_end().await.is_err() {
                 return self.abandon();
             }
@@ -218,6 +231,9 @@ impl<D: Device, T: Element> HostPart<D, T> {
     /// to the stream after its own; chunks never run (the calling thread gave up) go back to
     /// the ring at the end.
     async fn run_chunks(&mut self) -> std::result::Result<(), GivenUp> {
+        if let Some(s) = &mut self.steps {
+            s.staging(0);
+        }
         for k in 0..self.op.geo.chunks {
             self.until_staged(k).await?;
             if k == 0 && !self.failed && !self.caller_gave_up() {
@@ -251,10 +267,13 @@ impl<D: Device, T: Element> HostPart<D, T> {
     /// Waits for the stream to stage chunk `k` (or the calling thread to give up).
     async fn until_staged(&mut self, k: usize) -> std::result::Result<(), GivenUp> {
         let (input, gave_up, m) = (self.op.input(), &*self.caller_gave_up, &*self.monitor);
-        let (flag, ring) = (self.op.geo.flag(k), &self.op.shared.ring);
+        let (flag, ring, geo) = (self.op.geo.flag(k), &self.op.shared.ring, &self.op.geo);
+        let _wait = self.steps.as_ref().map(|s| s.during("wait_staged", k));
+        let steps = &mut self.steps;
         // The stream may be waiting for cells that earlier chunks hand back as they drain.
         until(|| {
             ring.advance();
+            observe(steps, geo, input, ring);
             reached(input.load(), flag) || gave_up.load(Ordering::Acquire) || poisoned(m)
         })
         .await;
@@ -266,11 +285,15 @@ impl<D: Device, T: Element> HostPart<D, T> {
 
     /// Runs chunk `k`'s MPI part; its failure is recorded.
     async fn run_mpi(&mut self, k: usize) -> std::result::Result<(), GivenUp> {
+        let _mpi = self.steps.as_ref().map(|s| s.during("mpi", k));
         let ran = match self.start_mpi(k) {
             Ok(job) => {
                 let (m, id) = (&*self.monitor, self.id);
                 let give_up = || m.poisoned().map(|p| p.error(Asker::Op(id)));
-                crate::common::progress::unless(job, give_up).await.map_err(|_| GivenUp)?
+                let (input, ring, geo) = (self.op.input(), &self.op.shared.ring, &self.op.geo);
+                let steps = &mut self.steps;
+                let job = crate::common::progress::unless(job, give_up);
+                observing(job, || observe(steps, geo, input, ring)).await.map_err(|_| GivenUp)?
             }
             Err(e) => Err(e),
         };
@@ -305,6 +328,9 @@ impl<D: Device, T: Element> HostPart<D, T> {
         // Raised, not stored: a calling thread giving up may have released every wait meanwhile.
         self.op.output().raise(self.op.geo.flag(k));
         let drains = self.op.drains;
+        if let (Some(s), true, None) = (&mut self.steps, drains, &self.op.own) {
+            s.unstaging(k);
+        }
         self.op.release_upto(k + 1, drains);
     }
 
@@ -313,8 +339,12 @@ impl<D: Device, T: Element> HostPart<D, T> {
     async fn until_done(&mut self) -> std::result::Result<(), GivenUp> {
         if self.op.queued {
             let (done, m, ring) = (&self.op.done, &*self.monitor, &self.op.shared.ring);
+            let (input, geo) = (self.op.input(), &self.op.geo);
+            let _wait = self.steps.as_ref().map(|s| s.during("wait_done", geo.chunks));
+            let steps = &mut self.steps;
             until(|| {
                 ring.advance();
+                observe(steps, geo, input, ring);
                 reached(done.load(), 1) || poisoned(m)
             })
             .await;
@@ -325,6 +355,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
             }
         }
         self.op.shared.ring.advance();
+        self.steps = None;
         Ok(())
     }
 

@@ -297,6 +297,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             caller_gave_up: Arc::clone(&caller_gave_up),
             failed: false,
             checked: false,
+            steps: None,
         };
         let task = Task::new(host.into_future());
         if queued {
