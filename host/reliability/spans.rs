@@ -24,6 +24,13 @@ pub(crate) fn set_enabled(on: bool) {
     ENABLED.store(on, Ordering::Relaxed);
 }
 
+/// Whether an operation's span would be kept: spans are on and a subscriber wants the
+/// target's spans. A backend that must compute a span's fields first (NCCL, which keeps no
+/// flight record) asks this before it does.
+pub(crate) fn wanted() -> bool {
+    ENABLED.load(Ordering::Relaxed) && tracing::enabled!(target: "duralumin", tracing::Level::INFO)
+}
+
 /// A number for a new communicator.
 pub(crate) fn next_comm() -> u64 {
     NEXT_COMM.fetch_add(1, Ordering::Relaxed)

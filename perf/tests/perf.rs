@@ -205,15 +205,30 @@ fn steps(events: &[Value], id: &Value, name: &str) -> Vec<(u64, f64, f64)> {
     out
 }
 
-/// One rank's Chrome trace of 8 MiB HostTransfer allreduces on cudasim: each operation's span
-/// carries its fields, its chunks' `stage`, `mpi` and `unstage` spans are there, and one
-/// chunk's MPI part overlaps another chunk's copies.
+/// One rank's Chrome trace of 8 MiB HostTransfer and NCCL allreduces on cudasim and ncclsim:
+/// each operation's span carries its fields, on both backends; a HostTransfer operation's
+/// chunks' `stage`, `mpi` and `unstage` spans are there, and one chunk's MPI part overlaps
+/// another chunk's copies.
 fn trace_chunks(sim: PathBuf) -> Result<(), Failed> {
     let trace = scratch("trace.json");
     let t = trace.display().to_string();
     let env = [("LD_LIBRARY_PATH", mpirun::library_path_with(&sim))];
-    let args =
-        ["-b", "8M", "-e", "8M", "-n", "2", "-w", "0", "--backend", "host-transfer", "--device", "cuda", "--trace", &t];
+    let args = [
+        "-b",
+        "8M",
+        "-e",
+        "8M",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "--backend",
+        "host-transfer,nccl",
+        "--device",
+        "cuda",
+        "--trace",
+        &t,
+    ];
     let l = perf(2, &args, &env)?;
     if !l.status.is_some_and(|s| s.success()) {
         return Err(l.failure("duralumin-perf --trace failed").into());
@@ -233,6 +248,17 @@ fn trace_chunks(sim: PathBuf) -> Result<(), Failed> {
         if op["args"].get(field).is_none() {
             return Err(format!("the operation's span lacks '{field}': {op}").into());
         }
+    }
+    // The NCCL backend's operations too: their spans name another communicator.
+    let comms: std::collections::BTreeSet<String> = events
+        .iter()
+        .filter(|e| e["name"] == "allreduce" && e["ph"] == "b" && e["args"]["bytes"] == "8388608")
+        .map(|e| e["args"]["comm"].to_string())
+        .collect();
+    if comms.len() < 2 {
+        return Err(
+            format!("8 MiB allreduce spans of {} communicator(s), not HostTransfer's and NCCL's", comms.len()).into()
+        );
     }
     let id = &op["id"];
     let (stage, mpi, unstage) = (steps(&events, id, "stage"), steps(&events, id, "mpi"), steps(&events, id, "unstage"));

@@ -393,6 +393,11 @@ impl MpiCommunicator {
         self.core.size
     }
 
+    /// The communicator's number in its operations' spans (`reliability::spans`).
+    pub(crate) fn comm_id(&self) -> u64 {
+        self.core.monitor.comm_id
+    }
+
     /// This rank's place, as the operations' rules read it.
     pub(crate) fn ranks(&self) -> crate::operations::Ranks {
         crate::operations::Ranks { rank: self.rank(), size: self.size() }

@@ -78,6 +78,21 @@ macro_rules! track {
     ($kind:tt, $b:ident) => {};
 }
 
+/// The span of the operation about to be queued (`reliability::spans`), from its description,
+/// computed only when a subscriber wants it: it lives until the watchdog sees the operation's
+/// completion event.
+macro_rules! op_span {
+    ($self:ident, $call:expr => $elem:ident::<$($et:ty),+>) => {
+        if crate::reliability::spans::wanted() {
+            use crate::operations::Describe as _;
+            let sig = ($call).signature($self.ranks()).$elem::<$($et),+>();
+            crate::reliability::spans::operation(&sig, $self.last.get().1 + 1, $self.mpi.comm_id())
+        } else {
+            tracing::Span::none()
+        }
+    };
+}
+
 /// Emits the stream-ordered and the non-blocking method of each operation of the list from its
 /// planner, which takes the launch first.
 macro_rules! stream_ordered_and_nonblocking {
@@ -92,9 +107,10 @@ macro_rules! stream_ordered_and_nonblocking {
         /// returns at once. Argument errors are returned before anything is queued.
         #[allow(clippy::too_many_arguments, unused_parens)]
         pub fn $name<'a, $($g: $bound),*>(&self, $($arg: device_param!($kind)),*) -> Result<()> {
+            let span = op_span!(self, $call => $elem::<$($et),+>);
             let mut keep: Vec<KeepAlive> = Vec::new();
             $(keep!($kind, $arg, keep);)*
-            self.run(&self.stream, stringify!($name), &keep, &mut |l| {
+            self.run(&self.stream, stringify!($name), &keep, span, &mut |l| {
                 $(planned!($kind, $arg);)*
                 self.$plan(l, $($pa),*)
             })?;
@@ -107,11 +123,12 @@ macro_rules! stream_ordered_and_nonblocking {
             returns an [`NcclRequest`] that borrows the buffers until the operation completes.")]
         #[allow(clippy::too_many_arguments, unused_parens)]
         pub fn $iname<'a, $($g: $bound),*>(&'a self, $($arg: device_param!($kind)),*) -> Result<NcclRequest<'a, D>> {
+            let span = op_span!(self, $call => $elem::<$($et),+>);
             let mut keep: Vec<KeepAlive> = Vec::new();
             $(keep!($kind, $arg, keep);)*
             let side = self.side_stream()?;
             self.device.join(side, &self.stream)?;
-            let done = self.run(side, stringify!($name), &keep, &mut |l| {
+            let done = self.run(side, stringify!($name), &keep, span, &mut |l| {
                 $(planned!($kind, $arg);)*
                 self.$plan(l, $($pa),*)
             })?;
@@ -130,6 +147,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         stream: &D::Stream,
         op: &'static str,
         keep: &[KeepAlive],
+        span: tracing::Span,
         body: &mut dyn FnMut(&mut Launch<'_, D>) -> Result<()>,
     ) -> Result<Tracked<D>> {
         let mut launch = Launch::new(self, stream)?;
@@ -143,7 +161,7 @@ impl<D: NcclDevice> NcclCommunicator<D> {
         }
         self.device.release(stream, keep)?;
         queued?;
-        self.track(stream)
+        self.track(stream, span)
     }
 }
 
@@ -153,6 +171,12 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     /// Barrier, stream-ordered: work queued after it runs once every rank has reached it (an
     /// allreduce of one word).
     pub fn barrier(&self) -> Result<()> {
-        self.run(&self.stream, "barrier", &[], &mut |l| l.barrier()).map(drop)
+        let span = if crate::reliability::spans::wanted() {
+            let sig = crate::reliability::recorder::Signature::new(crate::reliability::recorder::OpKind::Barrier);
+            crate::reliability::spans::operation(&sig, self.last.get().1 + 1, self.mpi.comm_id())
+        } else {
+            tracing::Span::none()
+        };
+        self.run(&self.stream, "barrier", &[], span, &mut |l| l.barrier()).map(drop)
     }
 }

@@ -355,9 +355,9 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     }
 
     /// Marks the completion of the operation just queued on `stream` (the last noted).
-    pub(crate) fn track(&self, stream: &D::Stream) -> Result<Tracked<D>> {
+    pub(crate) fn track(&self, stream: &D::Stream, span: tracing::Span) -> Result<Tracked<D>> {
         let (op, seq) = self.last.get();
-        Ok(Tracked { done: self.watch.track(op, seq, stream)?, op, seq })
+        Ok(Tracked { done: self.watch.track(op, seq, stream, span)?, op, seq })
     }
 
     /// The internal stream of non-blocking operations (made on first use).

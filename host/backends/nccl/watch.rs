@@ -35,6 +35,8 @@ struct Pending<D: NcclDevice> {
     op: &'static str,
     seq: u64,
     done: Arc<D::Event>,
+    /// The operation's span (`reliability::spans`), closed when it is retired.
+    _span: tracing::Span,
 }
 
 /// What the communicator's thread and the watchdog share, behind one lock: a thread holds it
@@ -119,7 +121,13 @@ impl<D: NcclDevice> Watch<D> {
 
     /// Records a completion event for operation `op` #`seq`, just queued on `stream`; waits
     /// and the watchdog use it.
-    pub(crate) fn track(&self, op: &'static str, seq: u64, stream: &D::Stream) -> Result<Arc<D::Event>> {
+    pub(crate) fn track(
+        &self,
+        op: &'static str,
+        seq: u64,
+        stream: &D::Stream,
+        span: tracing::Span,
+    ) -> Result<Arc<D::Event>> {
         let mut state = self.lock();
         // Two for the one added: the list stays short (and its events reused) between the
         // watchdog's ticks, and without a watchdog thread.
@@ -133,7 +141,7 @@ impl<D: NcclDevice> Watch<D> {
         if state.pending.is_empty() {
             state.since = Instant::now();
         }
-        state.pending.push_back(Pending { op, seq, done: Arc::clone(&done) });
+        state.pending.push_back(Pending { op, seq, done: Arc::clone(&done), _span: span });
         Ok(done)
     }
 
