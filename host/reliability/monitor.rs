@@ -243,9 +243,14 @@ impl Monitor {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Frees the check and report communicators (the watchdog stops using the latter first).
-    pub(crate) fn close(&self) {
+    /// Closes the check and report communicators (the watchdog stops using the latter first):
+    /// frees them, or leaks them (`free` false: the communicator was given up with operations
+    /// MPI may still run, see `backends::mpi::Core`).
+    pub(crate) fn close(&self, free: bool) {
         let report = self.report.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if !free {
+            return;
+        }
         for c in report.into_iter().chain([self.check_comm]) {
             // SAFETY: both were made by `new` for this monitor; the report communicator was taken
             // out under its lock, so the watchdog no longer uses it, and operations that use the

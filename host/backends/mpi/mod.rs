@@ -244,7 +244,15 @@ impl Drop for Core {
     fn drop(&mut self) {
         // Before the monitor closes: the free is watched like an operation.
         self.shm.release(&self.monitor, self.coll);
-        self.monitor.close();
+        // Given up without ULFM, the communicator may have operations MPI still runs
+        // (abandoned with their buffers, which are leaked: `docs/reliability.md`), and its
+        // peers may still send to them. Its communicators are leaked too, so that MPI never
+        // hands their context ids to a later communicator those late messages could reach.
+        let keep = self.monitor.poisoned().is_some() && !ffi::ulfm::available();
+        self.monitor.close(!keep);
+        if keep {
+            return;
+        }
         for c in [self.coll, self.algo, self.p2p] {
             // SAFETY: the three communicators were created by `MpiCommunicator::from_raw` for
             // this core alone, and every operation using them has completed (operations hold
