@@ -151,7 +151,13 @@ fn algorithms(a: &Args, coll: Coll) -> Result<Vec<Algorithm>, Boxed> {
     }
     let named: Vec<_> = a.algorithms.iter().filter_map(|n| Algorithm::parse(coll, n)).collect();
     if named.is_empty() {
-        return Err(format!("--algorithm: none of {:?} is an algorithm of {coll}", a.algorithms).into());
+        // `-o all --algorithm ring`: the operations the names do not apply to run `auto`; a
+        // name no operation has is a typo.
+        let known = a.algorithms.iter().all(|n| Coll::ALL.iter().any(|&c| Algorithm::parse(c, n).is_some()));
+        if !known {
+            return Err(format!("--algorithm: {:?} names no algorithm (see --help)", a.algorithms).into());
+        }
+        return Ok(vec![Algorithm::Auto]);
     }
     Ok(named)
 }
@@ -254,4 +260,24 @@ pub fn span_cost(world: &SimpleCommunicator, a: &Args, rounds: usize) -> Result<
         v[v.len() / 2]
     };
     Ok((median(on), median(off)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_algorithms_apply_where_they_exist_and_typos_are_refused() {
+        let a = Args { algorithms: vec!["ring".into()], ..Args::default() };
+        assert_eq!(
+            algorithms(&a, Coll::Allreduce).unwrap(),
+            vec![Algorithm::Allreduce(duralumin::AllreduceAlgorithm::Ring)]
+        );
+        assert_eq!(algorithms(&a, Coll::Bcast).unwrap(), vec![Algorithm::Auto]);
+        assert_eq!(algorithms(&a, Coll::Gather).unwrap(), vec![Algorithm::Auto]);
+        let all = Args { algorithms: vec!["all".into()], ..Args::default() };
+        assert_eq!(algorithms(&all, Coll::Bcast).unwrap().len(), 4);
+        let typo = Args { algorithms: vec!["rign".into()], ..Args::default() };
+        assert!(algorithms(&typo, Coll::Bcast).is_err());
+    }
 }
