@@ -207,18 +207,14 @@ fn rank_main() {
 /// Bus bandwidth against size for the blocking rows, Duralumin's and MPI's own per operation,
 /// beside the CSV (`-np<N>.svg`; `docs/perf.md`).
 fn write_plot(rows: &[Row], np: usize) {
-    use duralumin_perf::plot::{Series, plot};
+    use duralumin_perf::plot::{plot, push_to};
     let csv = std::env::var("DURALUMIN_BENCH_CSV").unwrap_or_else(|_| "target/bench-collectives.csv".into());
     let path = format!("{}-np{np}.svg", csv.trim_end_matches(".csv"));
-    let mut series: Vec<Series> = Vec::new();
-    let mut push = |label: String, bytes: usize, bw: f64| match series.iter_mut().find(|s| s.label == label) {
-        Some(s) => s.points.push((bytes, bw)),
-        None => series.push(Series { label, points: vec![(bytes, bw)] }),
-    };
+    let mut series = Vec::new();
     for r in rows.iter().filter(|r| r.mode == "blocking") {
-        push(r.op.clone(), r.bytes, r.algbw() * r.busbw_factor);
+        push_to(&mut series, r.op.clone(), r.bytes, r.algbw() * r.busbw_factor);
         if let Some(n) = r.native_us {
-            push(format!("{} native", r.op), r.bytes, r.bytes as f64 / (n * 1e3) * r.busbw_factor);
+            push_to(&mut series, format!("{} native", r.op), r.bytes, r.bytes as f64 / (n * 1e3) * r.busbw_factor);
         }
     }
     match plot(std::path::Path::new(&path), &format!("collectives, {np} ranks (blocking)"), &series) {

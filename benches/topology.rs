@@ -242,20 +242,16 @@ fn human(bytes: usize) -> String {
 /// (`target/bench-topology-<op>-np<N>.svg`; `docs/perf.md`).
 fn plot_points(points: &[Point], np: usize) {
     use duralumin_perf::ops::Coll;
-    use duralumin_perf::plot::{Series, plot};
+    use duralumin_perf::plot::{plot, push_to};
     let mut ops: Vec<&str> = points.iter().map(|p| p.op).collect();
     ops.sort_unstable();
     ops.dedup();
     for op in ops {
         let factor = Coll::parse(op).map_or(1.0, |c| c.busbw_factor(np));
-        let mut series: Vec<Series> = Vec::new();
+        let mut series = Vec::new();
         for p in points.iter().filter(|p| p.op == op) {
             for (name, t) in &p.times {
-                let bw = p.bytes as f64 / (t * 1e3) * factor;
-                match series.iter_mut().find(|s| s.label == *name) {
-                    Some(s) => s.points.push((p.bytes, bw)),
-                    None => series.push(Series { label: name.clone(), points: vec![(p.bytes, bw)] }),
-                }
+                push_to(&mut series, name.clone(), p.bytes, p.bytes as f64 / (t * 1e3) * factor);
             }
         }
         let path = format!("target/bench-topology-{op}-np{np}.svg");

@@ -157,6 +157,17 @@ fn span_cost(a: &Args, world: &SimpleCommunicator, rank: usize, np: usize) -> Re
     Ok(0)
 }
 
+/// [`run::sweep`] on `t` with the element type `-d` names.
+fn sweep_dtype<X: duralumin_perf::targets::Target>(
+    t: &X,
+    world: &SimpleCommunicator,
+    a: &Args,
+    out: &mut dyn FnMut(Row),
+    skip: &mut dyn FnMut(String),
+) -> Result<(), Boxed> {
+    with_dtype!(a.dtype.as_str(), T => run::sweep::<_, T>(t, world, a, out, skip))
+}
+
 /// The rows of one backend on `--device`.
 fn backend_rows(
     a: &Args,
@@ -168,21 +179,21 @@ fn backend_rows(
     match (backend, a.device.as_str()) {
         ("mpi", "host") => {
             let t = Mpi(MpiCommunicator::new(world)?);
-            with_dtype!(a.dtype.as_str(), T => run::sweep::<_, T>(&t, world, a, out, skip))
+            sweep_dtype(&t, world, a, out, skip)
         }
         ("host-transfer", "host") => {
             let t = HtHost::new(world)?;
-            with_dtype!(a.dtype.as_str(), T => run::sweep::<_, T>(&t, world, a, out, skip))
+            sweep_dtype(&t, world, a, out, skip)
         }
         #[cfg(feature = "cuda")]
         ("host-transfer", "cuda") => {
             let t = duralumin_perf::targets::HtCuda::new(world, local_rank(world)?)?;
-            with_dtype!(a.dtype.as_str(), T => run::sweep::<_, T>(&t, world, a, out, skip))
+            sweep_dtype(&t, world, a, out, skip)
         }
         #[cfg(feature = "cuda")]
         ("nccl", "cuda") => {
             let t = duralumin_perf::targets::Nccl::new(world, local_rank(world)?)?;
-            with_dtype!(a.dtype.as_str(), T => run::sweep::<_, T>(&t, world, a, out, skip))
+            sweep_dtype(&t, world, a, out, skip)
         }
         ("mpi", _) => Err("the Mpi backend works on host memory: use --device host".into()),
         ("nccl", "host") => Err("NCCL works on CUDA memory: use --device cuda".into()),

@@ -8,7 +8,7 @@ use duralumin::mpi::traits::*;
 
 use crate::call::Layout;
 use crate::ops::{Coll, Redop};
-use crate::spec::{PerfElem, Shape, out_of_place};
+use crate::spec::{Buffers, PerfElem, Shape};
 
 /// Whether MPI has the operation itself (no v-form reduce-scatter in rsmpi, no average
 /// operator, no single call for a multi-send-receive).
@@ -44,10 +44,10 @@ pub trait NativeCall {
 }
 
 impl<T: PerfElem + Equivalence> Native<T> {
-    pub fn new(s: &Shape) -> Native<T> {
-        let b = out_of_place::<T>(s);
+    /// MPI's buffers for `s`, starting as `b` (the out-of-place form's).
+    pub fn new(s: &Shape, b: &Buffers<T>) -> Native<T> {
         let lay = Layout::of(s);
-        Native { send: b.send, recv: b.recv, counts: i32s(&lay.counts), displs: i32s(&lay.displs) }
+        Native { send: b.send.clone(), recv: b.recv.clone(), counts: i32s(&lay.counts), displs: i32s(&lay.displs) }
     }
 }
 

@@ -19,21 +19,17 @@ pub struct Series {
 /// out-of-place bus bandwidth, and one per operation for the native MPI columns.
 pub fn series_of(rows: &[Row]) -> Vec<Series> {
     let several_ops = rows.iter().any(|r| r.op != rows[0].op);
+    let op = |r: &Row| if several_ops { format!("{} ", r.op) } else { String::new() };
     let mut out: Vec<Series> = Vec::new();
-    let mut push = |label: String, size: usize, bw: f64| push_to(&mut out, label, size, bw);
     for r in rows {
-        let op = if several_ops { format!("{} ", r.op) } else { String::new() };
         let device = if r.device == "host" { String::new() } else { format!("<{}>", r.device) };
-        push(format!("{op}{}{device} {}", r.backend, r.algorithm), r.size, r.out_of_place.busbw);
+        push_to(&mut out, format!("{}{}{device} {}", op(r), r.backend, r.algorithm), r.size, r.out_of_place.busbw);
     }
     // MPI's own operation is measured again beside every backend and algorithm: one line per
     // operation, from its first measurement at each size.
     for r in rows {
-        let (Some(n), label) =
-            (r.native, format!("{}native MPI", if several_ops { format!("{} ", r.op) } else { String::new() }))
-        else {
-            continue;
-        };
+        let Some(n) = r.native else { continue };
+        let label = format!("{}native MPI", op(r));
         if !out.iter().any(|s| s.label == label && s.points.iter().any(|p| p.0 == r.size)) {
             push_to(&mut out, label, r.size, n.busbw);
         }

@@ -54,19 +54,19 @@ fn download<X: Target, T: PerfElem>(x: &X, bufs: &Bufs<X, T>) -> duralumin::Resu
     Ok(out)
 }
 
-/// Times `f`: `warmup` untimed calls, then `iters` timed ones after a barrier, synchronizing
-/// after each when `blocking`. The time per call and the host time of one call, µs, the
-/// slowest rank's.
-fn time<C: Collectives>(
-    comm: &C,
+/// Times `f`: `warmup` untimed calls, then `iters` timed ones after a barrier, calling `sync`
+/// (a stream-ordered communicator's `synchronize`) after each when `blocking` and once at the
+/// end. The time per call and the host time of one call, µs, the slowest rank's.
+fn time(
     world: &SimpleCommunicator,
     a: &Args,
+    sync: &dyn Fn() -> duralumin::Result<()>,
     mut f: impl FnMut() -> duralumin::Result<()>,
 ) -> duralumin::Result<(f64, f64)> {
     for _ in 0..a.warmup {
         f()?;
     }
-    comm.synchronize()?;
+    sync()?;
     world.barrier();
     let (start, mut calls) = (Instant::now(), Duration::ZERO);
     for _ in 0..a.iters {
@@ -74,10 +74,10 @@ fn time<C: Collectives>(
         f()?;
         calls += t.elapsed();
         if a.blocking {
-            comm.synchronize()?;
+            sync()?;
         }
     }
-    comm.synchronize()?;
+    sync()?;
     let n = a.iters as f64;
     let [time, call] = max_over(world, [us(start.elapsed()) / n, us(calls) / n]);
     Ok((time, call))
@@ -112,33 +112,27 @@ fn measure<X: Target, T: PerfElem>(
     } else {
         None
     };
-    let (t, enqueue) = time(x.comm(), world, a, || call(x, s, &lay, algo, &mut bufs, placed))?;
+    let (t, enqueue) = time(world, a, &|| x.comm().synchronize(), || call(x, s, &lay, algo, &mut bufs, placed))?;
     let mut timing = Timing::new(s.count * size_of::<T>(), t, s.coll.busbw_factor(s.n));
     timing.wrong = wrong;
     timing.enqueue = x.stream_ordered().then_some(enqueue);
     Ok(timing)
 }
 
-/// MPI's own operation of `s` on host vectors, timed the same way.
-fn native<T: PerfElem>(world: &SimpleCommunicator, a: &Args, s: &Shape) -> Option<Timing> {
-    let mut n = T::native(s)?;
-    let (t, _) = time_host(world, a, || n.call(world, s));
-    Some(Timing::new(s.count * size_of::<T>(), t, s.coll.busbw_factor(s.n)))
-}
-
-/// [`time`] for host calls that complete on return.
-fn time_host(world: &SimpleCommunicator, a: &Args, mut f: impl FnMut()) -> (f64, f64) {
-    for _ in 0..a.warmup {
-        f();
-    }
-    world.barrier();
-    let start = Instant::now();
-    for _ in 0..a.iters {
-        f();
-    }
-    let t = us(start.elapsed()) / a.iters as f64;
-    let [t, _] = max_over(world, [t, 0.0]);
-    (t, 0.0)
+/// MPI's own operation of `s` on host vectors, timed the same way (its calls complete on
+/// return: nothing to synchronize).
+fn native<T: PerfElem>(
+    world: &SimpleCommunicator,
+    a: &Args,
+    s: &Shape,
+    b: &Buffers<T>,
+) -> duralumin::Result<Option<Timing>> {
+    let Some(mut n) = T::native(s, b) else { return Ok(None) };
+    let (t, _) = time(world, a, &|| Ok(()), || {
+        n.call(world, s);
+        Ok(())
+    })?;
+    Ok(Some(Timing::new(s.count * size_of::<T>(), t, s.coll.busbw_factor(s.n))))
 }
 
 /// The algorithms of `a` that apply to `coll` (an operation that takes none runs `auto`).
@@ -213,9 +207,10 @@ fn rows<X: Target, T: PerfElem>(
     for bytes in sizes {
         let Some(count) = coll.count(bytes, size_of::<T>(), n) else { continue };
         let s = Shape { coll, redop, n, rank, count, root: if coll.rooted() { a.root } else { 0 } };
-        let oop = measure(x, world, a, &s, algo, &out_of_place::<T>(&s), false)?;
-        let ip = match in_place::<T>(&s) {
-            Some(init) if coll.has_in_place() => Some(measure(x, world, a, &s, algo, &init, true)?),
+        let init = out_of_place::<T>(&s);
+        let oop = measure(x, world, a, &s, algo, &init, false)?;
+        let ip = match in_place(&s, &init) {
+            Some(placed) if coll.has_in_place() => Some(measure(x, world, a, &s, algo, &placed, true)?),
             _ => None,
         };
         out(Row {
@@ -231,7 +226,7 @@ fn rows<X: Target, T: PerfElem>(
             root: if coll.rooted() { i64::try_from(a.root).unwrap_or(-1) } else { -1 },
             out_of_place: oop,
             in_place: ip,
-            native: if a.native { native::<T>(world, a, &s) } else { None },
+            native: if a.native { native(world, a, &s, &init)? } else { None },
         });
     }
     Ok(())
@@ -246,7 +241,7 @@ pub fn span_cost(world: &SimpleCommunicator, a: &Args, rounds: usize) -> Result<
     let (send, mut recv) = ([1.0f32], [0.0f32]);
     let mut round = |on: bool| -> Result<f64, Boxed> {
         duralumin::reliability::set_operation_spans(on);
-        let (t, _) = time(&comm, world, a, || comm.allreduce(&send[..], &mut recv[..], duralumin::Sum))?;
+        let (t, _) = time(world, a, &|| Ok(()), || comm.allreduce(&send[..], &mut recv[..], duralumin::Sum))?;
         Ok(t)
     };
     let (mut on, mut off) = (Vec::new(), Vec::new());

@@ -12,16 +12,17 @@ use crate::ops::{Coll, Redop};
 pub trait PerfElem: Number + NumCast + std::fmt::Debug + PartialEq {
     /// nccl-tests' name of the type.
     const TYPE: &'static str;
-    /// MPI's own operation of `s` on host vectors of this type, where MPI has the type.
-    fn native(s: &Shape) -> Option<Box<dyn NativeCall>>;
+    /// MPI's own operation of `s` on host vectors of this type (starting from `b`, the
+    /// out-of-place form's buffers), where MPI has the type.
+    fn native(s: &Shape, b: &Buffers<Self>) -> Option<Box<dyn NativeCall>>;
 }
 
 macro_rules! perf_elems {
     ($($t:ty => $name:literal),* $(,)?) => {$(
         impl PerfElem for $t {
             const TYPE: &'static str = $name;
-            fn native(s: &Shape) -> Option<Box<dyn NativeCall>> {
-                crate::native::has(s.coll, s.redop).then(|| Box::new(Native::<$t>::new(s)) as Box<dyn NativeCall>)
+            fn native(s: &Shape, b: &Buffers<Self>) -> Option<Box<dyn NativeCall>> {
+                crate::native::has(s.coll, s.redop).then(|| Box::new(Native::<$t>::new(s, b)) as Box<dyn NativeCall>)
             }
         }
     )*};
@@ -36,7 +37,7 @@ macro_rules! half_elems {
     ($($t:ty => $name:literal),* $(,)?) => {$(
         impl PerfElem for $t {
             const TYPE: &'static str = $name;
-            fn native(_: &Shape) -> Option<Box<dyn NativeCall>> {
+            fn native(_: &Shape, _: &Buffers<Self>) -> Option<Box<dyn NativeCall>> {
                 None
             }
         }
@@ -176,24 +177,25 @@ pub fn out_of_place<T: PerfElem>(s: &Shape) -> Buffers<T> {
     }
 }
 
-/// The buffer of the in-place form (in `recv`; `send` is empty), where the operation has one.
-pub fn in_place<T: PerfElem>(s: &Shape) -> Option<Buffers<T>> {
+/// The buffer of the in-place form (in `recv`; `send` is empty), where the operation has one,
+/// from the out-of-place form's buffers `oop` (its expected results are the same).
+pub fn in_place<T: PerfElem>(s: &Shape, oop: &Buffers<T>) -> Option<Buffers<T>> {
     let (r, count, c, op) = (s.rank, s.count, s.block(), s.redop);
     let inp = |rank: usize, i: usize| input::<T>(op, rank, i);
-    let oop = out_of_place::<T>(s);
-    let mine = || (0..count).map(|i| inp(r, i)).collect::<Vec<T>>();
+    // Where the out-of-place form sends this rank's whole input, the in-place buffer is it.
+    let mine = || oop.send.clone();
     let with_own_block = || (0..count).map(|g| if g / c.max(1) == r { inp(r, g) } else { T::zeroed() }).collect();
     let (recv, expect) = match s.coll {
         Coll::Allreduce | Coll::ReduceScatter | Coll::ReduceScatterv | Coll::Alltoall | Coll::Sendrecv => {
-            (mine(), oop.expect)
+            (mine(), oop.expect.clone())
         }
-        Coll::Reduce if r == s.root => (mine(), oop.expect),
+        Coll::Reduce if r == s.root => (mine(), oop.expect.clone()),
         Coll::Reduce => (mine(), mine()),
-        Coll::Allgather | Coll::Allgatherv => (with_own_block(), oop.expect),
-        Coll::Gather | Coll::Gatherv if r == s.root => (with_own_block(), oop.expect),
-        Coll::Gather | Coll::Gatherv => (oop.send.clone(), oop.send),
-        Coll::Scatter | Coll::Scatterv if r == s.root => (oop.send.clone(), oop.send),
-        Coll::Scatter | Coll::Scatterv => (oop.recv, oop.expect),
+        Coll::Allgather | Coll::Allgatherv => (with_own_block(), oop.expect.clone()),
+        Coll::Gather | Coll::Gatherv if r == s.root => (with_own_block(), oop.expect.clone()),
+        Coll::Gather | Coll::Gatherv => (oop.send.clone(), oop.send.clone()),
+        Coll::Scatter | Coll::Scatterv if r == s.root => (oop.send.clone(), oop.send.clone()),
+        Coll::Scatter | Coll::Scatterv => (oop.recv.clone(), oop.expect.clone()),
         _ => return None,
     };
     Some(Buffers { send: Vec::new(), recv, expect })
@@ -233,10 +235,12 @@ mod tests {
             assert_eq!(mine.expect[from * 4..from * 4 + 4], theirs.send[8..12]);
         }
         // In place, the gather root keeps its block and expects the others'.
-        let root = in_place::<f64>(&shape(Coll::Gather, Redop::Sum, n, 1)).unwrap();
+        let g = shape(Coll::Gather, Redop::Sum, n, 1);
+        let root = in_place::<f64>(&g, &out_of_place(&g)).unwrap();
         assert_eq!(root.recv[4..8], root.expect[4..8]);
         assert_eq!(root.recv[0], 0.0);
-        assert!(in_place::<f32>(&shape(Coll::Bcast, Redop::Sum, n, 0)).is_none());
+        let b = shape(Coll::Bcast, Redop::Sum, n, 0);
+        assert!(in_place::<f32>(&b, &out_of_place(&b)).is_none());
         assert_eq!(wrong(&[1, 2, 3], &[1, 5, 3, 4]), 2);
     }
 }

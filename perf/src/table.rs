@@ -136,13 +136,16 @@ pub fn line(row: &Row, enqueue: bool, native: bool) -> String {
     s
 }
 
+/// Every timed form of `rows`: out of place, and in place where there is one.
+fn timings(rows: &[Row]) -> impl Iterator<Item = Timing> + '_ {
+    rows.iter().flat_map(|r| [Some(r.out_of_place), r.in_place]).flatten()
+}
+
 /// nccl-tests' closing lines: the wrong-element total and the average bus bandwidth over the
 /// rows (out-of-place and in-place together, as nccl-tests averages both).
 pub fn summary(rows: &[Row]) -> String {
-    let wrong: u64 =
-        rows.iter().flat_map(|r| [Some(r.out_of_place), r.in_place]).flatten().filter_map(|t| t.wrong).sum();
-    let bw: Vec<f64> =
-        rows.iter().flat_map(|r| [Some(r.out_of_place), r.in_place]).flatten().map(|t| t.busbw).collect();
+    let wrong = wrong_total(rows);
+    let bw: Vec<f64> = timings(rows).map(|t| t.busbw).collect();
     let avg = if bw.is_empty() { 0.0 } else { bw.iter().sum::<f64>() / bw.len() as f64 };
     format!(
         "# Out of bounds values : {wrong} {}\n# Avg bus bandwidth    : {avg:.4} \n#",
@@ -152,7 +155,7 @@ pub fn summary(rows: &[Row]) -> String {
 
 /// The total of wrong elements over `rows`.
 pub fn wrong_total(rows: &[Row]) -> u64 {
-    rows.iter().flat_map(|r| [Some(r.out_of_place), r.in_place]).flatten().filter_map(|t| t.wrong).sum()
+    timings(rows).filter_map(|t| t.wrong).sum()
 }
 
 /// The rows as CSV, one line per row and the same columns as the table.

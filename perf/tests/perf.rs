@@ -115,7 +115,10 @@ fn check_with(
     dtype: &'static str,
     env: Vec<(&'static str, String)>,
 ) -> Result<(), Failed> {
-    let name = format!("{backends}-{device}-np{np}-{}", mpirun.len());
+    // Trials run at once: the launcher's name keeps the cluster's files apart from the
+    // same rank count's on one host.
+    let launcher = Path::new(mpirun).file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let name = format!("{backends}-{device}-np{np}-{launcher}");
     let (json, csv) = (scratch(&format!("{name}.json")), scratch(&format!("{name}.csv")));
     let (j, c) = (json.display().to_string(), csv.display().to_string());
     let args = [

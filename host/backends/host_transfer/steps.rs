@@ -28,7 +28,9 @@ impl Steps {
         Some(Steps { parent: parent?, chunks, staging: None, unstaging: VecDeque::new() })
     }
 
-    fn step(&self, name: &'static str, k: usize) -> Span {
+    /// A span for step `name` of chunk `k`: held while a proxy-thread step runs (`mpi`, a flag
+    /// wait), or kept until the counters say a stream's step is over (`stage`, `unstage`).
+    pub(super) fn during(&self, name: &'static str, k: usize) -> Span {
         macro_rules! named {
             ($($n:literal),*) => {
                 match name {
@@ -43,37 +45,23 @@ impl Steps {
     /// The stream starts staging chunk `k` (the first one, or the one after a staged chunk).
     pub(super) fn staging(&mut self, k: usize) {
         if k < self.chunks {
-            self.staging = Some((k, self.step("stage", k)));
+            self.staging = Some((k, self.during("stage", k)));
         }
-    }
-
-    /// Chunks below `upto` are staged: their spans close, the next one's opens.
-    pub(super) fn staged(&mut self, upto: usize) {
-        while let Some((k, _)) = self.staging.as_ref().filter(|(k, _)| *k < upto) {
-            let next = k + 1;
-            self.staging = None;
-            self.staging(next);
-        }
-    }
-
-    /// A span for a proxy-thread step of chunk `k` (`mpi`, or a flag wait), held while it runs.
-    pub(super) fn during(&self, name: &'static str, k: usize) -> Span {
-        self.step(name, k)
     }
 
     /// Chunk `k`'s result goes back to the device.
     pub(super) fn unstaging(&mut self, k: usize) {
-        let span = self.step("unstage", k);
+        let span = self.during("unstage", k);
         self.unstaging.push_back((k, span));
     }
-}
 
-impl Steps {
     /// Moves the spans on as the counters say: chunks `is_staged` are staged, chunks
     /// `is_drained` copied back.
     pub(super) fn observe(&mut self, is_staged: impl Fn(usize) -> bool, is_drained: impl Fn(usize) -> bool) {
         while let Some(k) = self.staging.as_ref().map(|(k, _)| *k).filter(|&k| is_staged(k)) {
-            self.staged(k + 1);
+            // Its span closes; the next chunk's copy starts behind it on the same stream.
+            self.staging = None;
+            self.staging(k + 1);
         }
         while self.unstaging.front().is_some_and(|(k, _)| is_drained(*k)) {
             self.unstaging.pop_front();

@@ -78,18 +78,14 @@ macro_rules! track {
     ($kind:tt, $b:ident) => {};
 }
 
-/// The span of the operation about to be queued (`reliability::spans`), from its description,
-/// computed only when a subscriber wants it: it lives until the watchdog sees the operation's
-/// completion event.
+/// The span of the operation about to be queued ([`NcclCommunicator::op_span`]) from its
+/// description.
 macro_rules! op_span {
     ($self:ident, $call:expr => $elem:ident::<$($et:ty),+>) => {
-        if crate::reliability::spans::wanted() {
+        $self.op_span(|| {
             use crate::operations::Describe as _;
-            let sig = ($call).signature($self.ranks()).$elem::<$($et),+>();
-            crate::reliability::spans::operation(&sig, $self.last.get().1 + 1, $self.mpi.comm_id())
-        } else {
-            tracing::Span::none()
-        }
+            ($call).signature($self.ranks()).$elem::<$($et),+>()
+        })
     };
 }
 
@@ -171,12 +167,18 @@ impl<D: NcclDevice> NcclCommunicator<D> {
     /// Barrier, stream-ordered: work queued after it runs once every rank has reached it (an
     /// allreduce of one word).
     pub fn barrier(&self) -> Result<()> {
-        let span = if crate::reliability::spans::wanted() {
-            let sig = crate::reliability::recorder::Signature::new(crate::reliability::recorder::OpKind::Barrier);
-            crate::reliability::spans::operation(&sig, self.last.get().1 + 1, self.mpi.comm_id())
-        } else {
-            tracing::Span::none()
-        };
+        use crate::reliability::recorder::{OpKind, Signature};
+        let span = self.op_span(|| Signature::new(OpKind::Barrier));
         self.run(&self.stream, "barrier", &[], span, &mut |l| l.barrier()).map(drop)
+    }
+
+    /// The span of the operation about to be queued (`reliability::spans`), its signature made
+    /// by `sig` only when a subscriber wants it: it lives until the watchdog sees the
+    /// operation's completion event.
+    fn op_span(&self, sig: impl FnOnce() -> crate::reliability::recorder::Signature) -> tracing::Span {
+        if !crate::reliability::spans::wanted() {
+            return tracing::Span::none();
+        }
+        crate::reliability::spans::operation(&sig(), self.last.get().1 + 1, self.mpi.comm_id())
     }
 }
