@@ -43,3 +43,22 @@ cargo_ test -q --test examples -- --skip cudasim --skip gpu
 # build) are the main run's.
 skip=(--skip mismatch)
 cargo_ test -q --test faults -- mpi_ "${skip[@]}"
+# Under Slurm's srun, on a private one-node Slurm (scripts/slurm.sh): MPICH's PMI-2 wires the
+# tasks into one job; with no PMI (`--mpi=none`) each task is an MPI job of one rank, which
+# `duralumin::init` refuses (Error::UnwiredLaunch) instead of letting each reduce alone.
+if [ "$name" = mpich ]; then
+    if scripts/slurm.sh check; then
+        example=$target/debug/examples/01-allreduce
+        timeout -k 5 120 scripts/slurm-srun --overcommit -n 2 --mpi=pmi2 "$example" | grep -qx ok ||
+            { echo "mpi-cut.sh: 01-allreduce under srun --mpi=pmi2 failed" >&2; exit 1; }
+        if out=$(timeout -k 5 120 scripts/slurm-srun --overcommit -n 2 --mpi=none "$example" 2>&1) ||
+            ! grep -q UnwiredLaunch <<<"$out"; then
+            echo "mpi-cut.sh: srun --mpi=none was not refused:" >&2
+            echo "$out" >&2
+            exit 1
+        fi
+        echo "== mpi-cut.sh: srun --mpi=pmi2 ran 01-allreduce; --mpi=none was refused"
+    elif [ "${DURALUMIN_REQUIRE_SLURM:-}" = 1 ]; then
+        exit 1
+    fi
+fi

@@ -10,6 +10,10 @@ dpkg -s libamdhip64-dev >/dev/null 2>&1 || need+=(libamdhip64-dev)
 command -v unzip >/dev/null 2>&1 || need+=(unzip)
 # ip and tc, for the simulated cluster (scripts/cluster.sh).
 command -v tc >/dev/null 2>&1 || need+=(iproute2)
+# A private one-node Slurm, to launch with srun (scripts/slurm.sh).
+command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
+command -v srun >/dev/null 2>&1 || need+=(slurm-client)
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     apt-get install -y -qq "${need[@]}" >/dev/null

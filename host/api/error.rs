@@ -164,6 +164,25 @@ pub enum Error {
     #[error("MPI initialization: {0}")]
     Init(&'static str),
 
+    /// The launcher started several tasks as one job step, but MPI was not wired up between
+    /// them: each is an MPI job of one rank (`srun --mpi=none`, or an MPI built without the
+    /// launcher's PMI). [`crate::init`] refuses to go on, since every task would compute alone
+    /// and report success; [`InitOptions::independent_tasks`](crate::reliability::InitOptions::independent_tasks)
+    /// allows it.
+    #[error(
+        "{launcher} started {tasks} tasks ({variable}), but MPI sees one rank in each: they are {tasks} separate \
+         MPI jobs, not one. The launcher did not connect them: under srun pass --mpi=pmix (Open MPI, or an MPI \
+         built with PMIx) or --mpi=pmi2 (MPICH, MVAPICH2, Intel MPI), or launch with mpirun"
+    )]
+    UnwiredLaunch {
+        /// The launcher (`"srun"`).
+        launcher: &'static str,
+        /// How many tasks it started.
+        tasks: usize,
+        /// The variable that says so (`"SLURM_STEP_NUM_TASKS"`).
+        variable: &'static str,
+    },
+
     /// Device kernels were not built or cannot be loaded; the message says what to install.
     #[error("device kernels are unavailable: {0}")]
     KernelsUnavailable(String),

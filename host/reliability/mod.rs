@@ -79,6 +79,7 @@ pub enum OnTimeout {
 #[non_exhaustive]
 pub struct InitOptions {
     on_panic: Option<OnPanic>,
+    independent_tasks: bool,
 }
 
 impl InitOptions {
@@ -89,11 +90,22 @@ impl InitOptions {
 
     /// What panics do, whatever `DURALUMIN_ON_PANIC` says.
     pub fn on_panic(self, on_panic: OnPanic) -> Self {
-        InitOptions { on_panic: Some(on_panic) }
+        InitOptions { on_panic: Some(on_panic), ..self }
+    }
+
+    /// Allows a launch in which each of the launcher's tasks is an MPI job of its own (see
+    /// [`Error::UnwiredLaunch`](crate::Error::UnwiredLaunch)): for a job step that runs
+    /// independent single-rank programs on purpose.
+    pub fn independent_tasks(self) -> Self {
+        InitOptions { independent_tasks: true, ..self }
     }
 
     pub(crate) fn requested_on_panic(&self) -> Option<OnPanic> {
         self.on_panic
+    }
+
+    pub(crate) fn allows_independent_tasks(&self) -> bool {
+        self.independent_tasks
     }
 }
 

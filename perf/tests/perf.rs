@@ -319,6 +319,39 @@ fn plot() -> Result<(), Failed> {
     Ok(())
 }
 
+/// Why a private Slurm (`scripts/slurm.sh`: root, Debian's Slurm daemons) cannot run here, if
+/// it cannot.
+fn slurm_unavailable() -> Option<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm.sh");
+    match std::process::Command::new(&script).arg("check").output() {
+        Ok(out) if out.status.success() => None,
+        Ok(out) => Some(format!("{} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status)),
+        Err(e) => Some(format!("slurm: cannot run {}: {e}", script.display())),
+    }
+}
+
+/// A task that is alone in its MPI world although its launcher started several (`srun
+/// --mpi=none`, here told by the environment of a 2-task step): the run fails (exit code 3)
+/// with the library's reason and how to launch instead, rather than reporting a one-rank table
+/// from each task.
+fn unwired_launch_refused() -> Result<(), Failed> {
+    let out = std::process::Command::new(exe())
+        .args(["-b", "8", "-e", "8", "-n", "1", "-w", "0"])
+        .env("SLURM_STEP_NUM_TASKS", "2")
+        .env("SLURM_PROCID", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.code() != Some(3) || !stderr.contains("srun started 2 tasks") || !stderr.contains("--mpi=pmix") {
+        return Err(format!("an unwired 2-task step: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status).into());
+    }
+    if stdout.contains("allreduce") {
+        return Err(format!("an unwired task printed rows:\n{stdout}").into());
+    }
+    Ok(())
+}
+
 /// Why the simulated cluster (`scripts/cluster.sh`, network namespaces: root only) cannot run
 /// here, if it cannot.
 fn cluster_unavailable() -> Option<String> {
@@ -362,6 +395,19 @@ fn main() {
         check_with(&mpirun.display().to_string(), 4, "mpi,host-transfer", "host", "double", env)
     });
     trials.push(trial.with_ignored_flag(cluster.is_some() && !cluster_required));
+    // Launched by srun (PMIx) on a private one-node Slurm, as a cluster's users launch it.
+    let slurm = slurm_unavailable();
+    let slurm_required = std::env::var("DURALUMIN_REQUIRE_SLURM").is_ok_and(|v| v == "1");
+    let why = slurm.clone();
+    let trial = Trial::test("check_srun_np4", move || {
+        if let Some(why) = why {
+            return Err(why.into());
+        }
+        let srun = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-srun");
+        check_with(&srun.display().to_string(), 4, "mpi,host-transfer", "host", "int32", vec![])
+    });
+    trials.push(trial.with_ignored_flag(slurm.is_some() && !slurm_required));
+    trials.push(Trial::test("unwired_launch_refused", unwired_launch_refused));
     trials.push(Trial::test("wrong_result_fails", wrong_fails));
     let dir = sim.clone();
     let trial = Trial::test("trace_shows_chunks_overlapping", move || {

@@ -139,18 +139,24 @@ fn launch_program(
     Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
 }
 
-/// Which launcher a `mpirun` program is: MPICH's Hydra (MPICH, and the MPIs of its ABI) or
-/// Open MPI's (4's ORTE, 5's PRRTE). They take different flags.
+/// Which launcher a `mpirun` program is: MPICH's Hydra (MPICH, and the MPIs of its ABI), Open
+/// MPI's (4's ORTE, 5's PRRTE) or Slurm's `srun`. They take different flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launcher {
     Hydra,
     OpenMpi,
+    Slurm,
 }
 
-/// The launcher `mpirun` is, from its `--version` (asked once per program named `mpirun` or
-/// `mpiexec`; any other, such as `scripts/cluster-mpirun`, wraps Open MPI's).
+/// The launcher `mpirun` is: `srun` by its name (or `scripts/slurm-srun`, which runs it on a
+/// private Slurm), else from its `--version` (asked once per
+/// program named `mpirun` or `mpiexec`; any other, such as `scripts/cluster-mpirun`, wraps Open
+/// MPI's).
 pub fn launcher(mpirun: &str) -> Launcher {
     let name = std::path::Path::new(mpirun).file_name().map(|n| n.to_string_lossy().into_owned());
+    if name.as_deref().is_some_and(|n| n.ends_with("srun")) {
+        return Launcher::Slurm;
+    }
     if !name.is_some_and(|n| n.starts_with("mpirun") || n.starts_with("mpiexec")) {
         return Launcher::OpenMpi;
     }
@@ -169,6 +175,7 @@ pub fn launcher(mpirun: &str) -> Launcher {
 /// `mpirun -np np [extra] exe`, allowed to run as root (Open MPI 4's and 5's runtimes both ask),
 /// with `--oversubscribe` (fewer cores than ranks) and no binding (ranks share the cores).
 /// Under Hydra (MPICH), which neither asks about root nor counts slots: `-np` and no binding.
+/// Under `srun`: see [`Launcher::Slurm`]'s arguments below.
 ///
 /// The job ends with the thread that started it: `mpirun` (or the cluster script, which tears
 /// its cluster down) gets SIGTERM if the launching program is killed, rather than leaving the
@@ -187,6 +194,15 @@ pub fn command(mpirun: &str, np: usize, exe: &std::path::Path, extra: &[&str]) -
     match launcher(mpirun) {
         Launcher::Hydra => c.args(["-bind-to", "none", "-np", &np.to_string()]),
         Launcher::OpenMpi => c.args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()]),
+        // More tasks than CPUs, the step ended when one task fails, and the PMI Open MPI and
+        // MPICH-with-PMIx take (`DURALUMIN_SRUN_MPI=pmi2` for MPICH's own).
+        Launcher::Slurm => c.args([
+            "--overcommit",
+            "--kill-on-bad-exit=1",
+            &format!("--mpi={}", std::env::var("DURALUMIN_SRUN_MPI").unwrap_or_else(|_| "pmix".into())),
+            "-n",
+            &np.to_string(),
+        ]),
     };
     c.args(extra)
         .arg(exe)
