@@ -285,6 +285,58 @@ fn trace_chunks(sim: PathBuf) -> Result<(), Failed> {
     Ok(())
 }
 
+/// `--nvtx` under an NVTX injection library standing in for Nsight Systems
+/// (`nvtx_inject.c`, built here with the C compiler Rust links with): on each of 2 ranks, an
+/// 8 MiB HostTransfer allreduce on cudasim is a range in the `duralumin` domain named with its
+/// fields, its chunks' `stage`, `mpi` and `unstage` steps are ranges too, and every range that
+/// starts ends.
+fn nvtx_ranges(sim: PathBuf) -> Result<(), Failed> {
+    let (lib, log) = (scratch("libnvtx_inject.so"), scratch("nvtx"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nvtx_inject.c");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = std::process::Command::new(&cc).args(["-shared", "-fPIC", "-O1", "-o"]).arg(&lib).arg(&src).output()?;
+    if !built.status.success() {
+        return Err(format!("{cc} {}: {}", src.display(), String::from_utf8_lossy(&built.stderr)).into());
+    }
+    let env = [
+        ("NVTX_INJECTION64_PATH", lib.display().to_string()),
+        ("NVTX_TEST_LOG", log.display().to_string()),
+        ("LD_LIBRARY_PATH", mpirun::library_path_with(&sim)),
+    ];
+    let args =
+        ["-b", "8M", "-e", "8M", "-n", "1", "-w", "0", "--backend", "host-transfer", "--device", "cuda", "--nvtx"];
+    let l = perf(2, &args, &env)?;
+    if !l.status.is_some_and(|s| s.success()) {
+        return Err(l.failure("duralumin-perf --nvtx failed").into());
+    }
+    let logs: Vec<PathBuf> = std::fs::read_dir(scratch_dir())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("nvtx.")))
+        .collect();
+    if logs.len() != 2 {
+        return Err(l.failure(&format!("{} ranks' NVTX logs, not 2: was the injection loaded?", logs.len())).into());
+    }
+    for path in logs {
+        let text = std::fs::read_to_string(&path)?;
+        let starts: Vec<(&str, &str)> =
+            text.lines().filter_map(|l| l.strip_prefix("start ")).filter_map(|l| l.split_once(' ')).collect();
+        let ends: std::collections::BTreeSet<&str> = text.lines().filter_map(|l| l.strip_prefix("end ")).collect();
+        let named = |name: &str| starts.iter().filter(|(_, m)| m.starts_with(&format!("duralumin {name} "))).count();
+        if !starts.iter().any(|(_, m)| m.starts_with("duralumin allreduce ") && m.contains("bytes=8388608")) {
+            return Err(format!("{}: no range of the 8 MiB allreduce:\n{text}", path.display()).into());
+        }
+        if ["stage", "mpi", "unstage"].iter().any(|n| named(n) < 2) {
+            return Err(
+                format!("{}: fewer than 2 chunks' stage, mpi and unstage ranges:\n{text}", path.display()).into()
+            );
+        }
+        if let Some((id, m)) = starts.iter().find(|(id, _)| !ends.contains(id)) {
+            return Err(format!("{}: range {id} ({m}) never ends", path.display()).into());
+        }
+    }
+    Ok(())
+}
+
 /// `--plot` draws a line per backend and algorithm, and the native one.
 fn plot() -> Result<(), Failed> {
     let svg = scratch("plot.svg");
@@ -319,17 +371,6 @@ fn plot() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Why a private Slurm (`scripts/slurm.sh`: root, Debian's Slurm daemons) cannot run here, if
-/// it cannot.
-fn slurm_unavailable() -> Option<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm.sh");
-    match std::process::Command::new(&script).arg("check").output() {
-        Ok(out) if out.status.success() => None,
-        Ok(out) => Some(format!("{} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status)),
-        Err(e) => Some(format!("slurm: cannot run {}: {e}", script.display())),
-    }
-}
-
 /// A task that is alone in its MPI world although its launcher started several (`srun
 /// --mpi=none`, here told by the environment of a 2-task step): the run fails (exit code 3)
 /// with the library's reason and how to launch instead, rather than reporting a one-rank table
@@ -352,15 +393,35 @@ fn unwired_launch_refused() -> Result<(), Failed> {
     Ok(())
 }
 
-/// Why the simulated cluster (`scripts/cluster.sh`, network namespaces: root only) cannot run
-/// here, if it cannot.
-fn cluster_unavailable() -> Option<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster.sh");
-    match std::process::Command::new(&script).arg("check").output() {
+/// Why `scripts/SCRIPT check` says its launcher cannot run here, if it says so.
+fn unavailable(script: &str) -> Option<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(script);
+    match std::process::Command::new(&path).arg("check").output() {
         Ok(out) if out.status.success() => None,
-        Ok(out) => Some(format!("cluster: {} ({})", String::from_utf8_lossy(&out.stderr).trim(), out.status)),
-        Err(e) => Some(format!("cluster: cannot run {}: {e}", script.display())),
+        Ok(out) => Some(format!("{}: {} ({})", script, String::from_utf8_lossy(&out.stderr).trim(), out.status)),
+        Err(e) => Some(format!("cannot run {}: {e}", path.display())),
     }
+}
+
+/// The check mode at 4 ranks on Mpi and HostTransfer (host device) under the launcher
+/// `scripts/WRAPPER`, which `scripts/SCRIPT` runs: ignored where that cannot run here, unless
+/// the variable `require` is 1.
+fn launcher_trial(
+    name: &str,
+    (script, wrapper, require): (&str, &'static str, &str),
+    dtype: &'static str,
+    env: Vec<(&'static str, String)>,
+) -> Trial {
+    let why = unavailable(script);
+    let ignored = why.is_some() && !std::env::var(require).is_ok_and(|v| v == "1");
+    Trial::test(name, move || {
+        if let Some(why) = why {
+            return Err(why.into());
+        }
+        let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(wrapper);
+        check_with(&launcher.display().to_string(), 4, "mpi,host-transfer", "host", dtype, env)
+    })
+    .with_ignored_flag(ignored)
 }
 
 fn main() {
@@ -382,31 +443,12 @@ fn main() {
         });
         trials.push(trial.with_ignored_flag(no_sim));
     }
-    // On two simulated hosts of two ranks (the hierarchical algorithms included).
-    let cluster = cluster_unavailable();
-    let cluster_required = std::env::var("DURALUMIN_REQUIRE_CLUSTER").is_ok_and(|v| v == "1");
-    let why = cluster.clone();
-    let trial = Trial::test("check_cluster_2x2", move || {
-        if let Some(why) = why {
-            return Err(why.into());
-        }
-        let mpirun = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster-mpirun");
-        let env = vec![("DURALUMIN_CLUSTER", "2x2".to_string())];
-        check_with(&mpirun.display().to_string(), 4, "mpi,host-transfer", "host", "double", env)
-    });
-    trials.push(trial.with_ignored_flag(cluster.is_some() && !cluster_required));
-    // Launched by srun (PMIx) on a private one-node Slurm, as a cluster's users launch it.
-    let slurm = slurm_unavailable();
-    let slurm_required = std::env::var("DURALUMIN_REQUIRE_SLURM").is_ok_and(|v| v == "1");
-    let why = slurm.clone();
-    let trial = Trial::test("check_srun_np4", move || {
-        if let Some(why) = why {
-            return Err(why.into());
-        }
-        let srun = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/slurm-srun");
-        check_with(&srun.display().to_string(), 4, "mpi,host-transfer", "host", "int32", vec![])
-    });
-    trials.push(trial.with_ignored_flag(slurm.is_some() && !slurm_required));
+    // On two simulated hosts of two ranks (the hierarchical algorithms included), and launched
+    // by srun (PMIx) on a private one-node Slurm, as a cluster's users launch it.
+    let cluster = ("cluster.sh", "cluster-mpirun", "DURALUMIN_REQUIRE_CLUSTER");
+    trials.push(launcher_trial("check_cluster_2x2", cluster, "double", vec![("DURALUMIN_CLUSTER", "2x2".into())]));
+    let slurm = ("slurm.sh", "slurm-srun", "DURALUMIN_REQUIRE_SLURM");
+    trials.push(launcher_trial("check_srun_np4", slurm, "int32", vec![]));
     trials.push(Trial::test("unwired_launch_refused", unwired_launch_refused));
     trials.push(Trial::test("wrong_result_fails", wrong_fails));
     let dir = sim.clone();
@@ -415,6 +457,11 @@ fn main() {
     });
     trials.push(trial.with_ignored_flag(no_sim));
     trials.push(Trial::test("plot_draws_every_series", plot));
+    let dir = sim.clone();
+    let trial = Trial::test("nvtx_ranges_under_an_injection", move || {
+        nvtx_ranges(dir.ok_or("cudasim is not built (cargo build --release -p duralumin-cudasim)")?)
+    });
+    trials.push(trial.with_ignored_flag(no_sim));
     let status = libtest_mimic::run(&args, trials);
     let _ = std::fs::remove_dir_all(scratch_dir());
     status.exit();
