@@ -195,9 +195,19 @@ impl Elastic {
             Start::Kept(owner) => with_errors(MpiCommunicator::new(&owner), self.policy.timeout)?,
         };
         let began = Instant::now();
-        let r = self.settle_members(&all, state, make);
+        let (r, derived_alike) = match self.plan(&all, state::bytes(state.local())) {
+            Ok(plan) => (self.settle_members(&all, plan, state, make), false),
+            Err(e) => {
+                let alike = matches!(e, Error::Membership(_));
+                (Err(e), alike)
+            }
+        };
         let ok = bits_of(&r);
-        if ok != OK | SANE {
+        // A plan's error is derived alike by every member from what the plan's exchanges gave
+        // all of them: no member waits for this one, so nothing is revoked. Revoking would
+        // interrupt a slower member still in those exchanges, which would then end without
+        // the reason ("another member could not plan").
+        if ok != OK | SANE && !derived_alike {
             let _ = all.revoke();
         }
         let (agreed, failed) = agree(&all, ok)?;
@@ -311,19 +321,18 @@ impl Elastic {
         Ok((exe.display().to_string(), std::env::args().skip(1).collect()))
     }
 
-    /// Over `all` (survivors and newcomers): agree on the commit to go on from and who holds
-    /// which slot, hand the state to those without it, and make the new members'
-    /// communicator (ranks in slot order), its replicas and the steps' communicator. Changes
+    /// Over `all` (survivors and newcomers), with the `plan` every member derived
+    /// ([`Self::plan`]: the commit to go on from and who holds which slot): hand the state to
+    /// those without it, and make the new members' communicator (ranks in slot order), its replicas and the steps' communicator. Changes
     /// nothing of this rank's membership or commits (the agreement after it may still send
     /// everyone to another attempt); the program's state is loaded from the commit.
     fn settle_members<C: Member, S: State>(
         &mut self,
         all: &MpiCommunicator,
+        plan: Plan,
         state: &mut S,
         make: &mut impl FnMut(&SimpleCommunicator) -> Result<C>,
     ) -> Result<Settled<C>> {
-        let local_len = state::bytes(state.local());
-        let plan = self.plan(all, local_len)?;
         self.notify(&Event::Recovering { stage: "planned" });
         let me = all.rank();
         let fresh = if plan.has_state[me] {
