@@ -20,9 +20,11 @@ duralumin-perf: bus bandwidth of Duralumin's operations, after nccl-tests (run i
   -n, --iters N           timed iterations per row (default 20)
   -w, --warmup_iters N    untimed iterations first (default 5)
   -c, --check 0|1         check every result, count wrong elements (default 1)
-  -z, --blocking 0|1      stream-ordered backends: synchronize after every call (1) or queue the
-                          iterations and synchronize once (0, default); Mpi calls always complete
-                          before they return
+  -z, --blocking 0|1      1: every call completes before the next starts (a stream-ordered
+                          backend's stream is synchronized after each); 0: calls are queued on
+                          the stream, or on Mpi started non-blocking (its i-calls, up to 8 at
+                          once, each on its own buffers, as MPI's own with --native), and
+                          completed together (default: 0 on host-transfer and nccl, 1 on mpi)
       --backend LIST      mpi, host-transfer, nccl (comma-separated; default mpi)
       --device NAME       host (the CPU; the Mpi backend's only one) or cuda (default host)
       --algorithm LIST    allreduce and bcast algorithms: auto, native, ring, recursive_doubling,
@@ -53,7 +55,8 @@ pub struct Args {
     pub iters: usize,
     pub warmup: usize,
     pub check: bool,
-    pub blocking: bool,
+    /// `-z`, if given (see [`Args::blocking_on`]).
+    pub blocking: Option<bool>,
     pub backends: Vec<String>,
     pub device: String,
     pub algorithms: Vec<String>,
@@ -81,7 +84,7 @@ impl Default for Args {
             iters: 20,
             warmup: 5,
             check: true,
-            blocking: false,
+            blocking: None,
             backends: vec!["mpi".into()],
             device: "host".into(),
             algorithms: vec!["auto".into()],
@@ -153,7 +156,7 @@ impl Args {
                 "-n" | "--iters" => a.iters = num(&value)?.max(1),
                 "-w" | "--warmup_iters" => a.warmup = num(&value)?,
                 "-c" | "--check" => a.check = flag01(&value)?,
-                "-z" | "--blocking" => a.blocking = flag01(&value)?,
+                "-z" | "--blocking" => a.blocking = Some(flag01(&value)?),
                 "--backend" => a.backends = list(&value).map(|b| b.replace('_', "-")).collect(),
                 "--device" => a.device = value,
                 "--algorithm" => a.algorithms = list(&value).map(str::to_string).collect(),
@@ -170,6 +173,13 @@ impl Args {
         }
         a.validate()?;
         Ok(a)
+    }
+
+    /// Whether calls complete one by one (`-z 1`) on a backend whose calls are queued on a
+    /// stream (`stream_ordered`) or not: by default, each backend's own way (queued on a stream;
+    /// the Mpi backend's blocking calls).
+    pub fn blocking_on(&self, stream_ordered: bool) -> bool {
+        self.blocking.unwrap_or(!stream_ordered)
     }
 
     fn set_ops(&mut self, v: &str) -> Result<(), String> {
@@ -254,7 +264,10 @@ mod tests {
         let a = parse("-b 8 -e 128M -f 2 -o all_reduce -d half -n 5 -w 1 -c 0 -z 1 --native").unwrap();
         assert_eq!((a.min_bytes, a.max_bytes, a.iters, a.warmup), (8, 128 << 20, 5, 1));
         assert_eq!(a.colls, vec![Coll::Allreduce]);
-        assert!(!a.check && a.blocking && a.native);
+        assert!(!a.check && a.blocking == Some(true) && a.native);
+        assert!(a.blocking_on(true) && a.blocking_on(false));
+        let d = Args::default();
+        assert!(!d.blocking_on(true) && d.blocking_on(false), "each backend's own completion by default");
         assert_eq!(a.sizes().len(), 25);
         // nccl-tests' -o is the reduction operator.
         assert_eq!(parse("-o prod").unwrap().redops, vec![Redop::Prod]);

@@ -1,11 +1,13 @@
 //! One call of an operation through the [`Collectives`] trait, on any [`Target`]: the one
 //! place that knows each operation's argument list.
 
-use duralumin::{AllreduceAlgorithm, Avg, BcastAlgorithm, Collectives, Max, Min, Prod, Result, Sum};
+use duralumin::{
+    AllreduceAlgorithm, Avg, BcastAlgorithm, Collectives, Max, Min, MpiCommunicator, Prod, Request, Result, Scope, Sum,
+};
 
 use crate::ops::{Coll, Redop};
 use crate::spec::{PerfElem, Shape};
-use crate::targets::Target;
+use crate::targets::{Mpi, Target};
 
 /// The algorithm forced on the operations that take one (the others run `Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +117,85 @@ pub struct Bufs<X: Target, T: PerfElem> {
     pub recv: Vec<X::Owned<T>>,
 }
 
+/// One call of a communicator method: `(blocking)` the method, `(nonblocking SCOPE)` its
+/// non-blocking twin started in `SCOPE`, its request returned (`None` where nothing starts).
+macro_rules! invoke {
+    ((blocking), $c:expr, $m:ident / $im:ident ($($arg:expr),*)) => {
+        $c.$m($($arg),*)
+    };
+    ((nonblocking $scope:expr), $c:expr, $m:ident / $im:ident ($($arg:expr),*)) => {
+        $c.$im($scope, $($arg),*).map(Some)
+    };
+}
+
+/// What a call that starts nothing returns (a rank outside a send/recv pair).
+macro_rules! nothing {
+    ((blocking)) => {
+        Ok(())
+    };
+    ((nonblocking $scope:expr)) => {
+        Ok(None)
+    };
+}
+
+/// The operation of `$s` on `$c` with the buffers `$b` of target `$X`, called `$how`
+/// ([`invoke!`]): out of place, or in place on `recv[0]`. The one table of every operation's
+/// arguments, for the blocking (or stream-ordered) calls and the Mpi backend's non-blocking ones.
+macro_rules! dispatch {
+    ($how:tt, $X:ty, $c:expr, $s:expr, $lay:expr, $algo:expr, $b:expr, $in_place:expr) => {{
+        let (c, s, lay, algo, b) = ($c, $s, $lay, $algo, $b);
+        let (root, op) = (s.root, s.redop);
+        if $in_place {
+            let buf = <$X>::buf_mut(&mut b.recv[0]);
+            return match s.coll {
+                Coll::Allreduce => with_redop!(op, o => invoke!($how, c, allreduce_in_place_with / iallreduce_in_place_with (buf, o, algo.allreduce()))),
+                Coll::Reduce => with_redop!(op, o => invoke!($how, c, reduce_in_place / ireduce_in_place (buf, root, o))),
+                Coll::ReduceScatter => with_redop!(op, o => invoke!($how, c, reduce_scatter_in_place / ireduce_scatter_in_place (buf, o))),
+                Coll::ReduceScatterv => with_redop!(op, o => invoke!($how, c, reduce_scatterv_in_place / ireduce_scatterv_in_place (buf, &lay.counts, o))),
+                Coll::Allgather => invoke!($how, c, allgather_in_place / iallgather_in_place (buf)),
+                Coll::Allgatherv => invoke!($how, c, allgatherv_in_place / iallgatherv_in_place (buf, &lay.counts, &lay.displs)),
+                Coll::Alltoall => invoke!($how, c, alltoall_in_place / ialltoall_in_place (buf)),
+                Coll::Gather => invoke!($how, c, gather_in_place / igather_in_place (buf, root)),
+                Coll::Gatherv => invoke!($how, c, gatherv_in_place / igatherv_in_place (buf, &lay.counts, &lay.displs, root)),
+                Coll::Scatter => invoke!($how, c, scatter_in_place / iscatter_in_place (buf, root)),
+                Coll::Scatterv => invoke!($how, c, scatterv_in_place / iscatterv_in_place (buf, &lay.counts, &lay.displs, root)),
+                Coll::Sendrecv => invoke!($how, c, sendrecv_in_place / isendrecv_in_place (buf, s.next(), s.prev(), 0)),
+                _ => Err(duralumin::Error::Unsupported("this operation has no in-place form")),
+            };
+        }
+        if s.coll == Coll::MultiSendrecv {
+            let (send, recv) = (&b.send, &mut b.recv);
+            let sends: Vec<_> = send.iter().zip([s.next(), s.prev()]).map(|(o, p)| (<$X>::buf(o), p)).collect();
+            let mut recvs: Vec<_> = recv.iter_mut().zip([s.prev(), s.next()]).map(|(o, p)| (<$X>::buf_mut(o), p)).collect();
+            return invoke!($how, c, multi_sendrecv / imulti_sendrecv (&sends, &mut recvs, 0));
+        }
+        let (send, recv) = (<$X>::buf(&b.send[0]), <$X>::buf_mut(&mut b.recv[0]));
+        match s.coll {
+            Coll::Allreduce => with_redop!(op, o => invoke!($how, c, allreduce_with / iallreduce_with (send, recv, o, algo.allreduce()))),
+            Coll::Reduce => with_redop!(op, o => invoke!($how, c, reduce / ireduce (send, recv, root, o))),
+            Coll::ReduceScatter => with_redop!(op, o => invoke!($how, c, reduce_scatter / ireduce_scatter (send, recv, o))),
+            Coll::ReduceScatterv => with_redop!(op, o => invoke!($how, c, reduce_scatterv / ireduce_scatterv (send, recv, &lay.counts, o))),
+            Coll::Bcast => invoke!($how, c, bcast_with / ibcast_with (recv, root, algo.bcast())),
+            Coll::Allgather => invoke!($how, c, allgather / iallgather (send, recv)),
+            Coll::Allgatherv => invoke!($how, c, allgatherv / iallgatherv (send, recv, &lay.counts, &lay.displs)),
+            Coll::Alltoall => invoke!($how, c, alltoall / ialltoall (send, recv)),
+            Coll::Alltoallv => invoke!($how, c, alltoallv / ialltoallv (send, &lay.counts, &lay.displs, recv, &lay.counts, &lay.displs)),
+            Coll::Gather => invoke!($how, c, gather / igather (send, recv, root)),
+            Coll::Gatherv => invoke!($how, c, gatherv / igatherv (send, recv, &lay.counts, &lay.displs, root)),
+            Coll::Scatter => invoke!($how, c, scatter / iscatter (send, recv, root)),
+            Coll::Scatterv => invoke!($how, c, scatterv / iscatterv (send, &lay.counts, &lay.displs, recv, root)),
+            Coll::Sendrecv => invoke!($how, c, sendrecv / isendrecv (send, s.next(), recv, s.prev(), 0)),
+            Coll::SendRecvPair => match s.pair() {
+                Some((to, true)) => invoke!($how, c, send / isend (send, to, 0)),
+                Some((from, false)) => invoke!($how, c, recv / irecv (recv, from, 0)),
+                None => nothing!($how),
+            },
+            Coll::Barrier => invoke!($how, c, barrier / ibarrier ()),
+            Coll::MultiSendrecv => Err(duralumin::Error::Unsupported("multi_sendrecv takes lists of buffers")),
+        }
+    }};
+}
+
 /// Calls the operation of `s` once: out of place, or in place on `recv[0]`.
 pub fn call<X: Target, T: PerfElem>(
     x: &X,
@@ -124,53 +205,20 @@ pub fn call<X: Target, T: PerfElem>(
     b: &mut Bufs<X, T>,
     in_place: bool,
 ) -> Result<()> {
-    let c = x.comm();
-    let (root, op) = (s.root, s.redop);
-    if in_place {
-        let buf = X::buf_mut(&mut b.recv[0]);
-        return match s.coll {
-            Coll::Allreduce => with_redop!(op, o => c.allreduce_in_place_with(buf, o, algo.allreduce())),
-            Coll::Reduce => with_redop!(op, o => c.reduce_in_place(buf, root, o)),
-            Coll::ReduceScatter => with_redop!(op, o => c.reduce_scatter_in_place(buf, o)),
-            Coll::ReduceScatterv => with_redop!(op, o => c.reduce_scatterv_in_place(buf, &lay.counts, o)),
-            Coll::Allgather => c.allgather_in_place(buf),
-            Coll::Allgatherv => c.allgatherv_in_place(buf, &lay.counts, &lay.displs),
-            Coll::Alltoall => c.alltoall_in_place(buf),
-            Coll::Gather => c.gather_in_place(buf, root),
-            Coll::Gatherv => c.gatherv_in_place(buf, &lay.counts, &lay.displs, root),
-            Coll::Scatter => c.scatter_in_place(buf, root),
-            Coll::Scatterv => c.scatterv_in_place(buf, &lay.counts, &lay.displs, root),
-            Coll::Sendrecv => c.sendrecv_in_place(buf, s.next(), s.prev(), 0),
-            _ => Err(duralumin::Error::Unsupported("this operation has no in-place form")),
-        };
-    }
-    if s.coll == Coll::MultiSendrecv {
-        let sends: Vec<_> = b.send.iter().zip([s.next(), s.prev()]).map(|(o, p)| (X::buf(o), p)).collect();
-        let mut recvs: Vec<_> = b.recv.iter_mut().zip([s.prev(), s.next()]).map(|(o, p)| (X::buf_mut(o), p)).collect();
-        return c.multi_sendrecv(&sends, &mut recvs, 0);
-    }
-    let (send, recv) = (X::buf(&b.send[0]), X::buf_mut(&mut b.recv[0]));
-    match s.coll {
-        Coll::Allreduce => with_redop!(op, o => c.allreduce_with(send, recv, o, algo.allreduce())),
-        Coll::Reduce => with_redop!(op, o => c.reduce(send, recv, root, o)),
-        Coll::ReduceScatter => with_redop!(op, o => c.reduce_scatter(send, recv, o)),
-        Coll::ReduceScatterv => with_redop!(op, o => c.reduce_scatterv(send, recv, &lay.counts, o)),
-        Coll::Bcast => c.bcast_with(recv, root, algo.bcast()),
-        Coll::Allgather => c.allgather(send, recv),
-        Coll::Allgatherv => c.allgatherv(send, recv, &lay.counts, &lay.displs),
-        Coll::Alltoall => c.alltoall(send, recv),
-        Coll::Alltoallv => c.alltoallv(send, &lay.counts, &lay.displs, recv, &lay.counts, &lay.displs),
-        Coll::Gather => c.gather(send, recv, root),
-        Coll::Gatherv => c.gatherv(send, recv, &lay.counts, &lay.displs, root),
-        Coll::Scatter => c.scatter(send, recv, root),
-        Coll::Scatterv => c.scatterv(send, &lay.counts, &lay.displs, recv, root),
-        Coll::Sendrecv => c.sendrecv(send, s.next(), recv, s.prev(), 0),
-        Coll::SendRecvPair => match s.pair() {
-            Some((to, true)) => c.send(send, to, 0),
-            Some((from, false)) => c.recv(recv, from, 0),
-            None => Ok(()),
-        },
-        Coll::Barrier => c.barrier(),
-        Coll::MultiSendrecv => Err(duralumin::Error::Unsupported("multi_sendrecv takes lists of buffers")),
-    }
+    dispatch!((blocking), X, x.comm(), s, lay, algo, b, in_place)
+}
+
+/// Starts the operation of `s` once on the Mpi backend as a non-blocking call in `scope`, on
+/// buffers `b` that stay borrowed until the request completes: its request (`None` where this
+/// rank has nothing to do).
+pub fn start<'s, T: PerfElem>(
+    c: &'s MpiCommunicator,
+    scope: &'s Scope<'s, '_>,
+    s: &Shape,
+    lay: &Layout,
+    algo: Algorithm,
+    b: &'s mut Bufs<Mpi, T>,
+    in_place: bool,
+) -> Result<Option<Request<'s>>> {
+    dispatch!((nonblocking scope), Mpi, c, s, lay, algo, b, in_place)
 }

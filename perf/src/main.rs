@@ -117,8 +117,11 @@ fn perf(a: &Args) -> Result<u64, Boxed> {
     for backend in &a.backends {
         // The Mpi backend's calls complete before they return; the others queue on a stream.
         let enqueue = backend != "mpi";
-        let mode = match (enqueue, a.blocking) {
-            (false, _) => "every call completes before it returns",
+        let mode = match (enqueue, a.blocking_on(enqueue)) {
+            (false, true) => "blocking calls (-z 1)",
+            (false, false) => {
+                "non-blocking calls, up to 8 started at once on their own buffers, then waited for (-z 0)"
+            }
             (true, true) => "calls queued, stream synchronized after each (-z 1)",
             (true, false) => "calls queued, stream synchronized once (-z 0)",
         };

@@ -29,25 +29,29 @@ fn i32s(v: &[usize]) -> Vec<i32> {
     v.iter().map(|&x| i32::try_from(x).unwrap_or(i32::MAX)).collect()
 }
 
-/// Host buffers of one native call, kept between calls.
+/// Host buffers of the native calls, kept between calls: one set per call started at once
+/// (`-z 0` on the Mpi backend; one set otherwise).
 pub struct Native<T> {
-    send: Vec<T>,
-    recv: Vec<T>,
+    sets: Vec<(Vec<T>, Vec<T>)>,
     counts: Vec<i32>,
     displs: Vec<i32>,
 }
 
-/// One call of MPI's own operation, whatever the element type.
+/// Calls of MPI's own operation, whatever the element type.
 pub trait NativeCall {
     /// One call of MPI's operation of `s` on `w`.
     fn call(&mut self, w: &SimpleCommunicator, s: &Shape);
+    /// `k` non-blocking calls started at once, one on each of the first `k` buffer sets, then
+    /// waited for.
+    fn call_all(&mut self, w: &SimpleCommunicator, s: &Shape, k: usize);
 }
 
 impl<T: PerfElem + Equivalence> Native<T> {
-    /// MPI's buffers for `s`, starting as `b` (the out-of-place form's).
-    pub fn new(s: &Shape, b: &Buffers<T>) -> Native<T> {
+    /// MPI's buffers for `s`, `window` sets starting as `b` (the out-of-place form's).
+    pub fn new(s: &Shape, b: &Buffers<T>, window: usize) -> Native<T> {
         let lay = Layout::of(s);
-        Native { send: b.send.clone(), recv: b.recv.clone(), counts: i32s(&lay.counts), displs: i32s(&lay.displs) }
+        let sets = vec![(b.send.clone(), b.recv.clone()); window.max(1)];
+        Native { sets, counts: i32s(&lay.counts), displs: i32s(&lay.displs) }
     }
 }
 
@@ -56,7 +60,9 @@ impl<T: PerfElem + Equivalence> NativeCall for Native<T> {
         let rank = |r: usize| w.process_at_rank(i32::try_from(r).unwrap_or(0));
         let root = rank(s.root);
         let is_root = s.rank == s.root;
-        let (send, recv, counts, displs) = (&self.send[..], &mut self.recv[..], &self.counts[..], &self.displs[..]);
+        let Some((send, recv)) = self.sets.first_mut() else { return };
+        let (send, recv) = (&send[..], &mut recv[..]);
+        let (counts, displs) = (&self.counts[..], &self.displs[..]);
         match s.coll {
             Coll::Allreduce => w.all_reduce_into(send, recv, system_op(s.redop)),
             Coll::Reduce if is_root => root.reduce_into_root(send, recv, system_op(s.redop)),
@@ -93,5 +99,84 @@ impl<T: PerfElem + Equivalence> NativeCall for Native<T> {
             Coll::Barrier => w.barrier(),
             Coll::ReduceScatterv | Coll::MultiSendrecv => {}
         }
+    }
+
+    fn call_all(&mut self, w: &SimpleCommunicator, s: &Shape, k: usize) {
+        let rank = |r: usize| w.process_at_rank(i32::try_from(r).unwrap_or(0));
+        let (root, is_root, op) = (rank(s.root), s.rank == s.root, system_op(s.redop));
+        let (counts, displs) = (&self.counts[..], &self.displs[..]);
+        let k = k.clamp(1, self.sets.len());
+        if s.coll == Coll::Barrier {
+            let started: Vec<_> = (0..k).map(|_| w.immediate_barrier()).collect();
+            started.into_iter().for_each(|r| {
+                let _ = r.wait();
+            });
+            return;
+        }
+        // Each call's buffers, as plain slices and as the v-operations' partitions (a request
+        // borrows its partition, so they are made before the scope); a receive buffer is one or
+        // the other.
+        let send_parted = s.coll == Coll::Alltoallv || s.coll == Coll::Scatterv && is_root;
+        let recv_parted = matches!(s.coll, Coll::Allgatherv | Coll::Alltoallv) || s.coll == Coll::Gatherv && is_root;
+        let mut views: Vec<_> = self.sets[..k]
+            .iter_mut()
+            .map(|(send, recv)| {
+                let (parted, plain) = if recv_parted {
+                    (Some(PartitionMut::new(&mut recv[..], counts, displs)), &mut [][..])
+                } else {
+                    (None, &mut recv[..])
+                };
+                (send_parted.then(|| Partition::new(&send[..], counts, displs)), &send[..], parted, plain)
+            })
+            .collect();
+        duralumin::mpi::request::scope(|scope| {
+            let mut waits: Vec<Box<dyn FnOnce() + '_>> = Vec::with_capacity(2 * k);
+            macro_rules! started {
+                ($($r:expr),+) => {{ $(let r = $r; waits.push(Box::new(move || { let _ = r.wait(); }));)+ }};
+            }
+            for (send_parts, send, recv_parts, recv) in views.iter_mut() {
+                let (send, recv) = (*send, &mut **recv);
+                match (s.coll, recv_parts, send_parts.as_ref()) {
+                    (Coll::Allreduce, _, _) => started!(w.immediate_all_reduce_into(scope, send, recv, op)),
+                    (Coll::Reduce, _, _) if is_root => started!(root.immediate_reduce_into_root(scope, send, recv, op)),
+                    (Coll::Reduce, _, _) => started!(root.immediate_reduce_into(scope, send, op)),
+                    (Coll::ReduceScatter, _, _) => {
+                        started!(w.immediate_reduce_scatter_block_into(scope, send, recv, op))
+                    }
+                    (Coll::Bcast, _, _) => started!(root.immediate_broadcast_into(scope, recv)),
+                    (Coll::Allgather, _, _) => started!(w.immediate_all_gather_into(scope, send, recv)),
+                    (Coll::Allgatherv, Some(parts), _) => {
+                        started!(w.immediate_all_gather_varcount_into(scope, send, parts))
+                    }
+                    (Coll::Alltoall, _, _) => started!(w.immediate_all_to_all_into(scope, send, recv)),
+                    (Coll::Alltoallv, Some(parts), Some(send_parts)) => {
+                        started!(w.immediate_all_to_all_varcount_into(scope, send_parts, parts))
+                    }
+                    (Coll::Gather, _, _) if is_root => started!(root.immediate_gather_into_root(scope, send, recv)),
+                    (Coll::Gather, _, _) => started!(root.immediate_gather_into(scope, send)),
+                    (Coll::Gatherv, Some(parts), _) => {
+                        started!(root.immediate_gather_varcount_into_root(scope, send, parts))
+                    }
+                    (Coll::Gatherv, _, _) => started!(root.immediate_gather_varcount_into(scope, send)),
+                    (Coll::Scatter, _, _) if is_root => started!(root.immediate_scatter_into_root(scope, send, recv)),
+                    (Coll::Scatter, _, _) => started!(root.immediate_scatter_into(scope, recv)),
+                    (Coll::Scatterv, _, Some(send_parts)) => {
+                        started!(root.immediate_scatter_varcount_into_root(scope, send_parts, recv))
+                    }
+                    (Coll::Scatterv, _, _) => started!(root.immediate_scatter_varcount_into(scope, recv)),
+                    (Coll::Sendrecv, _, _) => started!(
+                        rank(s.prev()).immediate_receive_into(scope, recv),
+                        rank(s.next()).immediate_send(scope, send)
+                    ),
+                    (Coll::SendRecvPair, _, _) => match s.pair() {
+                        Some((to, true)) => started!(rank(to).immediate_send(scope, send)),
+                        Some((from, false)) => started!(rank(from).immediate_receive_into(scope, recv)),
+                        None => {}
+                    },
+                    _ => {}
+                }
+            }
+            waits.into_iter().for_each(|wait| wait());
+        });
     }
 }

@@ -54,26 +54,29 @@ fn download<X: Target, T: PerfElem>(x: &X, bufs: &Bufs<X, T>) -> duralumin::Resu
     Ok(out)
 }
 
-/// Times `f`: `warmup` untimed calls, then `iters` timed ones after a barrier, calling `sync`
-/// (a stream-ordered communicator's `synchronize`) after each when `blocking` and once at the
-/// end. The time per call and the host time of one call, µs, the slowest rank's.
+/// Times `f`: `warmup` untimed calls, then `iters` timed ones after a barrier, `f(k)` making
+/// `k` calls at once (at most `window`), calling `sync` (a stream-ordered communicator's
+/// `synchronize`) after each round when `blocking` and once at the end. The time per call and
+/// the host time of one call, µs, the slowest rank's.
 fn time(
     world: &SimpleCommunicator,
     a: &Args,
+    (blocking, window): (bool, usize),
     sync: &dyn Fn() -> duralumin::Result<()>,
-    mut f: impl FnMut() -> duralumin::Result<()>,
+    mut f: impl FnMut(usize) -> duralumin::Result<()>,
 ) -> duralumin::Result<(f64, f64)> {
-    for _ in 0..a.warmup {
-        f()?;
+    let rounds = |n: usize| (0..n).step_by(window.max(1)).map(move |i| window.max(1).min(n - i));
+    for k in rounds(a.warmup) {
+        f(k)?;
     }
     sync()?;
     world.barrier();
     let (start, mut calls) = (Instant::now(), Duration::ZERO);
-    for _ in 0..a.iters {
+    for k in rounds(a.iters) {
         let t = Instant::now();
-        f()?;
+        f(k)?;
         calls += t.elapsed();
-        if a.blocking {
+        if blocking {
             sync()?;
         }
     }
@@ -82,6 +85,23 @@ fn time(
     let [time, call] = max_over(world, [us(start.elapsed()) / n, us(calls) / n]);
     Ok((time, call))
 }
+
+/// How many calls of `s` run at once as non-blocking ones (`-z 0` on the Mpi backend): up to
+/// [`WINDOW`], each on its own buffers, within [`WINDOW_BYTES`] of them; 1 where calls
+/// complete one by one or queue on a stream.
+fn window<T>(x_queues: bool, a: &Args, s: &Shape) -> usize {
+    if x_queues || a.blocking_on(false) {
+        return 1;
+    }
+    let set = 2 * s.count.max(1) * size_of::<T>();
+    (WINDOW_BYTES / set).clamp(1, WINDOW).min(a.iters.max(a.warmup).max(1))
+}
+
+/// The most non-blocking calls started at once.
+const WINDOW: usize = 8;
+/// The most bytes of buffers the non-blocking calls started at once use, per rank (and as
+/// much again for MPI's own, with `--native`).
+const WINDOW_BYTES: usize = 256 << 20;
 
 /// Whether the check is to see a wrong element on rank 0 (`DURALUMIN_PERF_CORRUPT=1`: how the
 /// tests show that a wrong result is counted and fails the run).
@@ -100,11 +120,19 @@ fn measure<X: Target, T: PerfElem>(
     placed: bool,
 ) -> duralumin::Result<Timing> {
     let lay = Layout::of(s);
-    let mut bufs = upload(x, s, init)?;
+    let window = window::<T>(x.stream_ordered(), a, s);
+    let mut sets = (0..window).map(|_| upload(x, s, init)).collect::<duralumin::Result<Vec<_>>>()?;
+    // `k` calls: one by one, or started together as non-blocking ones.
+    let calls = |sets: &mut [Bufs<X, T>], k: usize| match window {
+        1 => call(x, s, &lay, algo, &mut sets[0], placed),
+        _ => x
+            .call_all(s, &lay, algo, &mut sets[..k], placed)
+            .unwrap_or(Err(duralumin::Error::Unsupported("non-blocking calls on this backend"))),
+    };
     let wrong = if a.check {
-        call(x, s, &lay, algo, &mut bufs, placed)?;
+        calls(&mut sets, 1)?;
         x.comm().synchronize()?;
-        let mut got = download(x, &bufs)?;
+        let mut got = download(x, &sets[0])?;
         if let Some(v) = got.first_mut().filter(|_| s.rank == 0 && corrupting()) {
             *v = T::add(*v, T::from_truth(true));
         }
@@ -112,24 +140,29 @@ fn measure<X: Target, T: PerfElem>(
     } else {
         None
     };
-    let (t, enqueue) = time(world, a, &|| x.comm().synchronize(), || call(x, s, &lay, algo, &mut bufs, placed))?;
+    let blocking = a.blocking_on(x.stream_ordered());
+    let (t, enqueue) = time(world, a, (blocking, window), &|| x.comm().synchronize(), |k| calls(&mut sets, k))?;
     let mut timing = Timing::new(s.count * size_of::<T>(), t, s.coll.busbw_factor(s.n));
     timing.wrong = wrong;
     timing.enqueue = x.stream_ordered().then_some(enqueue);
     Ok(timing)
 }
 
-/// MPI's own operation of `s` on host vectors, timed the same way (its calls complete on
-/// return: nothing to synchronize).
+/// MPI's own operation of `s` on host vectors, timed the same way as the Mpi backend's (its
+/// blocking calls, or with `-z 0` its non-blocking ones started together).
 fn native<T: PerfElem>(
     world: &SimpleCommunicator,
     a: &Args,
     s: &Shape,
     b: &Buffers<T>,
 ) -> duralumin::Result<Option<Timing>> {
-    let Some(mut n) = T::native(s, b) else { return Ok(None) };
-    let (t, _) = time(world, a, &|| Ok(()), || {
-        n.call(world, s);
+    let window = window::<T>(false, a, s);
+    let Some(mut n) = T::native(s, b, window) else { return Ok(None) };
+    let (t, _) = time(world, a, (true, window), &|| Ok(()), |k| {
+        match window {
+            1 => n.call(world, s),
+            _ => n.call_all(world, s, k),
+        }
         Ok(())
     })?;
     Ok(Some(Timing::new(s.count * size_of::<T>(), t, s.coll.busbw_factor(s.n))))
@@ -241,7 +274,8 @@ pub fn span_cost(world: &SimpleCommunicator, a: &Args, rounds: usize) -> Result<
     let (send, mut recv) = ([1.0f32], [0.0f32]);
     let mut round = |on: bool| -> Result<f64, Boxed> {
         duralumin::reliability::set_operation_spans(on);
-        let (t, _) = time(world, a, &|| Ok(()), || comm.allreduce(&send[..], &mut recv[..], duralumin::Sum))?;
+        let (t, _) =
+            time(world, a, (true, 1), &|| Ok(()), |_| comm.allreduce(&send[..], &mut recv[..], duralumin::Sum))?;
         Ok(t)
     };
     let (mut on, mut off) = (Vec::new(), Vec::new());

@@ -12,17 +12,18 @@ use crate::ops::{Coll, Redop};
 pub trait PerfElem: Number + NumCast + std::fmt::Debug + PartialEq {
     /// nccl-tests' name of the type.
     const TYPE: &'static str;
-    /// MPI's own operation of `s` on host vectors of this type (starting from `b`, the
-    /// out-of-place form's buffers), where MPI has the type.
-    fn native(s: &Shape, b: &Buffers<Self>) -> Option<Box<dyn NativeCall>>;
+    /// MPI's own operation of `s` on host vectors of this type (`window` sets, each starting
+    /// from `b`, the out-of-place form's buffers), where MPI has the type.
+    fn native(s: &Shape, b: &Buffers<Self>, window: usize) -> Option<Box<dyn NativeCall>>;
 }
 
 macro_rules! perf_elems {
     ($($t:ty => $name:literal),* $(,)?) => {$(
         impl PerfElem for $t {
             const TYPE: &'static str = $name;
-            fn native(s: &Shape, b: &Buffers<Self>) -> Option<Box<dyn NativeCall>> {
-                crate::native::has(s.coll, s.redop).then(|| Box::new(Native::<$t>::new(s, b)) as Box<dyn NativeCall>)
+            fn native(s: &Shape, b: &Buffers<Self>, window: usize) -> Option<Box<dyn NativeCall>> {
+                crate::native::has(s.coll, s.redop)
+                    .then(|| Box::new(Native::<$t>::new(s, b, window)) as Box<dyn NativeCall>)
             }
         }
     )*};
@@ -37,7 +38,7 @@ macro_rules! half_elems {
     ($($t:ty => $name:literal),* $(,)?) => {$(
         impl PerfElem for $t {
             const TYPE: &'static str = $name;
-            fn native(_: &Shape, _: &Buffers<Self>) -> Option<Box<dyn NativeCall>> {
+            fn native(_: &Shape, _: &Buffers<Self>, _: usize) -> Option<Box<dyn NativeCall>> {
                 None
             }
         }

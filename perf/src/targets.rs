@@ -7,6 +7,9 @@ use duralumin::device::{DeviceSlice, DeviceSliceMut};
 use duralumin::mpi::topology::SimpleCommunicator;
 use duralumin::{Collectives, Element, HostTransferCommunicator, MpiCommunicator, Result};
 
+use crate::call::{self, Algorithm, Bufs, Layout};
+use crate::spec::{PerfElem, Shape};
+
 /// A backend's communicator and its buffers.
 pub trait Target {
     type C: Collectives;
@@ -28,6 +31,22 @@ pub trait Target {
     fn buf_mut<'a, T: Element>(b: &'a mut Self::Owned<T>) -> <Self::C as Collectives>::BufMut<'a, T>
     where
         Self::C: 'a;
+    /// Starts the operation of `s` once on each buffer set of `sets` at once, as non-blocking
+    /// calls, and waits for them all (`-z 0` on a backend whose calls are not queued on a
+    /// stream); `None` where the backend has no non-blocking calls.
+    fn call_all<T: PerfElem>(
+        &self,
+        _s: &Shape,
+        _lay: &Layout,
+        _algo: Algorithm,
+        _sets: &mut [Bufs<Self, T>],
+        _in_place: bool,
+    ) -> Option<Result<()>>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 /// The Mpi backend on host vectors.
@@ -63,6 +82,22 @@ impl Target for Mpi {
         MpiCommunicator: 'a,
     {
         b
+    }
+    fn call_all<T: PerfElem>(
+        &self,
+        s: &Shape,
+        lay: &Layout,
+        algo: Algorithm,
+        sets: &mut [Bufs<Self, T>],
+        in_place: bool,
+    ) -> Option<Result<()>> {
+        Some(duralumin::scope(|scope| {
+            let mut started = Vec::with_capacity(sets.len());
+            for b in sets.iter_mut() {
+                started.push(call::start(&self.0, scope, s, lay, algo, b, in_place)?);
+            }
+            started.into_iter().flatten().try_for_each(duralumin::Request::wait)
+        }))
     }
 }
 

@@ -95,15 +95,16 @@ fn check_rows(rows: &[Value], backends: &[&str]) -> Result<(), String> {
     Ok(())
 }
 
-/// The check mode over everything at `np` ranks on `backends` (`device`), elements of `dtype`.
+/// The check mode over everything at `np` ranks on `backends` (`device`), elements of `dtype`,
+/// with the flags `extra`.
 fn check(
     np: usize,
     backends: &'static str,
     device: &'static str,
-    dtype: &'static str,
+    (dtype, extra): (&'static str, &'static [&'static str]),
     env: Vec<(&'static str, String)>,
 ) -> Result<(), Failed> {
-    check_with(&mpirun::mpirun_program(), np, backends, device, dtype, env)
+    check_with(&mpirun::mpirun_program(), np, backends, device, (dtype, extra), env)
 }
 
 /// [`check`] under the launcher `mpirun`.
@@ -112,13 +113,13 @@ fn check_with(
     np: usize,
     backends: &'static str,
     device: &'static str,
-    dtype: &'static str,
+    (dtype, extra): (&'static str, &'static [&'static str]),
     env: Vec<(&'static str, String)>,
 ) -> Result<(), Failed> {
     // Trials run at once: the launcher's name keeps the cluster's files apart from the
     // same rank count's on one host.
     let launcher = Path::new(mpirun).file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
-    let name = format!("{backends}-{device}-np{np}-{launcher}");
+    let name = format!("{backends}-{device}-np{np}-{launcher}{}", extra.concat());
     let (json, csv) = (scratch(&format!("{name}.json")), scratch(&format!("{name}.csv")));
     let (j, c) = (json.display().to_string(), csv.display().to_string());
     let args = [
@@ -153,6 +154,7 @@ fn check_with(
         "--csv",
         &c,
     ];
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
     let l = perf_with(mpirun, np, &args, &env)?;
     if !l.status.is_some_and(|s| s.success()) {
         return Err(l.failure(&format!("duralumin-perf failed at {np} ranks")).into());
@@ -162,6 +164,12 @@ fn check_with(
     let csv_lines = std::fs::read_to_string(&csv)?.lines().count();
     if csv_lines != rows.len() + 1 {
         return Err(format!("--csv has {csv_lines} lines for {} rows", rows.len()).into());
+    }
+    if extra.windows(2).any(|w| w == ["-z", "0"])
+        && backends.contains("mpi")
+        && !l.stdout.contains("non-blocking calls")
+    {
+        return Err(l.failure("-z 0 did not run the Mpi backend's non-blocking calls").into());
     }
     if !l.stdout.contains("# Avg bus bandwidth") || !l.stdout.contains("#wrong") {
         return Err(l.failure("the table lacks nccl-tests' columns or closing lines").into());
@@ -419,7 +427,7 @@ fn launcher_trial(
             return Err(why.into());
         }
         let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(wrapper);
-        check_with(&launcher.display().to_string(), 4, "mpi,host-transfer", "host", dtype, env)
+        check_with(&launcher.display().to_string(), 4, "mpi,host-transfer", "host", (dtype, &[]), env)
     })
     .with_ignored_flag(ignored)
 }
@@ -434,12 +442,17 @@ fn main() {
     for np in 1..=4 {
         let dtype = dtypes[np - 1];
         trials.push(Trial::test(format!("check_host_np{np}"), move || {
-            check(np, "mpi,host-transfer", "host", dtype, vec![])
+            check(np, "mpi,host-transfer", "host", (dtype, &[]), vec![])
+        }));
+        // The Mpi backend's non-blocking calls, 3 started at once (and MPI's own, likewise).
+        trials.push(Trial::test(format!("check_nonblocking_np{np}"), move || {
+            check(np, "mpi", "host", (dtype, &["-z", "0", "-n", "3", "--native"]), vec![])
         }));
         let dir = sim.clone();
         let trial = Trial::test(format!("check_cudasim_np{np}"), move || {
             let dir = dir.ok_or("cudasim is not built (cargo build --release -p duralumin-cudasim)")?;
-            check(np, "host-transfer,nccl", "cuda", dtype, vec![("LD_LIBRARY_PATH", mpirun::library_path_with(&dir))])
+            let env = vec![("LD_LIBRARY_PATH", mpirun::library_path_with(&dir))];
+            check(np, "host-transfer,nccl", "cuda", (dtype, &[]), env)
         });
         trials.push(trial.with_ignored_flag(no_sim));
     }
