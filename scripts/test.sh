@@ -63,8 +63,9 @@ export DURALUMIN_REQUIRE_CUDASIM=1
 # of tests/mpi_ranks and tests/device_ranks may not skip here.
 export DURALUMIN_REQUIRE_CLUSTER=1
 # A private one-node Slurm (scripts/slurm.sh, installed by setup.sh): duralumin-perf's srun
-# trial, and the MPICH cut's srun launches, may not skip here.
-export DURALUMIN_REQUIRE_SLURM=1
+# trial, and the MPICH cut's srun launches, may not skip here; nor the trial that launches this
+# build with MPICH's mpiexec (installed by setup.sh), which must be refused.
+export DURALUMIN_REQUIRE_SLURM=1 DURALUMIN_REQUIRE_MPICH=1
 # The cluster sweeps share 2 cores between up to 4 ranks (and, on cudasim, their simulated
 # devices): allow each launch 30 minutes (a hang still ends within the per-operation deadline,
 # DURALUMIN_TIMEOUT, with the ranks' report).

@@ -164,15 +164,13 @@ pub enum Error {
     #[error("MPI initialization: {0}")]
     Init(&'static str),
 
-    /// The launcher started several tasks as one job step, but MPI was not wired up between
-    /// them: each is an MPI job of one rank (`srun --mpi=none`, or an MPI built without the
-    /// launcher's PMI). [`crate::init`] refuses to go on, since every task would compute alone
-    /// and report success; [`InitOptions::independent_tasks`](crate::reliability::InitOptions::independent_tasks)
-    /// allows it.
+    /// The launcher started several tasks as one job, but MPI was not wired up between them:
+    /// each is an MPI job of one rank (`srun --mpi=none`, a PMI the MPI library cannot use, or
+    /// the `mpirun` of another MPI library). [`crate::init`] refuses to go on, since every task
+    /// would compute alone and report success (see `docs/cluster.md`, "Slurm").
     #[error(
         "{launcher} started {tasks} tasks ({variable}), but MPI sees one rank in each: they are {tasks} separate \
-         MPI jobs, not one. The launcher did not connect them: under srun pass --mpi=pmix (Open MPI, or an MPI \
-         built with PMIx) or --mpi=pmi2 (MPICH, MVAPICH2, Intel MPI), or launch with mpirun"
+         MPI jobs, not one. {hint} (or set DURALUMIN_INDEPENDENT_TASKS=1 if each task is meant to run alone)"
     )]
     UnwiredLaunch {
         /// The launcher (`"srun"`).
@@ -181,6 +179,8 @@ pub enum Error {
         tasks: usize,
         /// The variable that says so (`"SLURM_STEP_NUM_TASKS"`).
         variable: &'static str,
+        /// How to launch instead.
+        hint: &'static str,
     },
 
     /// Device kernels were not built or cannot be loaded; the message says what to install.

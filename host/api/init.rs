@@ -17,8 +17,8 @@ use crate::reliability::InitOptions;
 ///
 /// A launcher that started several tasks without connecting their MPI (each task then sees
 /// itself as rank 0 of 1) gets [`Error::UnwiredLaunch`], unless
-/// [`InitOptions::independent_tasks`] allows it: otherwise every task would reduce alone and
-/// report success.
+/// [`InitOptions::independent_tasks`] or `DURALUMIN_INDEPENDENT_TASKS=1` allows it: otherwise
+/// every task would reduce alone and report success.
 ///
 /// It also settles what a panic does from now on: by default (`DURALUMIN_ON_PANIC` unset or
 /// `abort`) a panic ends the whole job after its message, so no rank waits for a dead one (see
@@ -31,8 +31,7 @@ pub fn init() -> Result<Universe> {
 /// `DURALUMIN_ON_PANIC=abort|unwind`, else abort).
 pub fn init_with(options: InitOptions) -> Result<Universe> {
     // Before MPI starts: a singleton Open MPI sets its own launch variables in this process.
-    let launch_env: Vec<(&str, String)> =
-        STEP_SIZES.iter().map(|s| s.1).chain(WIRED).filter_map(|v| Some((v, std::env::var(v).ok()?))).collect();
+    let launch = crate::api::launch::Launch::capture();
     let (universe, provided) = mpi::initialize_with_threading(Threading::Multiple)
         .ok_or(Error::Init("MPI is already initialized (use MpiCommunicator::new on your communicator)"))?;
     if provided != Threading::Multiple {
@@ -41,32 +40,12 @@ pub fn init_with(options: InitOptions) -> Result<Universe> {
     ffi::set_world_errhandler()?;
     let world_size = usize::try_from(mpi::traits::Communicator::size(&universe.world())).unwrap_or(0);
     if !options.allows_independent_tasks()
-        && let Some(e) = unwired_launch(world_size, |v| launch_env.iter().find(|e| e.0 == v).map(|e| e.1.clone()))
+        && let Some(e) = launch.unwired(world_size)
     {
         return Err(e);
     }
     crate::reliability::abort::settle(options.requested_on_panic())?;
     Ok(Universe { inner: Some(universe) })
-}
-
-/// The launchers whose job steps say how many tasks they started, and the variable that does.
-const STEP_SIZES: [(&str, &str); 2] = [("srun", "SLURM_STEP_NUM_TASKS"), ("flux run", "FLUX_JOB_SIZE")];
-
-/// What an MPI launcher or a launcher's PMI sets in each task it wired up: Open MPI's, Hydra's
-/// (PMI-1 and PMI-2), PMIx's (Open MPI 5, `srun --mpi=pmix`) and Cray PALS'.
-const WIRED: [&str; 6] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_FD", "PMIX_RANK", "PMI_RANK", "PALS_RANKID"];
-
-/// The error of a task that is alone in its MPI world (`world_size` 1) although its launcher
-/// started several, with no MPI wiring in its environment (`var` reads it). A step of one task,
-/// a batch script (no step), or `mpirun` inside an allocation (it sets its own variables) pass.
-fn unwired_launch(world_size: usize, var: impl Fn(&str) -> Option<String>) -> Option<Error> {
-    if world_size != 1 || WIRED.iter().any(|w| var(w).is_some()) {
-        return None;
-    }
-    STEP_SIZES.iter().find_map(|&(launcher, variable)| {
-        let tasks = var(variable)?.trim().parse::<usize>().ok().filter(|&t| t > 1)?;
-        Some(Error::UnwiredLaunch { launcher, tasks, variable })
-    })
 }
 
 /// MPI, initialized by [`init`]: rsmpi's [`Universe`](mpi::environment::Universe) (it
@@ -130,36 +109,4 @@ pub(crate) fn require_thread_multiple() -> Result<()> {
         return Err(Error::ThreadLevel { provided: level_name(provided) });
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env<'a>(vars: &'a [(&str, &str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
-    }
-
-    #[test]
-    fn srun_without_pmi_is_an_unwired_launch() {
-        let e = unwired_launch(1, env(&[("SLURM_STEP_NUM_TASKS", "4"), ("SLURM_PROCID", "2")]));
-        assert!(matches!(e, Some(Error::UnwiredLaunch { launcher: "srun", tasks: 4, .. })), "{e:?}");
-        let text = e.map(|e| e.to_string()).unwrap_or_default();
-        assert!(text.contains("--mpi=pmix") && text.contains("4 separate"), "{text}");
-        let e = unwired_launch(1, env(&[("FLUX_JOB_SIZE", "2")]));
-        assert!(matches!(e, Some(Error::UnwiredLaunch { launcher: "flux run", tasks: 2, .. })), "{e:?}");
-    }
-
-    #[test]
-    fn wired_and_single_task_launches_pass() {
-        // srun --mpi=pmi2, --mpi=pmix; mpirun inside an allocation (its orted step has tasks).
-        for wired in ["PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"] {
-            assert!(unwired_launch(1, env(&[("SLURM_STEP_NUM_TASKS", "2"), (wired, "0")])).is_none());
-        }
-        // A step of one task, a batch script (no step), several ranks, an unreadable count.
-        assert!(unwired_launch(1, env(&[("SLURM_STEP_NUM_TASKS", "1")])).is_none());
-        assert!(unwired_launch(1, env(&[("SLURM_NTASKS", "4")])).is_none());
-        assert!(unwired_launch(4, env(&[("SLURM_STEP_NUM_TASKS", "4")])).is_none());
-        assert!(unwired_launch(1, env(&[("SLURM_STEP_NUM_TASKS", "x")])).is_none());
-    }
 }

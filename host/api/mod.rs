@@ -6,5 +6,6 @@ pub(crate) mod collectives;
 pub mod device_code;
 pub(crate) mod error;
 pub(crate) mod init;
+pub(crate) mod launch;
 pub(crate) mod request;
 pub mod topology;

@@ -94,7 +94,7 @@ impl InitOptions {
     }
 
     /// Allows a launch in which each of the launcher's tasks is an MPI job of its own (see
-    /// [`Error::UnwiredLaunch`](crate::Error::UnwiredLaunch)): for a job step that runs
+    /// [`Error::UnwiredLaunch`]): for a job step that runs
     /// independent single-rank programs on purpose.
     pub fn independent_tasks(self) -> Self {
         InitOptions { independent_tasks: true, ..self }
@@ -104,8 +104,10 @@ impl InitOptions {
         self.on_panic
     }
 
+    /// Whether a launch of independent single-rank tasks is allowed: by
+    /// [`InitOptions::independent_tasks`], or `DURALUMIN_INDEPENDENT_TASKS=1`.
     pub(crate) fn allows_independent_tasks(&self) -> bool {
-        self.independent_tasks
+        self.independent_tasks || std::env::var("DURALUMIN_INDEPENDENT_TASKS").is_ok_and(|v| v == "1")
     }
 }
 

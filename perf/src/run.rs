@@ -148,15 +148,16 @@ fn measure<X: Target, T: PerfElem>(
     Ok(timing)
 }
 
-/// MPI's own operation of `s` on host vectors, timed the same way as the Mpi backend's (its
-/// blocking calls, or with `-z 0` its non-blocking ones started together).
+/// MPI's own operation of `s` on host vectors: beside the Mpi backend's rows timed as they
+/// are (its blocking calls, or with `-z 0` its non-blocking ones started together), beside a
+/// stream-ordered backend's (`queues`) as blocking calls.
 fn native<T: PerfElem>(
     world: &SimpleCommunicator,
     a: &Args,
     s: &Shape,
-    b: &Buffers<T>,
+    (b, queues): (&Buffers<T>, bool),
 ) -> duralumin::Result<Option<Timing>> {
-    let window = window::<T>(false, a, s);
+    let window = window::<T>(queues, a, s);
     let Some(mut n) = T::native(s, b, window) else { return Ok(None) };
     let (t, _) = time(world, a, (true, window), &|| Ok(()), |k| {
         match window {
@@ -259,7 +260,7 @@ fn rows<X: Target, T: PerfElem>(
             root: if coll.rooted() { i64::try_from(a.root).unwrap_or(-1) } else { -1 },
             out_of_place: oop,
             in_place: ip,
-            native: if a.native { native(world, a, &s, &init)? } else { None },
+            native: if a.native { native(world, a, &s, (&init, x.stream_ordered()))? } else { None },
         });
     }
     Ok(())

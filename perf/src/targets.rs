@@ -94,9 +94,17 @@ impl Target for Mpi {
         Some(duralumin::scope(|scope| {
             let mut started = Vec::with_capacity(sets.len());
             for b in sets.iter_mut() {
-                started.push(call::start(&self.0, scope, s, lay, algo, b, in_place)?);
+                match call::start(&self.0, scope, s, lay, algo, b, in_place) {
+                    Ok(r) => started.extend(r),
+                    Err(e) => {
+                        // The calls started so far report their own errors here, not on a
+                        // later call.
+                        let _ = duralumin::Request::wait_all(started);
+                        return Err(e);
+                    }
+                }
             }
-            started.into_iter().flatten().try_for_each(duralumin::Request::wait)
+            duralumin::Request::wait_all(started)
         }))
     }
 }

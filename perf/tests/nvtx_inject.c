@@ -94,6 +94,7 @@ int InitializeInjectionNvtx2(GetExportTable get) {
     const ExportTableCallbacks *cb = get(ETID_CALLBACKS);
     FunctionTable table = 0;
     unsigned int size = 0;
+    /* `size` is the highest callback id the table holds (NVTX writes its entry count less one). */
     if (!cb || !cb->GetModuleFunctionTable(MODULE_CORE2, &table, &size) || size < CORE2_DOMAIN_CREATE_W) return 0;
     *table[CORE2_RANGE_START] = (FunctionPointer)range_start;
     *table[CORE2_RANGE_END] = (FunctionPointer)range_end;

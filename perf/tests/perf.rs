@@ -379,26 +379,37 @@ fn plot() -> Result<(), Failed> {
     Ok(())
 }
 
-/// A task that is alone in its MPI world although its launcher started several (`srun
-/// --mpi=none`, here told by the environment of a 2-task step): the run fails (exit code 3)
-/// with the library's reason and how to launch instead, rather than reporting a one-rank table
-/// from each task.
-fn unwired_launch_refused() -> Result<(), Failed> {
-    let out = std::process::Command::new(exe())
-        .args(["-b", "8", "-e", "8", "-n", "1", "-w", "0"])
-        .env("SLURM_STEP_NUM_TASKS", "2")
-        .env("SLURM_PROCID", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()?;
+/// Runs duralumin-perf as `program` with `args`, and holds it to the refusal of a task that is
+/// alone in its MPI world although its launcher started `tasks`: exit code 3 with the
+/// library's reason, and no rows.
+fn refused(mut program: std::process::Command, tasks: usize) -> Result<(), Failed> {
+    let out = program.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").output()?;
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    if out.status.code() != Some(3) || !stderr.contains("srun started 2 tasks") || !stderr.contains("--mpi=pmix") {
-        return Err(format!("an unwired 2-task step: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status).into());
-    }
-    if stdout.contains("allreduce") {
-        return Err(format!("an unwired task printed rows:\n{stdout}").into());
+    let reason = format!("{tasks} separate MPI jobs");
+    if out.status.code() != Some(3) || !stderr.contains(&reason) || stdout.contains("allreduce") {
+        return Err(format!("not refused: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status).into());
     }
     Ok(())
+}
+
+/// A task started by Slurm's task starter (a shell named `slurmstepd` here) in a step of 2
+/// tasks, alone in its MPI world (`srun --mpi=none`).
+fn unwired_step_refused() -> Result<(), Failed> {
+    let starter = scratch("slurmstepd");
+    let _ = std::fs::remove_file(&starter);
+    std::os::unix::fs::symlink("/bin/sh", &starter)?;
+    let mut sh = std::process::Command::new(&starter);
+    // The shell forks the program (it is not the last command), so the shell is its parent.
+    sh.args(["-c", "\"$@\"; exit $?", "sh"]).arg(exe()).args(["-b", "8", "-e", "8", "-n", "1", "-w", "0"]);
+    sh.env("SLURM_STEP_NUM_TASKS", "2").env("SLURM_PROCID", "1");
+    refused(sh, 2)
+}
+
+/// This build (Open MPI's) launched by MPICH's mpiexec at 2 ranks: each rank is a singleton.
+fn mismatched_mpiexec_refused(mpiexec: PathBuf) -> Result<(), Failed> {
+    let mut c = std::process::Command::new(mpiexec);
+    c.args(["-n", "2"]).arg(exe()).args(["-b", "8", "-e", "8", "-n", "1", "-w", "0"]);
+    refused(c, 2)
 }
 
 /// Why `scripts/SCRIPT check` says its launcher cannot run here, if it says so.
@@ -462,7 +473,17 @@ fn main() {
     trials.push(launcher_trial("check_cluster_2x2", cluster, "double", vec![("DURALUMIN_CLUSTER", "2x2".into())]));
     let slurm = ("slurm.sh", "slurm-srun", "DURALUMIN_REQUIRE_SLURM");
     trials.push(launcher_trial("check_srun_np4", slurm, "int32", vec![]));
-    trials.push(Trial::test("unwired_launch_refused", unwired_launch_refused));
+    trials.push(Trial::test("unwired_step_refused", unwired_step_refused));
+    let mpich = PathBuf::from(std::env::var("DURALUMIN_MPICH_DIR").unwrap_or_else(|_| "/opt/duralumin/mpich".into()))
+        .join("bin/mpiexec");
+    let no_mpich = !mpich.is_file();
+    let trial = Trial::test("mismatched_mpiexec_refused", move || {
+        if !mpich.is_file() {
+            return Err(format!("{} is not installed (scripts/setup.sh installs it)", mpich.display()).into());
+        }
+        mismatched_mpiexec_refused(mpich)
+    });
+    trials.push(trial.with_ignored_flag(no_mpich && !std::env::var("DURALUMIN_REQUIRE_MPICH").is_ok_and(|v| v == "1")));
     trials.push(Trial::test("wrong_result_fails", wrong_fails));
     let dir = sim.clone();
     let trial = Trial::test("trace_shows_chunks_overlapping", move || {
