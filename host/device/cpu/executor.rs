@@ -261,7 +261,13 @@ impl Lane {
             fn drop(&mut self) {
                 let mut st = self.0.lock();
                 st.helpers -= 1;
-                self.0.unlock_changed(st);
+                // Only the executor thread's rest depends on the helpers (it leaves runnable
+                // work to them): wake it only if it has something to do now. A waiter leaving
+                // an idle lane (every `synchronize` of an idle stream) wakes nobody, which cost
+                // a futex wake and a context switch per call.
+                if st.helpers == 0 && (st.runnable() || st.ended()) {
+                    self.0.unlock_changed(st);
+                }
             }
         }
         self.lock().helpers += 1;
