@@ -57,10 +57,15 @@ pub(crate) struct Launch {
 
 impl Launch {
     pub(crate) fn capture() -> Launch {
-        let size = SIZES.iter().enumerate().find_map(|(i, s)| Some((i, std::env::var(s.variable).ok()?)));
         let parent = std::fs::read_to_string(format!("/proc/{}/comm", std::os::unix::process::parent_id()))
             .ok()
             .map(|n| n.trim().to_string());
+        Launch::from(|v| std::env::var(v).ok(), parent)
+    }
+
+    /// The launch that the variables `var` reads and the parent process's name describe.
+    fn from(var: impl Fn(&str) -> Option<String>, parent: Option<String>) -> Launch {
+        let size = SIZES.iter().enumerate().find_map(|(i, s)| Some((i, var(s.variable)?)));
         Launch { size, parent }
     }
 
@@ -83,11 +88,8 @@ mod tests {
     use super::*;
 
     fn launch(vars: &[(&str, &str)], parent: &str) -> Launch {
-        let size = SIZES
-            .iter()
-            .enumerate()
-            .find_map(|(i, s)| vars.iter().find(|(k, _)| *k == s.variable).map(|(_, v)| (i, v.to_string())));
-        Launch { size, parent: Some(parent.into()) }
+        let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+        Launch::from(var, Some(parent.into()))
     }
 
     #[test]

@@ -195,13 +195,9 @@ impl Elastic {
             Start::Kept(owner) => with_errors(MpiCommunicator::new(&owner), self.policy.timeout)?,
         };
         let began = Instant::now();
-        let (r, derived_alike) = match self.plan(&all, state::bytes(state.local())) {
-            Ok(plan) => (self.settle_members(&all, plan, state, make), false),
-            Err(e) => {
-                let alike = matches!(e, Error::Membership(_));
-                (Err(e), alike)
-            }
-        };
+        let planned = self.plan(&all, state::bytes(state.local()));
+        let derived_alike = matches!(planned, Err(Error::Membership(_)));
+        let r = planned.and_then(|plan| self.settle_members(&all, plan, state, make));
         let ok = bits_of(&r);
         // A plan's error is derived alike by every member from what the plan's exchanges gave
         // all of them: no member waits for this one, so nothing is revoked. Revoking would
@@ -323,9 +319,10 @@ impl Elastic {
 
     /// Over `all` (survivors and newcomers), with the `plan` every member derived
     /// ([`Self::plan`]: the commit to go on from and who holds which slot): hand the state to
-    /// those without it, and make the new members' communicator (ranks in slot order), its replicas and the steps' communicator. Changes
-    /// nothing of this rank's membership or commits (the agreement after it may still send
-    /// everyone to another attempt); the program's state is loaded from the commit.
+    /// those without it, and make the new members' communicator (ranks in slot order), its
+    /// replicas and the steps' communicator. Changes nothing of this rank's membership or
+    /// commits (the agreement after it may still send everyone to another attempt); the
+    /// program's state is loaded from the commit.
     fn settle_members<C: Member, S: State>(
         &mut self,
         all: &MpiCommunicator,

@@ -118,12 +118,13 @@ fn perf(a: &Args) -> Result<u64, Boxed> {
         // The Mpi backend's calls complete before they return; the others queue on a stream.
         let enqueue = backend != "mpi";
         let mode = match (enqueue, a.blocking_on(enqueue)) {
-            (false, true) => "blocking calls (-z 1)",
-            (false, false) => {
-                "non-blocking calls, up to 8 started at once on their own buffers, then waited for (-z 0)"
-            }
-            (true, true) => "calls queued, stream synchronized after each (-z 1)",
-            (true, false) => "calls queued, stream synchronized once (-z 0)",
+            (false, true) => "blocking calls (-z 1)".to_string(),
+            (false, false) => format!(
+                "non-blocking calls, up to {} started at once on their own buffers, then waited for (-z 0)",
+                run::WINDOW
+            ),
+            (true, true) => "calls queued, stream synchronized after each (-z 1)".to_string(),
+            (true, false) => "calls queued, stream synchronized once (-z 0)".to_string(),
         };
         if rank == 0 {
             println!("#\n# {backend} ({}): {mode}\n{}", a.device, table::header(enqueue, a.native));

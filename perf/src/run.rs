@@ -98,7 +98,7 @@ fn window<T>(x_queues: bool, a: &Args, s: &Shape) -> usize {
 }
 
 /// The most non-blocking calls started at once.
-const WINDOW: usize = 8;
+pub const WINDOW: usize = 8;
 /// The most bytes of buffers the non-blocking calls started at once use, per rank (and as
 /// much again for MPI's own, with `--native`).
 const WINDOW_BYTES: usize = 256 << 20;
