@@ -208,7 +208,7 @@ impl Elastic {
         }
         let (agreed, failed) = agree(&all, ok)?;
         t.transfer += began.elapsed();
-        if agreed & SANE == 0 && !failed {
+        if agreed & SANE == 0 && !failed && claimed(&all, &r)? {
             return Err(Stop::Fatal(fatal(r)));
         }
         if agreed & OK == 0 || failed {
@@ -458,6 +458,16 @@ fn bits_of<T>(r: &Result<T>) -> u32 {
         Err(Error::Membership(_)) => 0,
         Err(_) => SANE,
     }
+}
+
+/// After an agreement whose `SANE` bit came back clear: whether a member still here says its
+/// plan failed (`r` is this rank's outcome). When none does, the bit was cleared by a member
+/// that is gone since (a newcomer the runtime ended), and the attempt is retried rather than
+/// ending every member with a reason no one holds.
+fn claimed<T>(all: &MpiCommunicator, r: &Result<T>) -> Result<bool, Stop> {
+    let mine = u32::from(!matches!(r, Err(Error::Membership(_))));
+    let (none, failed) = agree(all, mine)?;
+    Ok(none == 0 && !failed)
 }
 
 /// The error a rank ends with when a member's plan failed: its own, or one that says another
