@@ -7,6 +7,7 @@
 //! never write into freed memory.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::api::error::{Error, Result};
@@ -18,7 +19,11 @@ use crate::common::progress::Task;
 /// a further one is logged (`tracing::warn!`) and counted, and the count is reported with the
 /// last one kept.
 #[derive(Debug, Default)]
-pub(crate) struct DeferredError(Mutex<Deferred>);
+pub(crate) struct DeferredError {
+    queue: Mutex<Deferred>,
+    /// Whether `queue` holds an error (written under its lock).
+    waiting: AtomicBool,
+}
 
 #[derive(Debug, Default)]
 struct Deferred {
@@ -32,9 +37,11 @@ impl DeferredError {
     pub(crate) const KEPT: usize = 64;
 
     pub(crate) fn record(&self, e: Error) {
-        let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut d = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         if d.errors.len() < Self::KEPT {
             d.errors.push_back(e);
+            // Set under the lock: a `check` that finds it clear has nothing to take.
+            self.waiting.store(true, Ordering::Release);
         } else {
             tracing::warn!("an operation's error was not kept ({} are waiting to be reported): {e}", Self::KEPT);
             d.dropped += 1;
@@ -43,8 +50,15 @@ impl DeferredError {
 
     /// The oldest error not yet reported, if any.
     pub(crate) fn check(&self) -> Result<()> {
-        let mut d = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.waiting.load(Ordering::Acquire) {
+            // Nothing waits (the lock is not taken for nothing on every call).
+            return Ok(());
+        }
+        let mut d = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(e) = d.errors.pop_front() else { return Ok(()) };
+        if d.errors.is_empty() {
+            self.waiting.store(false, Ordering::Release);
+        }
         match std::mem::take(&mut d.dropped) {
             0 => Err(e),
             more if d.errors.is_empty() => Err(Error::Deferred { first: Box::new(e), more }),

@@ -241,6 +241,26 @@ enum TaskState {
     Finished(Option<Result<()>>),
 }
 
+/// Polls an operation once, on this thread.
+///
+/// A panic in it (a user `combine` that panics, say) leaves its collective half done: the
+/// other ranks would wait for this one for ever, so under MPI the job ends, whatever `OnPanic`
+/// says. Without MPI (the host device alone) it ends with a typed error.
+pub(crate) fn poll_guarded(fut: &mut OpFuture) -> Poll<Result<()>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+        Ok(polled) => polled,
+        Err(_) => {
+            if crate::ffi::is_initialized() && !crate::ffi::is_finalized() {
+                crate::reliability::abort::abort_job(
+                    "panic inside an operation in flight (a ReduceOp's combine?), aborting the job",
+                );
+            }
+            Poll::Ready(Err(Error::Progress("the operation panicked")))
+        }
+    }
+}
+
 /// One non-blocking operation in flight.
 pub(crate) struct Task {
     state: Mutex<TaskState>,
@@ -270,25 +290,10 @@ impl Task {
         }
         let Ok(mut state) = self.state.try_lock() else { return false };
         let TaskState::Running(fut) = &mut *state else { return true };
-        let mut cx = Context::from_waker(Waker::noop());
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
-            Ok(Poll::Pending) => false,
-            Ok(Poll::Ready(result)) => {
+        match poll_guarded(fut) {
+            Poll::Pending => false,
+            Poll::Ready(result) => {
                 *state = TaskState::Finished(Some(result));
-                self.done.store(true, Ordering::Release);
-                true
-            }
-            Err(_) => {
-                // A panic in an operation (a user `combine` that panics, say) leaves its
-                // collective half done: the other ranks would wait for this one for ever, so
-                // under MPI the job ends, whatever `OnPanic` says. Without MPI (the host device
-                // alone) the caller gets a typed error.
-                if crate::ffi::is_initialized() && !crate::ffi::is_finalized() {
-                    crate::reliability::abort::abort_job(
-                        "panic inside an operation in flight (a ReduceOp's combine?), aborting the job",
-                    );
-                }
-                *state = TaskState::Finished(Some(Err(Error::Progress("the operation panicked"))));
                 self.done.store(true, Ordering::Release);
                 true
             }

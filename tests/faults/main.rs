@@ -203,14 +203,31 @@ fn launch_mismatch(
     if let Some(i) = only {
         env.push(("MISMATCH_CASE", i.to_string()));
     }
-    Ok(match layout {
-        None => mpirun::launch(np, &exe, &env, &[], MISMATCH_LIMIT)?,
+    // Each rank writes its case lines to a file of its own: the launcher forwards the ranks'
+    // stdout in pieces that need not end at a line's end, and interleaves them.
+    let reports = std::env::temp_dir().join(format!(
+        "duralumin-mismatch-{}-{backend}-{np}-{}-{}",
+        std::process::id(),
+        layout.unwrap_or("node"),
+        only.map_or("all".into(), |i| i.to_string())
+    ));
+    std::fs::create_dir_all(&reports).map_err(|e| format!("{}: {e}", reports.display()))?;
+    env.push((mismatch::REPORTS, reports.display().to_string()));
+    let launched = match layout {
+        None => mpirun::launch(np, &exe, &env, &[], MISMATCH_LIMIT),
         Some(layout) => {
             env.push(("DURALUMIN_CLUSTER", layout.to_string()));
             let mpirun = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-mpirun");
-            mpirun::launch_with(&mpirun.display().to_string(), np, &exe, &env, &[], MISMATCH_LIMIT)?
+            mpirun::launch_with(&mpirun.display().to_string(), np, &exe, &env, &[], MISMATCH_LIMIT)
         }
-    })
+    };
+    let lines: String =
+        (0..np).filter_map(|r| std::fs::read_to_string(reports.join(format!("rank{r}"))).ok()).collect();
+    let _ = std::fs::remove_dir_all(&reports);
+    let mut l = launched?;
+    // The case lines first, then what the ranks printed (a panic's message).
+    l.stdout = format!("{lines}{}", l.stdout);
+    Ok(l)
 }
 
 /// A case that broke only the time bound. Every other guarantee is about what the library

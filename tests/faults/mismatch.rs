@@ -256,6 +256,7 @@ pub fn main(backend: &str) {
     drop(probe);
     crate::mpirun::rank_case::start(me);
     let only: Option<usize> = std::env::var("MISMATCH_CASE").ok().and_then(|v| v.parse().ok());
+    let mut report = Report::open(me);
     for (i, case) in cases(n, nodes).iter().enumerate() {
         if only.is_some_and(|k| k != i) {
             continue;
@@ -286,9 +287,31 @@ pub fn main(backend: &str) {
             }
             other => panic!("unknown backend {other}"),
         };
-        print!("{outcome}");
+        report.write(&outcome);
     }
-    println!("DONE {me}");
+    report.write(&format!("DONE {me}\n"));
+}
+
+/// The variable naming the directory where each rank writes its case lines (`rank<r>`).
+pub const REPORTS: &str = "DURALUMIN_MISMATCH_REPORTS";
+
+/// Where a rank's case lines go: its file in [`REPORTS`]'s directory (whole lines, in order,
+/// never interleaved with another rank's), else stdout.
+struct Report(Option<std::fs::File>);
+
+impl Report {
+    fn open(me: usize) -> Report {
+        let dir = std::env::var_os(REPORTS).map(std::path::PathBuf::from);
+        Report(dir.map(|d| std::fs::File::create(d.join(format!("rank{me}"))).expect("the rank's report file")))
+    }
+
+    fn write(&mut self, lines: &str) {
+        use std::io::Write as _;
+        match &mut self.0 {
+            Some(f) => f.write_all(lines.as_bytes()).expect("writing the rank's report"),
+            None => print!("{lines}"),
+        }
+    }
 }
 
 /// The deadline of a case's correct call before it: generous, so that a machine slowed by

@@ -35,6 +35,7 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     let dev = HostDevice::new(0);
     within("HostTransfer<host>", || stream_ordered(world, &dev, || dev.stream().unwrap()));
     one_hardware_queue(world);
+    within("late_peer", || late_peer(world, &dev));
     let ht = HostTransfer::new(world, small_chunks());
     within("wrong_device", || wrong_device(&ht, world));
     // Dropping the communicators frees their pools: no pinned memory or flag page stays
@@ -45,6 +46,40 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
         assert!(start.elapsed().as_secs() < 10, "{} pinned bytes leaked", dev.pinned_bytes());
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// A small operation that starts on the calling thread (`HostTransferConfig::inline_max_bytes`)
+/// does not wait there for a late peer: rank 0's allreduce returns before rank 1 has called its
+/// own (rank 1 calls it once rank 0's message, sent after the call returned, arrives; a call that
+/// waited for rank 1 would never return), the proxy thread finishes it, and the result is the
+/// whole sum. Then the same operation once every rank is in it, on the calling thread.
+fn late_peer(world: &SimpleCommunicator, dev: &HostDevice) {
+    use duralumin::mpi::traits::*;
+    let (me, n) = (u32::try_from(world.rank()).unwrap(), u32::try_from(world.size()).unwrap());
+    if n < 2 {
+        return;
+    }
+    let ht = HostTransferCommunicator::with_config(world, dev.clone(), dev.stream().unwrap(), Default::default())
+        .expect("communicator");
+    let send = dev.upload(&[me + 1; 3]).unwrap();
+    let sum = n * (n + 1) / 2;
+    for round in 0..2 {
+        let mut out = dev.alloc_zeroed::<u32>(3).unwrap();
+        match (round, me) {
+            (0, 0) => {
+                ht.allreduce(&send, &mut out, Sum).expect("allreduce");
+                world.process_at_rank(1).send(&1u8);
+            }
+            (0, 1) => {
+                let (_go, _) = world.process_at_rank(0).receive::<u8>();
+                ht.allreduce(&send, &mut out, Sum).expect("allreduce");
+            }
+            _ => ht.allreduce(&send, &mut out, Sum).expect("allreduce"),
+        }
+        ht.synchronize().expect("synchronize");
+        assert_eq!(dev.download(&out).unwrap(), vec![sum; 3], "round {round}");
+    }
+    assert_idle(&ht, "after a late peer");
 }
 
 /// What only a stream-ordered backend has, written once for every device.

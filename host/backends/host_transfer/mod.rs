@@ -420,6 +420,12 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// (its flags raised, so the streams go on; the outputs are then undefined).
     pub fn synchronize(&self) -> Result<()> {
         let (device, m) = (&self.shared.device, &self.shared.monitor);
+        if self.is_through()? {
+            // Nothing to wait for (operations that ran on the calling thread leave nothing
+            // behind): no wait to record.
+            m.check_poison(Asker::Waiter(0))?;
+            return self.shared.errors.check();
+        }
         let wait = m.wait_begin("synchronize");
         let stop = || m.poisoned().is_some();
         let give_up: crate::device::GiveUp<'_> = (m.on_timeout() == OnTimeout::Error).then_some(&stop);
@@ -491,10 +497,24 @@ impl<D: Device> HostTransferCommunicator<D> {
         plan: &mut dyn FnMut() -> Result<P>,
     ) -> Result<((OpId, Signature), P)> {
         let m = &self.shared.monitor;
-        let op = m.begin(sig, State::Running)?;
+        // Running while its signature check runs, if it has one.
+        let checks = m.checks(&sig);
+        let op = m.begin(sig, if checks { State::Running } else { State::Queued })?;
         let planned = crate::reliability::prepare(m, &self.shared.errors, op, &sig, pairs, plan)?;
-        m.set(op, State::Queued, None);
+        if checks {
+            m.set(op, State::Queued, None);
+        }
         Ok(((op, sig), planned))
+    }
+
+    /// Whether every operation queued so far is through: both streams have run their work and
+    /// no host part is pending.
+    fn is_through(&self) -> Result<bool> {
+        let device = &self.shared.device;
+        if !self.pending.borrow().iter().all(|t| t.is_done()) || !device.query(&self.stream)? {
+            return Ok(false);
+        }
+        self.side.get().map_or(Ok(true), |side| device.query(side))
     }
 
     /// Remembers the host part of an operation just queued, for [`HostTransferCommunicator::synchronize`].

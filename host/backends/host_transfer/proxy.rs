@@ -150,6 +150,40 @@ fn observe<D: Device>(steps: &mut Option<Steps>, geo: &Geometry, input: &FlagSlo
     }
 }
 
+/// Where chunk `k` of an operation lies: its areas in `geo`, whether its input is staged into
+/// its receive area (`in_place`), and its receive parts.
+pub(super) struct ChunkAt<'a> {
+    pub(super) geo: &'a Geometry,
+    pub(super) k: usize,
+    pub(super) in_place: bool,
+    pub(super) recv_parts: usize,
+}
+
+/// A chunk's MPI part on its ring cells (or on the device buffers), as a future, behind the
+/// operation's signature check if `check` (see `MpiCommunicator::gate`); and whether it waits
+/// for that check (later chunks then skip it).
+pub(super) fn chunk_job<D: Device, T: Element>(
+    shared: &Shared<D>,
+    chunk: &mut ChunkFn<T>,
+    at: &ChunkAt<'_>,
+    (id, sig): (OpId, Signature),
+    check: bool,
+) -> Result<(OpFuture, bool)> {
+    let (geo, k) = (at.geo, at.k);
+    let len = geo.len_of(k);
+    let (send, recv) = geo.areas(k);
+    let send = RawBuf::from_raw(send as *mut T, geo.send_parts * len);
+    let recv = RawBuf::from_raw(recv as *mut T, at.recv_parts * len);
+    let bufs = ChunkBufs { send: (!at.in_place).then_some(send), recv, index: k, chunk_elems: geo.chunk_elems };
+    let mpi = shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // The chunk's messages carry the whole operation's signature: ranks that cut another plan
+    // (another count) never exchange a chunk.
+    mpi.set_current(id, sig);
+    let job = mpi.gate(chunk(&mpi, bufs)?, check);
+    let checks = job.waits_for_check();
+    Ok((mpi.job_future(job), checks))
+}
+
 /// The host part of a staged operation, which the proxy thread runs (see the module docs).
 pub(super) struct HostPart<D: Device, T> {
     /// First, so that it is dropped first when the operation ends.
@@ -172,6 +206,9 @@ pub(super) struct HostPart<D: Device, T> {
     pub(super) checked: bool,
     /// The spans of its steps, when a subscriber wants the operation's span (`super::steps`).
     pub(super) steps: Option<Steps>,
+    /// The first chunk's MPI part, started on the calling thread (see
+    /// `HostTransferCommunicator::start_here`), which this thread finishes.
+    pub(super) started: Option<OpFuture>,
 }
 
 impl<D: Device, T: Element> HostPart<D, T> {
@@ -286,7 +323,11 @@ impl<D: Device, T: Element> HostPart<D, T> {
     /// Runs chunk `k`'s MPI part; its failure is recorded.
     async fn run_mpi(&mut self, k: usize) -> std::result::Result<(), GivenUp> {
         let _mpi = self.steps.as_ref().map(|s| s.during("mpi", k));
-        let ran = match self.start_mpi(k) {
+        let job = match self.started.take() {
+            Some(started) => Ok(started),
+            None => self.start_mpi(k),
+        };
+        let ran = match job {
             Ok(job) => {
                 let (m, id) = (&*self.monitor, self.id);
                 let give_up = || m.poisoned().map(|p| p.error(Asker::Op(id)));
@@ -307,19 +348,10 @@ impl<D: Device, T: Element> HostPart<D, T> {
 
     /// Builds chunk `k`'s MPI part on its ring cells (or on the device buffers).
     fn start_mpi(&mut self, k: usize) -> Result<OpFuture> {
-        let geo = &self.op.geo;
-        let len = geo.len_of(k);
-        let (send, recv) = geo.areas(k);
-        let send = RawBuf::from_raw(send as *mut T, geo.send_parts * len);
-        let recv = RawBuf::from_raw(recv as *mut T, self.recv_parts * len);
-        let bufs = ChunkBufs { send: (!self.in_place).then_some(send), recv, index: k, chunk_elems: geo.chunk_elems };
-        let mpi = self.op.shared.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // The chunk's messages carry the whole operation's signature: ranks that cut another
-        // plan (another count) never exchange a chunk.
-        mpi.set_current(self.id, self.sig);
-        let job = mpi.gate((self.chunk)(&mpi, bufs)?, !self.checked);
-        self.checked |= job.waits_for_check();
-        Ok(mpi.job_future(job))
+        let at = ChunkAt { geo: &self.op.geo, k, in_place: self.in_place, recv_parts: self.recv_parts };
+        let (job, checks) = chunk_job(&self.op.shared, &mut self.chunk, &at, (self.id, self.sig), !self.checked)?;
+        self.checked |= checks;
+        Ok(job)
     }
 
     /// Chunk `k`'s MPI part is over (or skipped after a failure): its output goes back to the

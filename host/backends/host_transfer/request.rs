@@ -32,9 +32,9 @@ use crate::reliability::monitor::Asker;
 /// communicator's next call.
 #[must_use = "a request must be waited on (dropping it waits and defers its error)"]
 pub struct DeviceRequest<'a, D: Device> {
-    done: Arc<FlagSlot<D>>,
-    /// The operation's host part, which a waiting thread drives too.
-    task: Arc<Task>,
+    /// The flag the stream raises once the operation has completed there, and its host part,
+    /// which a waiting thread drives too (`None`: it ran through on the calling thread).
+    pending: Option<(Arc<FlagSlot<D>>, Arc<Task>)>,
     /// The internal stream the operation runs on.
     stream: D::Stream,
     shared: Arc<Shared<D>>,
@@ -54,20 +54,22 @@ impl<D: Device> std::fmt::Debug for DeviceRequest<'_, D> {
 
 impl<'a, D: Device> DeviceRequest<'a, D> {
     pub(crate) fn new(queued: Queued<D>, stream: D::Stream, shared: Arc<Shared<D>>) -> Self {
-        let Queued { done, task, errors } = queued;
-        DeviceRequest { done, task, stream, shared, errors, reported: false, handed_over: false, _buffers: PhantomData }
+        let Queued { pending, errors } = queued;
+        DeviceRequest { pending, stream, shared, errors, reported: false, handed_over: false, _buffers: PhantomData }
     }
 
     /// Whether the operation has completed on the device.
     pub fn is_complete(&self) -> bool {
-        reached(self.done.load(), 1)
+        self.pending.as_ref().is_none_or(|(done, _)| reached(done.load(), 1))
     }
 
     /// Whether the operation has completed; the first time it has, returns the operation's
     /// error, if it had one (or the communicator's being given up). Polls the operation's host
     /// part once on the calling thread, as `MPI_Test` makes progress.
     pub fn test(&mut self) -> Result<bool> {
-        self.task.poll_once();
+        if let Some((_, task)) = &self.pending {
+            task.poll_once();
+        }
         let given_up = self.shared.monitor.poisoned();
         if !self.is_complete() && given_up.is_none() {
             return Ok(false);
@@ -110,24 +112,28 @@ impl<'a, D: Device> DeviceRequest<'a, D> {
     ///
     /// On error nothing was queued and the request is dropped as usual (waiting for it).
     pub fn stream_wait(mut self, stream: &D::Stream) -> Result<()> {
-        let keep: KeepAlive = Arc::clone(&self.done) as KeepAlive;
-        // SAFETY: `keep` holds the flag's slot until the wait has finished; the proxy thread and
-        // the internal stream raise the flag independently of `stream`.
-        unsafe { self.shared.device.wait_flag(stream, self.done.flag(), 1, Some(keep)) }?;
+        if let Some((done, _)) = &self.pending {
+            let keep: KeepAlive = Arc::clone(done) as KeepAlive;
+            // SAFETY: `keep` holds the flag's slot until the wait has finished; the proxy thread
+            // and the internal stream raise the flag independently of `stream`.
+            unsafe { self.shared.device.wait_flag(stream, done.flag(), 1, Some(keep)) }?;
+        }
         self.handed_over = true;
         Ok(())
     }
 
     /// Waits for the operation (or until the communicator is given up, under
-    /// [`OnTimeout::Error`]), as a wait the watchdog watches; returns the wait's id.
+    /// [`OnTimeout::Error`]), as a wait the watchdog watches; returns the wait's id (0 for an
+    /// operation that ran through on the calling thread: nothing to wait for).
     fn block(&self) -> u64 {
+        let Some((done, task)) = &self.pending else { return 0 };
         let m = &self.shared.monitor;
         let wait = m.wait_begin("a request's wait");
-        let mut help = || !self.task.poll_once();
+        let mut help = || !task.poll_once();
         let stop = || m.poisoned().is_some();
         let give_up: GiveUp<'_> = (m.on_timeout() == OnTimeout::Error).then_some(&stop);
-        // SAFETY: `self.done` holds the flag's slot until this returns.
-        unsafe { self.shared.device.host_wait_helping(&self.stream, self.done.flag(), 1, &mut help, give_up) };
+        // SAFETY: `done` holds the flag's slot until this returns.
+        unsafe { self.shared.device.host_wait_helping(&self.stream, done.flag(), 1, &mut help, give_up) };
         m.wait_end(wait);
         wait
     }

@@ -23,7 +23,7 @@ use duralumin_kernels::Element;
 use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
 use super::plans::{ChunkFn, InputArea, Plan};
-use super::proxy::{HostPart, InFlight};
+use super::proxy::{ChunkAt, HostPart, InFlight, chunk_job};
 use crate::api::error::{Error, Result};
 use crate::api::request::ErrorSlot;
 use crate::common::progress::Task;
@@ -33,12 +33,13 @@ use crate::reliability::OnTimeout;
 use crate::reliability::monitor::OpId;
 use crate::reliability::recorder::{Signature, State};
 
-/// An operation handed to the proxy thread and queued on a stream.
+/// An operation queued on a stream and handed to the proxy thread, or run through on the
+/// calling thread.
 pub(crate) struct Queued<D: Device> {
-    /// Raised to 1 by the stream once the operation has completed there.
-    pub(crate) done: Arc<FlagSlot<D>>,
-    /// Its host part, which a thread waiting for the operation drives too.
-    pub(crate) task: Arc<Task>,
+    /// The flag the stream raises to 1 once the operation has completed there, and its host
+    /// part, which [`HostTransferCommunicator::synchronize`] drives too; `None` for an operation
+    /// that ran through on the calling thread (see [`HostTransferCommunicator::start_here`]).
+    pub(crate) pending: Option<(Arc<FlagSlot<D>>, Arc<Task>)>,
     /// Where its error goes.
     pub(crate) errors: Arc<ErrorSlot>,
 }
@@ -70,9 +71,9 @@ struct HandedOver<D: Device> {
 }
 
 impl<D: Device> HostTransferCommunicator<D> {
-    /// Queues `plan` on `stream` and hands its MPI part to the proxy thread. Returns the flag the
-    /// stream raises to 1 when the operation has completed on it, and the task of its host part
-    /// (which [`HostTransferCommunicator::synchronize`] drives too).
+    /// Queues `plan` on `stream` and hands its MPI part to the proxy thread (or runs a small one
+    /// on the calling thread, see [`start_here`](Self::start_here)). Returns what a request
+    /// waits for ([`Queued`]).
     ///
     /// The calling thread queues the device work of every chunk on the communicator's two copy
     /// streams (device-to-host on one, host-to-device on the other, so both directions overlap
@@ -109,19 +110,31 @@ impl<D: Device> HostTransferCommunicator<D> {
         errors: Arc<ErrorSlot>,
     ) -> Result<Queued<D>> {
         let geo = self.cut_into_chunks(&plan)?;
-        let set_up = self.set_up(stream, &mut plan, geo)?;
-        if self.may_start_here(stream, &set_up)? {
-            let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), false);
-            self.start_here(stream, &handed);
+        if self.may_start_here(stream, &geo)? {
+            let Some(started) = self.start_here(&mut plan, &geo, op, &errors) else {
+                return Ok(Queued { pending: None, errors });
+            };
+            // A late peer: the proxy thread finishes it, and the stream waits for that.
+            let Ok(set_up) = self.set_up(stream, &mut plan, geo) else {
+                // Nothing to hand it on with (no flag left in the pool): it ends on this thread
+                // instead, under the deadline.
+                self.shared.monitor.set(op.0, State::Running, None);
+                let ended = crate::common::progress::block_on(started);
+                self.ended_here(op.0, ended, &errors);
+                return Ok(Queued { pending: None, errors });
+            };
+            let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), Some(started));
+            self.finish_elsewhere(stream, &handed);
             self.shared.device.release(stream, &handed.keeps)?;
-            return Ok(Queued { done: handed.done, task: handed.task, errors });
+            return Ok(Queued { pending: Some((handed.done, handed.task)), errors });
         }
-        let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), true);
+        let set_up = self.set_up(stream, &mut plan, geo)?;
+        let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), None);
         if let Err(error) = self.queue_device_work(stream, &handed) {
             return Err(self.abandon_queueing(stream, handed, error));
         }
         self.shared.device.release(stream, &handed.keeps)?;
-        Ok(Queued { done: handed.done, task: handed.task, errors })
+        Ok(Queued { pending: Some((handed.done, handed.task)), errors })
     }
 
     /// How the operation is cut: in one chunk on the device buffers themselves where the host
@@ -216,36 +229,77 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// a small one on the device buffers, whose stream has run everything queued before it
     /// (its buffers are ready now) and whose communicator has no MPI part pending (it is its
     /// turn).
-    fn may_start_here(&self, stream: &D::Stream, set_up: &SetUp<D>) -> Result<bool> {
-        let small = set_up.geo.direct.is_some() && set_up.geo.chunk_bytes() <= self.config.inline_max_bytes;
+    fn may_start_here(&self, stream: &D::Stream, geo: &Geometry) -> Result<bool> {
+        let small = geo.direct.is_some() && geo.chunk_bytes() <= self.config.inline_max_bytes;
         Ok(small
             && self.config.inline_max_bytes > 0
             && self.shared.turn.load(Ordering::Acquire) == self.tickets.get()
             && self.shared.device.query(stream)?)
     }
 
-    /// Runs the MPI part of an operation [`may_start_here`](Self::may_start_here) allowed on the
-    /// calling thread for at most `inline_wait`. If it is not through by then, the proxy
-    /// thread finishes it and the stream waits for its `done` flag, which the proxy thread
-    /// raises at the end (nothing else of the operation is queued on the stream).
-    fn start_here(&self, stream: &D::Stream, handed: &HandedOver<D>) {
+    /// Runs the MPI part of an operation [`may_start_here`](Self::may_start_here) allowed on
+    /// the calling thread for at most `inline_wait`, with nothing of the proxy thread's set up
+    /// for it (no flags, no ticket: nothing else can start meanwhile). `None` once it is
+    /// through, its outcome recorded (an error goes to `errors`, as the proxy thread's would);
+    /// else the part still running (a late peer), which the proxy thread is then to finish.
+    fn start_here<T: Element>(
+        &self,
+        plan: &mut Plan<T>,
+        geo: &Geometry,
+        (id, sig): (OpId, Signature),
+        errors: &ErrorSlot,
+    ) -> Option<crate::common::progress::OpFuture> {
+        // Recorded running only if it is handed on: the proxy thread then says so.
+        let m = &*self.shared.monitor;
+        let _mpi = super::steps::Steps::new(m.span(id), 1).map(|s| s.during("mpi", 0));
+        let in_place = !matches!(plan.input, Some((_, InputArea::Send)));
+        let at = ChunkAt { geo, k: 0, in_place, recv_parts: plan.recv_parts };
+        let mut job = match chunk_job(&self.shared, &mut plan.chunk, &at, (id, sig), true) {
+            Ok((job, _)) => job,
+            Err(e) => return self.ended_here(id, Err(e), errors),
+        };
+        let (mut until, mut polls) = (None, 0u32);
+        loop {
+            if let std::task::Poll::Ready(ended) = crate::common::progress::poll_guarded(&mut job) {
+                return self.ended_here(id, ended, errors);
+            }
+            // The clock is read every few polls (a poll of a message that has not come is
+            // cheaper than reading it).
+            if polls % 16 == 0 {
+                let now = std::time::Instant::now();
+                if now >= *until.get_or_insert(now + self.config.inline_wait) {
+                    return Some(job);
+                }
+            }
+            polls = polls.wrapping_add(1);
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Records the outcome of an operation that ended on the calling thread: done, or its error
+    /// in `errors`, as the proxy thread would.
+    fn ended_here(&self, id: OpId, ended: Result<()>, errors: &ErrorSlot) -> Option<crate::common::progress::OpFuture> {
+        let m = &*self.shared.monitor;
+        match ended {
+            Ok(()) => m.set(id, State::Done, None),
+            Err(e) => errors.record(m.end(id, Err(e)).err().unwrap_or(Error::Progress("operation failed"))),
+        }
+        None
+    }
+
+    /// An operation [`start_here`](Self::start_here) handed on, which the proxy thread finishes:
+    /// the stream waits for its `done` flag, which the proxy thread raises at the end (nothing
+    /// else of the operation is queued on the stream).
+    fn finish_elsewhere(&self, stream: &D::Stream, handed: &HandedOver<D>) {
         let (task, done) = (&handed.task, &handed.done);
-        let until = std::time::Instant::now() + self.config.inline_wait;
-        while !task.poll_once() {
-            if std::time::Instant::now() < until {
-                std::hint::spin_loop();
-                continue;
-            }
-            self.engine.submit_now(Arc::clone(task));
-            // SAFETY: the wait keeps `done`'s slot (see `queue_device_work`).
-            let queued =
-                unsafe { self.shared.device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(done) as KeepAlive)) };
-            if queued.is_err() {
-                // The stream cannot wait for it: it ends before the call returns instead (its
-                // error, if any, goes where its errors go).
-                let _ = task.wait();
-            }
-            return;
+        self.engine.submit_now(Arc::clone(task));
+        // SAFETY: the wait keeps `done`'s slot (see `queue_device_work`).
+        let queued =
+            unsafe { self.shared.device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(done) as KeepAlive)) };
+        if queued.is_err() {
+            // The stream cannot wait for it: it ends before the call returns instead (its
+            // error, if any, goes where its errors go).
+            let _ = task.wait();
         }
     }
 
@@ -253,17 +307,18 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// command queue holds about a thousand items, and a calling thread queueing more (an
     /// operation of hundreds of chunks) blocks until the device has run some, which needs the
     /// proxy thread to run the operation's first chunks meanwhile. Tickets are still taken in
-    /// the program's order. An operation whose device work will not be queued (`queued`
-    /// false: it starts on the calling thread, see [`start_here`](Self::start_here)) is not
-    /// handed over yet.
+    /// the program's order. An operation whose MPI part `started` on the calling thread (see
+    /// [`start_here`](Self::start_here)) queues no device work, and is handed over by
+    /// [`finish_elsewhere`](Self::finish_elsewhere).
     fn hand_over<T: Element>(
         &self,
         set_up: SetUp<D>,
         chunk: ChunkFn<T>,
         (id, sig): (OpId, Signature),
         errors: Arc<ErrorSlot>,
-        queued: bool,
+        started: Option<crate::common::progress::OpFuture>,
     ) -> HandedOver<D> {
+        let queued = started.is_none();
         let SetUp { geo, own, done, copies, keeps, in_place, recv_parts } = set_up;
         if let (false, Some((input, _))) = (queued, &own) {
             // Started on the calling thread, whose stream has run everything before it: the
@@ -298,6 +353,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             failed: false,
             checked: false,
             steps: None,
+            started,
         };
         let task = Task::new(host.into_future());
         if queued {

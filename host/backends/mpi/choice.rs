@@ -197,6 +197,18 @@ impl MpiCommunicator {
         }
     }
 
+    /// What `Auto` runs for a HostTransfer operation's allreduce part of `bytes` (see
+    /// [`super::Tuning::staged_recursive_doubling_bytes`]); otherwise what it runs for a
+    /// non-blocking call.
+    pub(crate) fn auto_staged_allreduce<T: Element, O: ReduceOp<T>>(&self, bytes: usize) -> AllreduceAlgorithm {
+        let tiny = bytes <= self.tuning.staged_recursive_doubling_bytes;
+        if tiny && O::COMMUTATIVE && self.size() > 1 && self.topology.shape().single_node() {
+            AllreduceAlgorithm::RecursiveDoubling
+        } else {
+            self.auto_allreduce::<T, O>(bytes, Mode::NonBlocking)
+        }
+    }
+
     /// What `Auto` runs for a broadcast of `bytes`.
     pub(super) fn auto_bcast(&self, bytes: usize) -> BcastAlgorithm {
         let t = &self.tuning;

@@ -105,6 +105,11 @@ pub struct Tuning {
     /// the simulated cluster's 4 gbit links; lower it on a slow network, where it loses from
     /// 16 KiB (the measurements: `docs/topology.md`).
     pub nodes_recursive_doubling_bytes: usize,
+    /// On one node, a HostTransfer operation's allreduce parts of at most this many bytes run
+    /// recursive doubling (commutative operators). Its MPI parts run one at a time, so the
+    /// point-to-point exchange (one, at 2 ranks) costs less than `MPI_Iallreduce`'s schedule:
+    /// at 4 B on 2 ranks where idle ranks yield, 1.4 against 1.7 µs (`docs/host_transfer.md`).
+    pub staged_recursive_doubling_bytes: usize,
     /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
     pub hierarchical_bcast_bytes: usize,
     /// On several nodes, reduce-scatters (equal blocks) of at least this many bytes in total run
@@ -141,6 +146,7 @@ with_setters!(Tuning {
     shared_memory_allreduce_bytes: usize => with_shared_memory_allreduce_bytes,
     hierarchical_allreduce_bytes: usize => with_hierarchical_allreduce_bytes,
     nodes_recursive_doubling_bytes: usize => with_nodes_recursive_doubling_bytes,
+    staged_recursive_doubling_bytes: usize => with_staged_recursive_doubling_bytes,
     hierarchical_bcast_bytes: usize => with_hierarchical_bcast_bytes,
     hierarchical_reduce_scatter_bytes: usize => with_hierarchical_reduce_scatter_bytes,
     hierarchical_allgather_bytes: usize => with_hierarchical_allgather_bytes,
@@ -191,6 +197,7 @@ impl Tuning {
             shared_memory_allreduce_bytes: 2 << 10,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
             nodes_recursive_doubling_bytes: 64 << 10,
+            staged_recursive_doubling_bytes: 256,
             hierarchical_bcast_bytes: 4 << 10,
             hierarchical_reduce_scatter_bytes: if several_per_node { 32 << 10 } else { 16 << 20 },
             hierarchical_allgather_bytes: if several_per_node { 32 << 10 } else { 64 << 10 },

@@ -39,8 +39,13 @@ impl<D: Device> HostTransferCommunicator<D> {
                 .output(rows(recv, 0, 1, n))
                 .reduce_on_device(fns));
         }
-        let allreduce =
-            on_slices(move |mpi, send, recv| mpi.plan_allreduce(send, recv, op, algorithm, Mode::NonBlocking));
+        let allreduce = on_slices(move |mpi, send, recv| {
+            let algorithm = match algorithm {
+                AllreduceAlgorithm::Auto => mpi.auto_staged_allreduce::<T, O>(size_of_val(recv)),
+                chosen => chosen,
+            };
+            mpi.plan_allreduce(send, recv, op, algorithm, Mode::NonBlocking)
+        });
         Ok(Plan::collective(n, 1, allreduce)
             .parts(usize::from(send.is_some()), 1)
             .input(input)
