@@ -107,8 +107,9 @@ pub struct Tuning {
     pub nodes_recursive_doubling_bytes: usize,
     /// On one node, a HostTransfer operation's allreduce parts of at most this many bytes run
     /// recursive doubling (commutative operators). Its MPI parts run one at a time, so the
-    /// point-to-point exchange (one, at 2 ranks) costs less than `MPI_Iallreduce`'s schedule:
-    /// at 4 B on 2 ranks where idle ranks yield, 1.4 against 1.7 µs (`docs/host_transfer.md`).
+    /// point-to-point exchange (one, at 2 ranks) costs less than `MPI_Iallreduce`'s schedule,
+    /// and from 2 KiB it needs no signature check first: at 2 ranks 20–30 % less from 4 B to
+    /// 16 KiB, alike at 4 ranks (`docs/host_transfer.md`).
     pub staged_recursive_doubling_bytes: usize,
     /// On several nodes, broadcasts of at least this many bytes run the hierarchical pipeline.
     pub hierarchical_bcast_bytes: usize,
@@ -197,7 +198,7 @@ impl Tuning {
             shared_memory_allreduce_bytes: 2 << 10,
             hierarchical_allreduce_bytes: if several_per_node { 64 << 10 } else { 256 << 10 },
             nodes_recursive_doubling_bytes: 64 << 10,
-            staged_recursive_doubling_bytes: 256,
+            staged_recursive_doubling_bytes: 16 << 10,
             hierarchical_bcast_bytes: 4 << 10,
             hierarchical_reduce_scatter_bytes: if several_per_node { 32 << 10 } else { 16 << 20 },
             hierarchical_allgather_bytes: if several_per_node { 32 << 10 } else { 64 << 10 },
