@@ -383,23 +383,15 @@ fn plot() -> Result<(), Failed> {
 /// alone in its MPI world although its launcher started `tasks`: exit code 3 with the
 /// library's reason, and no rows.
 fn refused(mut program: std::process::Command, tasks: usize) -> Result<(), Failed> {
-    use std::os::unix::process::CommandExt as _;
-    use std::process::Stdio;
     const LIMIT: Duration = Duration::from_secs(120);
     program.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let mut child = program.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn()?;
-    if mpirun::wait_for(&mut child, LIMIT)?.is_none() {
-        let group = i32::try_from(child.id())?;
-        // SAFETY: sends SIGKILL to the process group this launch made; touches no memory.
-        unsafe { libc::kill(-group, libc::SIGKILL) };
-        let _ = child.wait();
+    let ran = mpirun::run_within(program, LIMIT, "scripts/setup.sh installs the launchers")?;
+    let Some(status) = ran.status else {
         return Err(format!("not refused: still running after {LIMIT:?}").into());
-    }
-    let out = child.wait_with_output()?;
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    };
     let reason = format!("{tasks} separate MPI jobs");
-    if out.status.code() != Some(3) || !stderr.contains(&reason) || stdout.contains("allreduce") {
-        return Err(format!("not refused: {}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status).into());
+    if status.code() != Some(3) || !ran.stderr.contains(&reason) || ran.stdout.contains("allreduce") {
+        return Err(format!("not refused: {status}\nstdout:\n{}\nstderr:\n{}", ran.stdout, ran.stderr).into());
     }
     Ok(())
 }

@@ -99,16 +99,37 @@ fn launch_program(
 ) -> Result<Launch, String> {
     let records = rank_case::Records::new()?;
     let (var, dir) = records.env();
-    let mut child = command(mpirun, np, exe, extra)
-        .args(args)
-        .env("OMPI_MCA_mpi_yield_when_idle", "1")
-        .env(var, dir)
-        .envs(env.iter().map(|(k, v)| (k, v)))
+    let mut cmd = command(mpirun, np, exe, extra);
+    cmd.args(args).env("OMPI_MCA_mpi_yield_when_idle", "1").env(var, dir).envs(env.iter().map(|(k, v)| (k, v)));
+    let Ran { status, stdout, stderr, ended, elapsed } = run_within(cmd, limit, "is openmpi-bin installed?")?;
+    // Every rank is gone (the group was killed): their records are complete.
+    let ranks = records.read(np);
+    Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
+}
+
+/// How a program [`run_within`] its limit ended.
+#[derive(Debug)]
+pub struct Ran {
+    /// `None`: killed at the limit.
+    pub status: Option<ExitStatus>,
+    pub stdout: String,
+    pub stderr: String,
+    /// When it exited (or was killed).
+    pub ended: SystemTime,
+    pub elapsed: Duration,
+}
+
+/// Runs `cmd` in a process group of its own, its output read as it comes, for at most
+/// `limit`; then kills the group: at the limit that ends the job, and otherwise processes that
+/// outlive the program (ranks that outlive mpirun should not) must not hold the output pipes
+/// open. `hint` follows the error if the program cannot be started.
+pub fn run_within(mut cmd: Command, limit: Duration, hint: &str) -> Result<Ran, String> {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("could not start {mpirun} (is openmpi-bin installed?): {e}"))?;
+        .map_err(|e| format!("could not start {} ({hint}): {e}", cmd.get_program().to_string_lossy()))?;
     let group = i32::try_from(child.id()).map_err(|e| e.to_string())?;
     let mut out = child.stdout.take().ok_or("no stdout")?;
     let mut err = child.stderr.take().ok_or("no stderr")?;
@@ -125,18 +146,14 @@ fn launch_program(
     let start = Instant::now();
     let status = wait_for(&mut child, limit)?;
     let (ended, elapsed) = (SystemTime::now(), start.elapsed());
-    // At the limit that ends the job; otherwise ranks that outlive mpirun (they should not)
-    // must not hold the output pipes open.
-    // SAFETY: sends SIGKILL to the process group this launch made; touches no memory.
+    // SAFETY: sends SIGKILL to the process group this run made; touches no memory.
     unsafe { libc::kill(-group, libc::SIGKILL) };
     if status.is_none() {
         let _ = child.wait();
     }
     let stdout = out_reader.join().unwrap_or_default();
     let stderr = err_reader.join().unwrap_or_default();
-    // Every rank is gone (the group was killed): their records are complete.
-    let ranks = records.read(np);
-    Ok(Launch { status, stdout, stderr, ended, elapsed, ranks })
+    Ok(Ran { status, stdout, stderr, ended, elapsed })
 }
 
 /// Which launcher a `mpirun` program is: MPICH's Hydra (MPICH, and the MPIs of its ABI), Open
