@@ -22,7 +22,7 @@ use duralumin_kernels::Element;
 
 use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
-use super::plans::{ChunkFn, InputArea, Plan};
+use super::plans::{ChunkFn, Plan};
 use super::proxy::{ChunkAt, HostPart, InFlight, chunk_job};
 use crate::api::error::{Error, Result};
 use crate::api::request::ErrorSlot;
@@ -190,7 +190,7 @@ impl<D: Device> HostTransferCommunicator<D> {
         };
         let done = Arc::new(pools.flag()?);
         let keeps = plan.keep_alives();
-        let in_place = !matches!(plan.input, Some((_, InputArea::Send)));
+        let in_place = plan.in_place();
         device.acquire(stream, &keeps)?;
         let (ins, outs) = match geo.place {
             Some(_) => {
@@ -252,16 +252,20 @@ impl<D: Device> HostTransferCommunicator<D> {
         // Recorded running only if it is handed on: the proxy thread then says so.
         let m = &*self.shared.monitor;
         let _mpi = super::steps::Steps::new(m.span(id), 1).map(|s| s.during("mpi", 0));
-        let in_place = !matches!(plan.input, Some((_, InputArea::Send)));
+        let in_place = plan.in_place();
         let at = ChunkAt { geo, k: 0, in_place, recv_parts: plan.recv_parts };
         let mut job = match chunk_job(&self.shared, &mut plan.chunk, &at, (id, sig), true) {
             Ok((job, _)) => job,
-            Err(e) => return self.ended_here(id, Err(e), errors),
+            Err(e) => {
+                self.ended_here(id, Err(e), errors);
+                return None;
+            }
         };
         let (mut until, mut polls) = (None, 0u32);
         loop {
             if let std::task::Poll::Ready(ended) = crate::common::progress::poll_guarded(&mut job) {
-                return self.ended_here(id, ended, errors);
+                self.ended_here(id, ended, errors);
+                return None;
             }
             // The clock is read every few polls (a poll of a message that has not come is
             // cheaper than reading it).
@@ -278,13 +282,12 @@ impl<D: Device> HostTransferCommunicator<D> {
 
     /// Records the outcome of an operation that ended on the calling thread: done, or its error
     /// in `errors`, as the proxy thread would.
-    fn ended_here(&self, id: OpId, ended: Result<()>, errors: &ErrorSlot) -> Option<crate::common::progress::OpFuture> {
+    fn ended_here(&self, id: OpId, ended: Result<()>, errors: &ErrorSlot) {
         let m = &*self.shared.monitor;
         match ended {
             Ok(()) => m.set(id, State::Done, None),
             Err(e) => errors.record(m.end(id, Err(e)).err().unwrap_or(Error::Progress("operation failed"))),
         }
-        None
     }
 
     /// An operation [`start_here`](Self::start_here) handed on, which the proxy thread finishes:

@@ -232,6 +232,11 @@ impl<T> Plan<T> {
         Some((send, recv))
     }
 
+    /// Whether the input is staged into the receive area: the chunks have no send area.
+    pub(crate) fn in_place(&self) -> bool {
+        !matches!(self.input, Some((_, InputArea::Send)))
+    }
+
     /// What keeps the plan's device buffers alive.
     pub(crate) fn keep_alives(&self) -> Vec<KeepAlive> {
         let of = |r: &Region| match r {
