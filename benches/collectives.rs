@@ -600,8 +600,9 @@ fn custom_op_rows(b: &mut Bench) {
 
 /// HostTransfer on the host device against the Mpi backend: direct on the device memory (the
 /// host device's default: the stream machinery's overhead alone), staged in pipelined chunks
-/// (what a GPU does), and staged whole (Aluminum's method); and the host thread's enqueue time
-/// per pipelined operation; and alltoallv staged in chunks.
+/// (what a GPU does) as one mover and item by item on the copy streams, and staged whole
+/// (Aluminum's method); and the host thread's enqueue time per pipelined operation; and
+/// alltoallv staged in chunks.
 fn host_transfer_rows(b: &mut Bench) {
     use duralumin::device::cpu::HostDevice;
     use duralumin::{HostTransferCommunicator, HostTransferConfig};
@@ -616,6 +617,8 @@ fn host_transfer_rows(b: &mut Bench) {
     };
     let direct = comm(HostTransferConfig::default());
     let pipelined = comm(HostTransferConfig::default().with_direct(false));
+    // The same chunks queued item by item on the two copy streams instead of as one mover.
+    let copies = comm(HostTransferConfig::default().with_direct(false).with_mover_min_chunks(Some(usize::MAX)));
     // Aluminum's method: the whole buffer staged at once (one chunk, a ring of two).
     let whole = HostTransferConfig::default().with_direct(false).with_pipeline_chunks(1).with_ring_cells(2);
     let unpipelined = comm(whole.with_chunk_bytes(b.max_bytes.max(4)));
@@ -626,9 +629,12 @@ fn host_transfer_rows(b: &mut Bench) {
         let send = dev.upload(&host).expect("upload");
         let mut out = dev.alloc_zeroed::<f32>(len).expect("alloc");
         let mpi = b.time(bytes, || c.allreduce(&host, &mut recv, Sum).unwrap());
-        for (name, ht) in
-            [("ht-allreduce", &direct), ("ht-allreduce/staged", &pipelined), ("ht-allreduce/unpipelined", &unpipelined)]
-        {
+        for (name, ht) in [
+            ("ht-allreduce", &direct),
+            ("ht-allreduce/staged", &pipelined),
+            ("ht-allreduce/staged-copies", &copies),
+            ("ht-allreduce/unpipelined", &unpipelined),
+        ] {
             let ours = b.time(bytes, || {
                 ht.allreduce(&send, &mut out, Sum).unwrap();
                 ht.synchronize().unwrap();
@@ -647,7 +653,11 @@ fn host_transfer_rows(b: &mut Bench) {
         // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile):
         // the median and the slowest call, the slowest rank's.
         let iters = Bench::iters(bytes).clamp(10, 200);
-        for (name, ht) in [("ht-allreduce/enqueue", &pipelined), ("ht-allreduce/enqueue-direct", &direct)] {
+        for (name, ht) in [
+            ("ht-allreduce/enqueue", &pipelined),
+            ("ht-allreduce/enqueue-copies", &copies),
+            ("ht-allreduce/enqueue-direct", &direct),
+        ] {
             let mut enqueue = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let t = Instant::now();

@@ -3,8 +3,10 @@
 //! buffer at once (Aluminum's method) and the bulk-synchronous manual way (synchronize, copy to
 //! pinned memory, `MPI_Allreduce`, copy back), each against the bound: a device-to-host and a
 //! host-to-device copy of the same bytes at once, on two streams, measured in the same run
-//! (`fraction of bound` = bound time / operation time). At np >= 2 also the host MPI allreduce
-//! of the same bytes. The host thread's enqueue time per operation as the median and the
+//! (`fraction of bound` = bound time / operation time). The pipelined allreduce runs twice:
+//! its copies queued chunk by chunk on the copy engines (the default on a GPU), and as one mover
+//! kernel per operation (`HostTransferConfig::mover_min_chunks`), with each one's enqueue time.
+//! At np >= 2 also the host MPI allreduce of the same bytes. The host thread's enqueue time per operation as the median and the
 //! slowest call. The flag release latency of both flag paths is measured first, before any
 //! communicator exists.
 //!
@@ -149,7 +151,7 @@ mod gpu {
                 println!("| stream-wait release + signal round trip, {path:?} | {us:.1} us |");
             }
             println!(
-                "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us |"
+                "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us |"
             );
         }
 
@@ -158,6 +160,11 @@ mod gpu {
                 .expect("communicator")
         };
         let pipelined = comm(HostTransferConfig::default());
+        // The same chunks, each operation's device side one mover kernel.
+        let mover = comm(HostTransferConfig::default().with_mover_min_chunks(Some(1)));
+        if me == 0 && !dev.has_mover() {
+            println!("| mover | not loaded (the device kernels were not built): its columns time the copy engines |");
+        }
         // Aluminum's method: one chunk of the whole buffer, in place (one ring cell).
         let whole =
             comm(HostTransferConfig::default().with_chunk_bytes(top).with_pipeline_chunks(1).with_ring_cells(1));
@@ -181,17 +188,23 @@ mod gpu {
                 sync,
             );
             let mut view = buf.slice_mut(0..n);
-            let mut enqueue = Vec::new();
-            let t_pipe = time_us(
-                &world,
-                r,
-                || {
-                    let t = Instant::now();
-                    pipelined.allreduce_in_place(&mut view, Sum).expect("allreduce");
-                    enqueue.push(t.elapsed());
-                },
-                || pipelined.synchronize().expect("synchronize"),
-            );
+            // An allreduce's time per operation, and each call's enqueue time.
+            let mut staged = |comm: &HostTransferCommunicator<CudaDevice>| {
+                let mut calls = Vec::new();
+                let t = time_us(
+                    &world,
+                    r,
+                    || {
+                        let t = Instant::now();
+                        comm.allreduce_in_place(&mut view, Sum).expect("allreduce");
+                        calls.push(t.elapsed());
+                    },
+                    || comm.synchronize().expect("synchronize"),
+                );
+                (t, calls)
+            };
+            let (t_pipe, enqueue) = staged(&pipelined);
+            let (t_mover, mover_enqueue) = staged(&mover);
             let t_whole = time_us(
                 &world,
                 r,
@@ -219,18 +232,23 @@ mod gpu {
                 let src = vec![1.0f32; n];
                 time_us(&world, r, || world.all_reduce_into(&src[..], p_out.f32s(n), SystemOperation::sum()), || {})
             });
-            // The timed calls' enqueue times (the warm-up's left out).
-            let mut timed: Vec<f64> = enqueue[WARM_UP..].iter().map(|d| d.as_secs_f64() * 1e6).collect();
-            timed.sort_by(f64::total_cmp);
-            let (p50, slowest) = (max_over(&world, timed[timed.len() / 2]), max_over(&world, timed[timed.len() - 1]));
+            // The timed calls' enqueue times (the warm-up's left out): median and slowest.
+            let spread = |calls: &[std::time::Duration]| {
+                let mut timed: Vec<f64> = calls[WARM_UP..].iter().map(|d| d.as_secs_f64() * 1e6).collect();
+                timed.sort_by(f64::total_cmp);
+                (max_over(&world, timed[timed.len() / 2]), max_over(&world, timed[timed.len() - 1]))
+            };
+            let (p50, slowest) = spread(&enqueue);
+            let (mover_p50, mover_slowest) = spread(&mover_enqueue);
             let frac = t_bound / t_pipe;
             let bound_both = t_mpi.map_or(t_bound, |m| m.max(t_bound));
             if me == 0 {
                 println!(
-                    "| {bytes} | {t_bound:.1} | {t_pipe:.1} | {frac:.2} | {t_whole:.1} | {:.2} | {:.2}x | {t_manual:.1} | {} | {p50:.1} | {slowest:.1} |",
+                    "| {bytes} | {t_bound:.1} | {t_pipe:.1} | {frac:.2} | {t_whole:.1} | {:.2} | {:.2}x | {t_manual:.1} | {} | {p50:.1} | {slowest:.1} | {t_mover:.1} | {:.2} | {mover_p50:.1} | {mover_slowest:.1} |",
                     t_bound / t_whole,
                     t_whole / t_pipe,
                     t_mpi.map_or("-".into(), |t| format!("{t:.1}")),
+                    t_bound / t_mover,
                 );
             }
             if bytes == top {
@@ -246,10 +264,11 @@ mod gpu {
                 ));
             }
             checks.push((format!("enqueue time {bytes} B, slowest call, us"), slowest, 10.0, false));
+            checks.push((format!("mover enqueue time {bytes} B, slowest call, us"), mover_slowest, 10.0, false));
         }
         // The copies of the manual row used `p_in`/`p_out`; keep them alive until here.
         drop((p_in, p_out));
-        drop((pipelined, whole));
+        drop((pipelined, mover, whole));
         if me == 0 {
             for (what, value, target, at_least) in checks {
                 let ok = if at_least { value >= target } else { value <= target };

@@ -500,3 +500,123 @@ fn signal_publishes_with_a_release_store() {
     HostGrid::new(3).signal(&flag, 42);
     assert_eq!(flag.load(Ordering::Acquire), 42);
 }
+
+/// Hooks of a mover run on host threads: waits poll (giving up after a deadline, so a wrong
+/// schedule fails rather than hangs).
+struct PollingHooks;
+
+impl duralumin_kernels::mover::Hooks for PollingHooks {
+    fn wait(&self, flag: &AtomicU32, value: u32) {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while !duralumin_kernels::flag::reached(flag.load(Ordering::Acquire), value) {
+            assert!(std::time::Instant::now() < end, "the mover waited 20 s for a counter to reach {value}");
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// One mover case: 1000 `u32`s in chunks of 64 through a ring of 8 cells of 256 bytes, placed
+/// after 5 earlier chunks; a host thread plays the proxy (result = 2 × input + 1, or checks
+/// what a send-only operation staged) and hands the cells back in order.
+fn mover_case(early: bool, in_place: bool, sides: bool) {
+    use duralumin_kernels::mover::{self, Hooks, Place, Rows, Schedule, Side};
+    let (count, chunk_elems, sz) = (1000usize, 64usize, 4usize);
+    let input: Vec<u32> = (0..count as u32).map(|i| i * 3 + 7).collect();
+    let mut output = vec![0u32; count];
+    let mut ring = vec![0u8; 8 * 256];
+    let counters: Vec<AtomicU32> = (0..5).map(|_| AtomicU32::new(0)).collect();
+    let [staged, out_flag, drained, free, done] = &counters[..] else { unreachable!() };
+    let send_parts = usize::from(!in_place);
+    let span = if send_parts == 1 && !early { 2 } else { 1 };
+    let place = Place { first: 5, pos: 6, skipped: 6, span, cells: 8, cell_bytes: 256 };
+    for (c, v) in [(staged, 5), (out_flag, 5), (drained, 5), (free, 6)] {
+        c.store(v, Ordering::Relaxed);
+    }
+    let addr = |p: *const u8| p as u64;
+    let flag = |c: &AtomicU32| addr(c.as_ptr().cast());
+    let rows = |ptr: u64| Rows { ptr, parts: 1, len: count, pitch: count };
+    let s = Schedule {
+        place,
+        ring: addr(ring.as_ptr()),
+        sz,
+        chunk_elems,
+        count,
+        chunks: count.div_ceil(chunk_elems),
+        send_parts,
+        input: rows(addr(input.as_ptr().cast())),
+        input_at: usize::from(in_place),
+        output: if early { Rows::default() } else { rows(addr(output.as_mut_ptr().cast())) },
+        early: u32::from(early),
+        after: 5,
+        staged: flag(staged),
+        output_flag: flag(out_flag),
+        drained: flag(drained),
+        free: flag(free),
+        done: flag(done),
+    };
+    let ring_at = ring.as_mut_ptr() as usize;
+    let mut seen = Vec::new();
+    std::thread::scope(|scope| {
+        let run = |side| {
+            // SAFETY: every address of the schedule is one of the buffers above, alive until the
+            // scope ends; the proxy below raises every counter the mover waits for.
+            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &s, &PollingHooks, side) })
+        };
+        if sides {
+            scope.spawn(move || run(Side::Input));
+            scope.spawn(move || run(Side::Output));
+        } else {
+            scope.spawn(move || run(Side::Both));
+        }
+        // The proxy: each chunk's "MPI part" on its cells, then its cells back in order.
+        for k in 0..s.chunks {
+            PollingHooks.wait(staged, place.flag(k));
+            let len = s.len_of(k);
+            let cell = (ring_at + place.offset(k) as usize) as *mut u32;
+            // SAFETY: the chunk's cells lie in `ring` (span × 256 bytes from its offset), and the
+            // mover leaves them to this thread between *staged* and *output*.
+            let (send, recv) = unsafe {
+                let recv = cell.add(send_parts * len);
+                (std::slice::from_raw_parts(cell, len), std::slice::from_raw_parts_mut(recv, len))
+            };
+            if early {
+                seen.extend_from_slice(send);
+            } else {
+                let from: Vec<u32> = if in_place { recv.to_vec() } else { send.to_vec() };
+                for (r, x) in recv.iter_mut().zip(from) {
+                    *r = 2 * x + 1;
+                }
+            }
+            out_flag.store(place.flag(k), Ordering::Release);
+            if !early {
+                PollingHooks.wait(drained, place.flag(k));
+            }
+            free.store(duralumin_kernels::mover::low(place.end(k)), Ordering::Release);
+        }
+        PollingHooks.wait(done, 1);
+    });
+    let what = format!("early {early}, in place {in_place}, sides {sides}");
+    let first_wrong = |got: &[u32], want: &[u32]| {
+        (got.len() != want.len()).then_some(got.len()).or_else(|| got.iter().zip(want).position(|(g, w)| g != w))
+    };
+    if early {
+        assert_eq!(first_wrong(&seen, &input), None, "{what}: what the mover staged differs from there");
+    } else {
+        let want: Vec<u32> = input.iter().map(|x| 2 * x + 1).collect();
+        assert_eq!(first_wrong(&output, &want), None, "{what}: what the mover copied back differs from there");
+        assert_eq!(drained.load(Ordering::Acquire), place.flag(s.chunks - 1), "{what}: drained");
+    }
+    assert_eq!(staged.load(Ordering::Acquire), place.flag(s.chunks - 1), "{what}: staged");
+}
+
+/// The mover runs every chunk of a schedule through the ring, wrapping around it, as one body
+/// (`Side::Both`, the host device's) and as two sides at once (a GPU block's halves, cudasim's
+/// two threads): out of place, in place, and send-only.
+#[test]
+fn the_mover_streams_every_chunk_through_the_ring() {
+    for (early, in_place) in [(false, false), (false, true), (true, false)] {
+        for sides in [false, true] {
+            mover_case(early, in_place, sides);
+        }
+    }
+}

@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use duralumin_kernels::grid::HostGrid;
+use duralumin_kernels::mover::{self, Schedule};
 use duralumin_kernels::pack::Segment;
 use duralumin_kernels::{Element, ReduceOp, flag, names::fixed, pack, reduce};
 
-use crate::{Fault, exec, memory, usize_of};
+use crate::{Fault, exec, memory, timing, usize_of};
 
 /// What a kernel is (a builtin one, or a user's with a host body), with its element size where
 /// it has one.
@@ -28,6 +29,7 @@ pub(crate) enum Body {
     Unpack,
     StreamWait,
     Signal,
+    Mover,
 }
 
 type Reduce2 = unsafe fn(HostGrid, *mut u8, *const u8, usize);
@@ -89,6 +91,7 @@ impl Body {
             Body::Reduce3 { .. } | Body::Pack | Body::Unpack => 4,
             Body::Copy2d => 6,
             Body::StreamWait | Body::Signal => 2,
+            Body::Mover => Schedule::WORDS,
         }
     }
 
@@ -155,6 +158,7 @@ fn builtins() -> &'static HashMap<&'static str, Body> {
         table.insert(fixed::UNPACK_SEGMENTS, Body::Unpack);
         table.insert(fixed::STREAM_WAIT, Body::StreamWait);
         table.insert(fixed::SIGNAL, Body::Signal);
+        table.insert(fixed::MOVER, Body::Mover);
         table
     })
 }
@@ -367,7 +371,9 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
     let n_params = body.params();
     let narrow = body.narrow_last();
     let mut a = [0u64; 6];
-    for (i, arg) in a.iter_mut().enumerate().take(n_params) {
+    // The mover's arguments are its schedule's words, read below.
+    let scalars = if matches!(body, Body::Mover) { 0 } else { n_params };
+    for (i, arg) in a.iter_mut().enumerate().take(scalars) {
         // SAFETY: the caller guarantees the arguments, whose number and sizes `Body::params`
         // gives (the last one a `u32` for finish and the flag kernels), which the PTX confirmed
         // when the function was loaded.
@@ -438,6 +444,15 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                     Ok(())
                 })
             }
+            Body::Mover => {
+                let words = std::array::from_fn(|i| {
+                    // SAFETY: the caller guarantees the arguments: the mover's are the schedule's
+                    // `Schedule::WORDS` words, as many 8-byte parameters as the PTX confirmed
+                    // when the function was loaded.
+                    unsafe { params.u64(i) }
+                });
+                mover(Schedule::from_words(words), name)
+            }
             Body::StreamWait | Body::Signal => {
                 let (ptr, value) = (a[0], narrow_arg(a[1]));
                 let signal = matches!(body, Body::Signal);
@@ -467,9 +482,138 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
     Ok(work)
 }
 
+/// The mover's work: every address of its schedule checked when it runs, then its two sides at
+/// once, as the two halves of the kernel's block run on a GPU, each on a thread of its own (a
+/// side's barrier needs its threads running at once; one thread does all of their work), its
+/// waits as the stream-wait kernel's and its copies on the timing model's engines.
+fn mover(s: Schedule, name: String) -> exec::Work {
+    Box::new(move || {
+        check_schedule(&s, &name)?;
+        let hooks = MoverHooks { name: &name };
+        let side = |side| {
+            // SAFETY: every range the schedule's copies touch and every counter lies in live
+            // device-accessible memory (checked); counters are only accessed atomically; the
+            // input side runs beside the output side.
+            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &s, &hooks, side) });
+        };
+        std::thread::scope(|scope| {
+            scope.spawn(|| side(mover::Side::Input));
+            side(mover::Side::Output);
+        });
+        Ok(())
+    })
+}
+
+/// Checks every address a mover with schedule `s` touches: its counters, its rows, and each
+/// chunk's cells inside the ring.
+fn check_schedule(s: &Schedule, name: &str) -> Result<(), Fault> {
+    let over = || Fault::illegal(format!("{name}: a range of the schedule overflows"));
+    for (what, at) in
+        [("staged", s.staged), ("output", s.output_flag), ("drained", s.drained), ("free", s.free), ("done", s.done)]
+    {
+        memory::device_range(at, 4, &format!("{name} ({what} counter)"))?;
+        if !at.is_multiple_of(4) {
+            return Err(Fault::illegal(format!("{name}: the {what} counter {at:#x} is not 4-byte aligned")));
+        }
+    }
+    let ring = s.place.cells.checked_mul(s.place.cell_bytes).ok_or_else(over)?;
+    memory::device_range(s.ring, usize_of(ring), &format!("{name} (ring)"))?;
+    for (what, rows) in [("input", &s.input), ("output", &s.output)] {
+        if rows.parts == 0 || rows.len == 0 {
+            continue;
+        }
+        let extent = (rows.parts - 1)
+            .checked_mul(rows.pitch)
+            .and_then(|x| x.checked_add(rows.len))
+            .and_then(|x| x.checked_mul(s.sz))
+            .ok_or_else(over)?;
+        memory::device_range(rows.ptr, extent, &format!("{name} ({what} rows)"))?;
+    }
+    for k in 0..s.chunks {
+        // What the mover touches of chunk k's cells: its input rows in the send area (or in the
+        // receive area from row `input_at - 1` on), its output rows in the receive area; each
+        // row `len` elements apart, the last one the chunk's part of a row long.
+        let len = s.len_of(k);
+        let rows_end = |first: usize, rows: &mover::Rows| -> Option<usize> {
+            if rows.parts == 0 {
+                return Some(0);
+            }
+            let row = rows.chunk_len(k, s.chunk_elems);
+            first.checked_add(rows.parts - 1)?.checked_mul(len)?.checked_add(row)?.checked_mul(s.sz)
+        };
+        let input_first = if s.input_at == 0 { 0 } else { s.send_parts + s.input_at - 1 };
+        let end = rows_end(input_first, &s.input)
+            .zip(rows_end(s.send_parts, &s.output))
+            .map(|(a, b)| a.max(b))
+            .ok_or_else(over)?;
+        let cells = s.place.span.checked_mul(s.place.cell_bytes).ok_or_else(over)?;
+        if s.place.offset(k).checked_add(end as u64).is_none_or(|e| e > ring) || end as u64 > cells {
+            return Err(Fault::illegal(format!("{name}: chunk {k} ({end} bytes) runs past its cells or the ring")));
+        }
+    }
+    Ok(())
+}
+
+/// The mover's hooks on the simulator.
+struct MoverHooks<'a> {
+    name: &'a str,
+}
+
+impl mover::Hooks for MoverHooks<'_> {
+    fn wait(&self, flag: &AtomicU32, value: u32) {
+        exec::device_wait(
+            || flag::reached(flag.load(Ordering::Acquire), value),
+            || format!("{}: a counter to reach {value}", self.name),
+        );
+    }
+
+    fn copy<F: FnOnce()>(&self, bytes: usize, to_host: bool, copy: F) {
+        timing::spend(if to_host { timing::Engine::ToHost } else { timing::Engine::ToDevice }, bytes, copy);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mover's schedule is checked whole before it runs: its counters, its rows, and every
+    /// chunk inside its cells and the ring.
+    #[test]
+    fn mover_schedules_are_checked() {
+        use crate::memory::{Kind, alloc};
+        let ring = alloc(4 * 256, Kind::Device).unwrap() as u64;
+        let rows = alloc(1000 * 4, Kind::Device).unwrap() as u64;
+        let flags = alloc(64, Kind::Device).unwrap() as u64;
+        let place = mover::Place { first: 0, pos: 0, skipped: 0, span: 1, cells: 4, cell_bytes: 256 };
+        let good = Schedule {
+            place,
+            ring,
+            sz: 4,
+            chunk_elems: 64,
+            count: 1000,
+            chunks: 16,
+            send_parts: 0,
+            input: mover::Rows { ptr: rows, parts: 1, len: 1000, pitch: 1000 },
+            input_at: 1,
+            output: mover::Rows { ptr: rows, parts: 1, len: 1000, pitch: 1000 },
+            early: 0,
+            after: 0,
+            staged: flags,
+            output_flag: flags + 4,
+            drained: flags + 8,
+            free: flags + 12,
+            done: flags + 16,
+        };
+        assert!(check_schedule(&good, "m").is_ok());
+        let two_rows = Schedule { input: mover::Rows { parts: 2, ..good.input }, ..good };
+        assert!(check_schedule(&two_rows, "m").is_err(), "rows past the device buffer");
+        let wide = Schedule { chunk_elems: 128, ..good };
+        assert!(check_schedule(&wide, "m").is_err(), "a chunk of 512 bytes in a cell of 256");
+        let odd = Schedule { done: flags + 17, ..good };
+        assert!(check_schedule(&odd, "m").is_err(), "an unaligned counter");
+        let outside = Schedule { ring: ring + 256, ..good };
+        assert!(check_schedule(&outside, "m").is_err(), "a ring past its block");
+    }
 
     #[test]
     fn ptx_entries_and_parameter_counts() {

@@ -44,22 +44,39 @@ pub(crate) fn engine_of(dst_device: bool, src_device: bool) -> Engine {
 /// `work` taking at least its modelled time on `engine`: `bytes` at the copy rate (the SMs at
 /// ten times it).
 pub(crate) fn timed(engine: Engine, bytes: usize, work: Work) -> Work {
-    let Some(rate) = rate() else { return work };
-    let rate = if matches!(engine, Engine::Sms) { rate * 10.0 } else { rate };
+    if rate().is_none() {
+        return work;
+    }
     Box::new(move || {
         let start = Instant::now();
         let result = work();
-        let cost = Duration::from_secs_f64(bytes as f64 / rate);
-        let end = {
-            let mut free = FREE[engine as usize].lock().unwrap_or_else(PoisonError::into_inner);
-            let end = free.map_or(start, |f| f.max(start)) + cost;
-            *free = Some(end);
-            end
-        };
-        let now = Instant::now();
-        if end > now {
-            std::thread::sleep(end - now);
-        }
+        spend_from(engine, bytes, start);
         result
     })
+}
+
+/// Runs `copy`, which moves `bytes`, taking at least its modelled time on `engine` (a mover
+/// kernel's copies, which go over the link as a copy engine's do).
+pub(crate) fn spend(engine: Engine, bytes: usize, copy: impl FnOnce()) {
+    let start = Instant::now();
+    copy();
+    spend_from(engine, bytes, start);
+}
+
+/// Sleeps until `engine` has spent `bytes` at its rate, from `start` or from when it is next
+/// free if later.
+fn spend_from(engine: Engine, bytes: usize, start: Instant) {
+    let Some(rate) = rate() else { return };
+    let rate = if matches!(engine, Engine::Sms) { rate * 10.0 } else { rate };
+    let cost = Duration::from_secs_f64(bytes as f64 / rate);
+    let end = {
+        let mut free = FREE[engine as usize].lock().unwrap_or_else(PoisonError::into_inner);
+        let end = free.map_or(start, |f| f.max(start)) + cost;
+        *free = Some(end);
+        end
+    };
+    let now = Instant::now();
+    if end > now {
+        std::thread::sleep(end - now);
+    }
 }

@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 
 use duralumin_kernels::grid::HostGrid;
+use duralumin_kernels::mover::Schedule;
 use duralumin_kernels::{Element, KernelName, ReduceKernel, ReduceOp};
 
 use crate::api::error::{Error, Result};
@@ -335,6 +336,35 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// queued after it on any stream (the queue-order rule,
     /// `docs/architecture.md#the-queue-order-rule`).
     unsafe fn wait_flag(&self, stream: &Self::Stream, flag: Flag, value: u32, keep: Option<KeepAlive>) -> Result<()>;
+
+    /// Whether [`Device::queue_mover`] runs here. The staging engine then queues a staged
+    /// operation's device side as one mover instead of items per chunk, where the operation is
+    /// large enough ([`HostTransferConfig::mover_min_chunks`]).
+    ///
+    /// [`HostTransferConfig::mover_min_chunks`]: crate::backends::host_transfer::HostTransferConfig::mover_min_chunks
+    fn has_mover(&self) -> bool {
+        false
+    }
+
+    /// The fewest chunks of a staged operation queued as one mover when the communicator's
+    /// configuration leaves it to the device; `None`: never (the default).
+    fn mover_min_chunks(&self) -> Option<usize> {
+        None
+    }
+
+    /// Queues a mover: one item that runs a staged operation's whole device side as
+    /// `schedule` says ([`duralumin_kernels::mover::run`]: every chunk's copies through the
+    /// staging ring and the ring's counters, then `done`). [`Error::Unsupported`] on a device
+    /// without one ([`Device::has_mover`]).
+    ///
+    /// # Safety
+    /// As `mover::run` for `schedule`, from the time the mover runs to its end; `keep` holds the
+    /// device rows; the counters and `done` are written by the host or by work queued before
+    /// this (the queue-order rule, `docs/architecture.md#the-queue-order-rule`).
+    unsafe fn queue_mover(&self, stream: &Self::Stream, schedule: Schedule, keep: Vec<KeepAlive>) -> Result<()> {
+        let _ = (stream, schedule, keep);
+        Err(Error::Unsupported("this device has no mover"))
+    }
 
     /// Queues the reduction of `rows` rows of `len` elements, packed back to back in pinned
     /// host memory at `src`, into device memory at `dst`: `dst = finish(row_0 ∘ row_1 ∘ … ∘

@@ -1,6 +1,6 @@
 //! The builtin kernel set (feature `builtin-kernels`): reductions for every builtin
-//! (element, operator) pair plus the type-independent pack, unpack, stream-wait and signal
-//! kernels. The library's build script compiles this crate with the feature for NVPTX and AMDGPU;
+//! (element, operator) pair plus the type-independent pack, unpack, stream-wait, signal and
+//! mover kernels. The library's build script compiles this crate with the feature for NVPTX and AMDGPU;
 //! user kernel crates depend on the crate without it, so their modules hold only their own
 //! kernels.
 
@@ -36,6 +36,16 @@ crate::__kernel_entry! {
     => crate::flag::signal(crate::grid::DeviceGrid, flag, value)
 }
 
+// The schedule as its 27 words (`Schedule::WORDS`, checked below): plain arguments every GPU
+// kernel ABI passes alike.
+crate::__kernel_entry! {
+    "duralumin_mover",
+    (w0: u64, w1: u64, w2: u64, w3: u64, w4: u64, w5: u64, w6: u64, w7: u64, w8: u64, w9: u64, w10: u64, w11: u64, w12: u64, w13: u64, w14: u64, w15: u64, w16: u64, w17: u64, w18: u64, w19: u64, w20: u64, w21: u64, w22: u64, w23: u64, w24: u64, w25: u64, w26: u64)
+    => crate::mover::device_entry(&crate::mover::Schedule::from_words([w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, w17, w18, w19, w20, w21, w22, w23, w24, w25, w26]))
+}
+
+const _: () = assert!(crate::mover::Schedule::WORDS == 27);
+
 #[cfg(test)]
 mod tests {
     use crate::names::fixed;
@@ -50,7 +60,8 @@ mod tests {
                 "duralumin_pack_segments",
                 "duralumin_unpack_segments",
                 "duralumin_stream_wait",
-                "duralumin_signal"
+                "duralumin_signal",
+                "duralumin_mover"
             ]
         );
     }

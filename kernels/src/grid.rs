@@ -29,6 +29,14 @@ pub struct HostThread {
     size: usize,
 }
 
+impl HostThread {
+    /// Thread `index` of `size` (`index < size`): one thread of a part of a launch, emulated
+    /// or real (a side of the mover's block).
+    pub const fn part(index: usize, size: usize) -> HostThread {
+        HostThread { index, size }
+    }
+}
+
 impl Grid for HostThread {
     #[inline(always)]
     fn index(self) -> usize {

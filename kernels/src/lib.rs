@@ -19,6 +19,8 @@
 //! * module [`reduce`]: `dst = op(dst, src)`, `dst = op(a, b)` and the operator's finishing step,
 //!   with 16-byte loads and stores where size and alignment allow;
 //! * module [`pack`]: strided 2-D copies and segment-list pack/unpack for v-collectives;
+//! * module [`mover`]: a staged operation's whole device side (its copies through the staging
+//!   ring and its counters) in one body;
 //! * module [`flag`]: stream-wait (poll a host-mapped flag with system-scope acquire loads and
 //!   backoff) and signal (system-scope release store).
 //!
@@ -59,6 +61,7 @@ pub mod grid;
 #[cfg(not(any(target_arch = "nvptx64", target_arch = "amdgpu")))]
 pub mod host;
 pub mod module;
+pub mod mover;
 pub mod names;
 pub mod op;
 pub mod pack;

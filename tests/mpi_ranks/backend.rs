@@ -261,6 +261,9 @@ pub fn small_chunks() -> HostTransferConfig {
         .with_direct(false)
         // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.
         .with_device_reduce_max_bytes(64)
+        // Operations of 3 chunks or more run as one mover, smaller ones on the copy streams:
+        // both paths, one after the other on the same ring.
+        .with_mover_min_chunks(Some(3))
 }
 
 impl HostTransfer {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use duralumin_kernels::flag::reached;
+use duralumin_kernels::mover::{self, Schedule};
 
 use super::plans::{InputArea, Region, cut};
 use super::ring::Place;
@@ -72,7 +73,7 @@ impl Geometry {
     /// ring holds (chunk `k + ahead` refills chunk `k`'s cells).
     pub(super) fn ahead(&self) -> usize {
         match &self.place {
-            Some(p) => usize::try_from(p.cells / p.span).unwrap_or(usize::MAX).clamp(1, self.chunks.max(1)),
+            Some(p) => p.at.ahead(self.chunks),
             None => 1,
         }
     }
@@ -110,12 +111,32 @@ pub(super) struct Copies<D: Device> {
     /// The ring's *drained* and *free* counters (staged operations only).
     pub(super) ring: Option<(Flag, Flag)>,
     pub(super) done: Flag,
+    /// The *drained* value the communicator's earlier operations reach: the output side waits
+    /// for it before it raises *drained* itself, so the counter only grows even where an
+    /// earlier operation's mover copies back beside this operation's output stream.
+    pub(super) after: u32,
     /// The operation only sends from staging (no output, not direct): the stream is released
     /// once the last chunk is staged, without waiting for the MPI part (a bcast root, a send).
     pub(super) early: bool,
 }
 
 impl<D: Device> Copies<D> {
+    /// Queues a wait on `stream` for `flag` (if any) to reach `value`, unless it already has.
+    ///
+    /// # Safety
+    /// As [`Copies::stage_in`].
+    unsafe fn wait_unless_reached(&self, stream: &D::Stream, flag: Option<Flag>, value: u32) -> Result<()> {
+        let Some(flag) = flag else { return Ok(()) };
+        // SAFETY: the ring's counters live as long as the communicator's shared state, which
+        // the operation holds.
+        let now = unsafe { flag.atomic() }.load(Ordering::Acquire);
+        if reached(now, value) {
+            return Ok(());
+        }
+        // SAFETY: guaranteed by the caller; the value is raised by work queued before.
+        unsafe { self.device.wait_flag(stream, flag, value, None) }
+    }
+
     /// Queues chunk `k`'s device-to-host copy and raises the input flag, after the ring's
     /// *free* counter says its cells may be refilled (no wait where it says so already).
     ///
@@ -125,14 +146,9 @@ impl<D: Device> Copies<D> {
     unsafe fn stage_in(&self, k: usize) -> Result<()> {
         let (device, ins, g) = (&*self.device, &self.ins, &self.geo);
         let sz = g.sz;
-        if let (Some((_, free)), Some(needs)) = (self.ring, g.place.and_then(|p| p.needs_free(k))) {
-            // SAFETY: the ring's counters live as long as the communicator's shared state,
-            // which the operation holds.
-            let now = unsafe { free.atomic() }.load(Ordering::Acquire);
-            if !reached(now, needs) {
-                // SAFETY: guaranteed by the caller; the proxy thread raises it.
-                unsafe { device.wait_flag(ins, free, needs, None)? };
-            }
+        if let Some(needs) = g.place.and_then(|p| p.at.needs_free(k)) {
+            // SAFETY: guaranteed by the caller; the proxy thread raises *free*.
+            unsafe { self.wait_unless_reached(ins, self.ring.map(|r| r.1), needs)? };
         }
         if let (Some((src, area)), None) = (&self.input, g.direct) {
             let len = g.len_of(k);
@@ -221,6 +237,65 @@ impl<D: Device> Copies<D> {
         Ok(())
     }
 
+    /// The operation as one mover's schedule: a staged operation whose input and output (if
+    /// any) are device rows and whose results are copied back as they are (no device
+    /// reduction); `None` for any other, which the copy-engine path queues. `ring` is the
+    /// device address of the ring's first cell.
+    pub(super) fn schedule(&self, ring: DevicePtr) -> Option<Schedule> {
+        let (g, place) = (&self.geo, self.geo.place?);
+        let ((drained, free), None, None) = (self.ring?, g.direct, self.device_reduce) else { return None };
+        let rows = |region: Option<&Region>| match region {
+            None => Some(mover::Rows::default()),
+            Some(Region::Rows(r)) => {
+                Some(mover::Rows { ptr: r.ptr.addr(), parts: r.parts, len: r.len, pitch: r.pitch })
+            }
+            Some(Region::Pieces { .. }) => None,
+        };
+        let input_at = match self.input.as_ref().map(|i| i.1) {
+            Some(InputArea::Recv { part }) => part + 1,
+            _ => 0,
+        };
+        Some(Schedule {
+            place: place.at,
+            ring: ring.addr(),
+            sz: g.sz,
+            chunk_elems: g.chunk_elems,
+            count: g.count,
+            chunks: g.chunks,
+            send_parts: g.send_parts,
+            input: rows(self.input.as_ref().map(|i| &i.0))?,
+            input_at,
+            output: rows(self.output.as_ref())?,
+            early: u32::from(self.early),
+            after: self.after,
+            staged: self.input_flag.device_ptr().addr(),
+            output_flag: self.output_flag.device_ptr().addr(),
+            drained: drained.device_ptr().addr(),
+            free: free.device_ptr().addr(),
+            done: self.done.device_ptr().addr(),
+        })
+    }
+
+    /// Queues the operation as one mover on the input stream (see [`Copies::schedule`]).
+    ///
+    /// # Safety
+    /// As [`Copies::stage_in`]; `schedule` is this operation's.
+    pub(super) unsafe fn queue_mover(&self, schedule: Schedule) -> Result<()> {
+        let keep = [self.input.as_ref().map(|i| &i.0), self.output.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|r| match r {
+                Region::Rows(rows) => rows.keep.clone(),
+                Region::Pieces { .. } => None,
+            })
+            .collect();
+        // SAFETY: the schedule's rows were checked against the device buffers when the plan was
+        // made and `keep` holds them; its cells and counters are the ring's, which the shared
+        // state the operation holds keeps alive; the proxy thread raises the counters it waits
+        // for, and earlier operations' work (queued before) the *free* and *drained* it waits for.
+        unsafe { self.device.queue_mover(&self.ins, schedule, keep) }
+    }
+
     /// Blocks until what was queued on the two streams has run (after a failure, once its
     /// waits are released; errors are left to the one already being reported).
     pub(super) fn run_through(&self) {
@@ -248,6 +323,7 @@ impl<D: Device> Copies<D> {
             for k in 0..ahead.min(chunks) {
                 self.stage_in(k)?;
             }
+            self.wait_unless_reached(&self.outs, self.ring.map(|r| r.0), self.after)?;
             for k in 0..chunks {
                 self.stage_out(k)?;
                 if k + ahead < chunks {

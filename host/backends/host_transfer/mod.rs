@@ -135,6 +135,15 @@ pub struct HostTransferConfig {
     /// to the proxy thread (see [`inline_max_bytes`](Self::inline_max_bytes)): the longest an
     /// operation's call may take beyond queueing it.
     pub inline_wait: std::time::Duration,
+    /// Staged operations of at least this many chunks, on a device with a mover, are queued as
+    /// one mover: a single item that runs every chunk's copies and counters, so that queueing
+    /// them costs the same at any size. Smaller ones queue their copies and flag operations
+    /// chunk by chunk on two copy streams, which overlap the two directions (see
+    /// `docs/host_transfer.md`, "The mover"). `None`: the device's choice
+    /// ([`Device::mover_min_chunks`]: every staged
+    /// operation on the host device, none on a GPU until the mover is measured there);
+    /// `Some(usize::MAX)`: never.
+    pub mover_min_chunks: Option<usize>,
 }
 
 impl HostTransferConfig {
@@ -172,6 +181,7 @@ with_setters!(HostTransferConfig {
     device_reduce_max_bytes: usize => with_device_reduce_max_bytes,
     inline_max_bytes: usize => with_inline_max_bytes,
     inline_wait: std::time::Duration => with_inline_wait,
+    mover_min_chunks: Option<usize> => with_mover_min_chunks,
 });
 
 impl Default for HostTransferConfig {
@@ -185,6 +195,7 @@ impl Default for HostTransferConfig {
             device_reduce_max_bytes: 0,
             inline_max_bytes: 64 << 10,
             inline_wait: std::time::Duration::from_micros(20),
+            mover_min_chunks: None,
         }
     }
 }
@@ -225,6 +236,9 @@ pub struct HostTransferCommunicator<D: Device> {
     tickets: Cell<u64>,
     /// The communicator's next chunk number and ring position (see [`ring`]).
     ring_next: Cell<(u64, u64)>,
+    /// The *drained* value the operations queued so far reach (the flag of their last chunk
+    /// that is copied back).
+    drained_upto: Cell<u32>,
     /// The host parts of operations queued and maybe not yet through, which
     /// [`HostTransferCommunicator::synchronize`] drives while it waits.
     pending: RefCell<Vec<Arc<Task>>>,
@@ -305,6 +319,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             copies: OnceCell::new(),
             tickets: Cell::new(0),
             ring_next: Cell::new((0, 0)),
+            drained_upto: Cell::new(0),
             pending: RefCell::default(),
             config,
             engine: Engine::get()?,

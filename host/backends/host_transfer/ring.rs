@@ -25,17 +25,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use duralumin_kernels::flag::reached;
+use duralumin_kernels::mover;
 
 use crate::api::error::{Error, Result};
-use crate::device::Device;
 use crate::device::pool::{FlagSlot, PinnedBlock, Pools};
+use crate::device::{Device, DevicePtr};
 
-/// The low 32 bits of a chunk number or position: the counters compare modulo 2³², and fewer
-/// than 2³¹ chunks or cells are ever in flight.
-#[allow(clippy::cast_possible_truncation)]
-pub(crate) fn low(v: u64) -> u32 {
-    v as u32
-}
+pub(crate) use duralumin_kernels::mover::low;
 
 /// A chunk whose MPI part is over, waiting for its cells to be released in chunk order.
 struct Release {
@@ -51,6 +47,8 @@ struct Release {
 pub(crate) struct Ring<D: Device> {
     block: Option<PinnedBlock<D>>,
     base: usize,
+    /// The device's address of the ring's first cell.
+    pub(crate) device_base: DevicePtr,
     pub(crate) cells: u64,
     pub(crate) cell_bytes: usize,
     pub(crate) staged: FlagSlot<D>,
@@ -62,46 +60,29 @@ pub(crate) struct Ring<D: Device> {
     leaked: AtomicBool,
 }
 
-/// Where an operation's chunks lie in the ring: chunk `k` is chunk `first + k` of the
-/// communicator, at position `pos + k span`.
+/// Where an operation's chunks lie in the ring (the arithmetic is the mover's,
+/// [`duralumin_kernels::mover::Place`]), and the host address of the ring's first cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Place {
-    pub(crate) first: u64,
-    pub(crate) pos: u64,
-    /// Where the earlier chunks ended: positions from here to `pos` were skipped to align the
-    /// first chunk, and are never filled.
-    pub(crate) skipped: u64,
-    pub(crate) span: u64,
-    pub(crate) cells: u64,
-    pub(crate) cell_bytes: usize,
+    pub(crate) at: mover::Place,
     pub(crate) base: usize,
 }
 
 impl Place {
     /// The counter value that says chunk `k` of the operation is through a step.
     pub(crate) fn flag(&self, k: usize) -> u32 {
-        low(self.first.wrapping_add(k as u64 + 1))
+        self.at.flag(k)
     }
 
     /// The position after chunk `k`'s cells.
     pub(crate) fn end(&self, k: usize) -> u64 {
-        self.pos + (k as u64 + 1) * self.span
-    }
-
-    /// The *free* value chunk `k`'s cells need before they are filled: its end, a ring behind.
-    pub(crate) fn needs_free(&self, k: usize) -> Option<u32> {
-        let need = self.end(k).checked_sub(self.cells)?;
-        // Skipped positions hold nothing: the earlier chunks' end is enough (the skipped ones
-        // count as free only once this operation's first chunk is handed back, which may come
-        // later on the device's queue than this chunk).
-        Some(low(if need > self.skipped && need <= self.pos { self.skipped } else { need }))
+        self.at.end(k)
     }
 
     /// Host address of chunk `k`'s first cell.
     pub(crate) fn addr(&self, k: usize) -> usize {
-        // Below `cells`, which came from a `usize`.
-        let cell = usize::try_from((self.pos + k as u64 * self.span) % self.cells).unwrap_or(0);
-        self.base + cell * self.cell_bytes
+        // Below the ring's bytes, which came from a `usize`.
+        self.base + usize::try_from(self.at.offset(k)).unwrap_or(0)
     }
 }
 
@@ -116,6 +97,7 @@ impl<D: Device> Ring<D> {
         let counter = || pools.flag();
         Ok(Ring {
             base: block.ptr() as usize,
+            device_base: pools.device().mapped(block.ptr())?,
             block: Some(block),
             cells: cells as u64,
             cell_bytes,
@@ -146,9 +128,8 @@ impl<D: Device> Ring<D> {
     /// `*next_pos` (the calling thread's counters, advanced past them).
     pub(crate) fn place(&self, chunks: usize, span: u64, next_chunk: &mut u64, next_pos: &mut u64) -> Place {
         let pos = next_pos.div_ceil(span) * span;
-        let (first, skipped, cells, cell_bytes, base) =
-            (*next_chunk, *next_pos, self.cells, self.cell_bytes, self.base);
-        let place = Place { first, pos, skipped, span, cells, cell_bytes, base };
+        let (first, skipped, cells, cell_bytes) = (*next_chunk, *next_pos, self.cells, self.cell_bytes as u64);
+        let place = Place { at: mover::Place { first, pos, skipped, span, cells, cell_bytes }, base: self.base };
         *next_chunk += chunks as u64;
         *next_pos = pos + chunks as u64 * span;
         place
@@ -158,7 +139,7 @@ impl<D: Device> Ring<D> {
     /// are released once every earlier chunk's are and, if `drains`, the output stream copied it
     /// back.
     pub(crate) fn finished(&self, place: &Place, k: usize, drains: bool) {
-        let release = Release { chunk: place.first + k as u64, end: place.end(k), drains };
+        let release = Release { chunk: place.at.first + k as u64, end: place.end(k), drains };
         self.lock().push_back(release);
         self.advance();
     }

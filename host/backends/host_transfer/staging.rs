@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use duralumin_kernels::Element;
+use duralumin_kernels::mover::Schedule;
 
 use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
@@ -77,8 +78,9 @@ impl<D: Device> HostTransferCommunicator<D> {
     ///
     /// The calling thread queues the device work of every chunk on the communicator's two copy
     /// streams (device-to-host on one, host-to-device on the other, so both directions overlap
-    /// each other and the MPI work), which start where `stream` is and which `stream` then
-    /// waits for, each item after whatever it waits for (the queue-order rule:
+    /// each other and the MPI work), or the whole of it as one mover on the first (see
+    /// [`mover_schedule`](Self::mover_schedule)); they start where `stream` is, and `stream`
+    /// then waits for them, each item after whatever it waits for (the queue-order rule:
     /// `docs/architecture.md#the-queue-order-rule`). It takes no memory and waits for nothing:
     /// the chunks stream through the communicator's ring, whose cells the device waits for.
     ///
@@ -206,6 +208,11 @@ impl<D: Device> HostTransferCommunicator<D> {
             Some((input, output)) => (input.flag(), output.flag()),
             None => (ring.staged.flag(), ring.output.flag()),
         };
+        // The drained value the earlier operations reach, and this one's for the next.
+        let after = self.drained_upto.get();
+        if geo.place.is_some() && !early {
+            self.drained_upto.set(geo.last());
+        }
         let copies = Copies {
             device: Arc::clone(&self.shared.device),
             ins,
@@ -219,6 +226,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             output_flag,
             ring: geo.place.map(|_| (ring.drained.flag(), ring.free.flag())),
             done: done.flag(),
+            after,
             early,
         };
         Ok(SetUp { geo, own, done, copies, keeps, in_place, recv_parts: plan.recv_parts })
@@ -380,12 +388,25 @@ impl<D: Device> HostTransferCommunicator<D> {
             if staged {
                 device.join(&copies.ins, stream)?;
             }
-            copies.queue()?;
+            match self.mover_schedule(copies) {
+                Some(schedule) => copies.queue_mover(schedule)?,
+                None => copies.queue()?,
+            }
             if staged {
                 device.wait_flag(stream, handed.done.flag(), 1, Some(Arc::clone(&handed.done) as KeepAlive))?;
             }
         }
         Ok(())
+    }
+
+    /// The operation's schedule if it is queued as one mover: a staged operation of at least
+    /// [`mover_min_chunks`](super::HostTransferConfig::mover_min_chunks) chunks, on a device
+    /// with a mover, that a mover can run (see [`Copies::schedule`]).
+    fn mover_schedule(&self, copies: &Copies<D>) -> Option<Schedule> {
+        let device = &*self.shared.device;
+        let min = self.config.mover_min_chunks.or_else(|| device.mover_min_chunks()).unwrap_or(usize::MAX);
+        let wanted = copies.geo.chunks >= min && device.has_mover();
+        wanted.then(|| copies.schedule(self.shared.ring.device_base)).flatten()
     }
 
     /// Queueing failed: lets what was queued run through (its waits released), then lets the
@@ -437,6 +458,58 @@ mod tests {
         let world = universe.world();
         small_operations_on_an_idle_stream_start_on_the_calling_thread(&world);
         a_stream_behind_the_proxy_thread_keeps_its_done_flag(&world);
+        movers_and_copy_streams_share_the_ring(&world);
+    }
+
+    /// Staged operations of `mover_min_chunks` chunks or more are queued as one mover, smaller
+    /// ones item by item on the copy streams; queued back to back without a synchronize, in
+    /// place and out of place, send-only or not, through a ring they wrap around many times,
+    /// both kinds leave the right results (a mover that raised *drained* or *staged* out of
+    /// order, or refilled cells too early, would corrupt them or hang).
+    fn movers_and_copy_streams_share_the_ring(world: &SimpleCommunicator) {
+        let dev = HostDevice::new(0);
+        let stream = dev.stream().unwrap();
+        let config = HostTransferConfig {
+            chunk_bytes: 1 << 10,
+            min_chunk_bytes: 256,
+            pipeline_chunks: 4,
+            direct: false,
+            mover_min_chunks: Some(4),
+            ..Default::default()
+        };
+        let c = HostTransferCommunicator::with_config(world, dev.clone(), stream, config.with_ring_cells(4)).unwrap();
+        // 40 KiB: 40 chunks of 1 KiB through 4 cells (a mover); 512 B: 2 chunks (copy streams).
+        let (big, small) = (10 << 10, 128);
+        let mut expected = Vec::new();
+        let mut outs = Vec::new();
+        for round in 0..6u32 {
+            for (i, len) in (0u32..).zip([big, small, small, big]) {
+                let value = round * 10 + i;
+                let send = dev.upload(&vec![value; len]).unwrap();
+                let mut out = dev.alloc_zeroed::<u32>(len).unwrap();
+                if i == 3 {
+                    // In place, and a send-only bcast root next to it.
+                    let mut inout = dev.upload(&vec![value; len]).unwrap();
+                    c.allreduce_in_place(&mut inout, Sum).unwrap();
+                    let mut root = dev.upload(&vec![value + 1; len]).unwrap();
+                    c.bcast(&mut root, 0).unwrap();
+                    outs.push(inout);
+                    expected.push((len, value));
+                    outs.push(root);
+                    expected.push((len, value + 1));
+                } else {
+                    c.allreduce(&send, &mut out, Sum).unwrap();
+                    outs.push(out);
+                    expected.push((len, value));
+                }
+            }
+        }
+        c.synchronize().unwrap();
+        for (k, (out, (len, value))) in outs.iter().zip(&expected).enumerate() {
+            assert_eq!(dev.download(out).unwrap(), vec![*value; *len], "operation {k}");
+        }
+        // Per round: 3 big operations (an allreduce, an in-place one and a bcast) and 2 small.
+        assert_eq!(dev.movers_queued(), 6 * 3, "every operation of 4 chunks or more is one mover, no other");
     }
 
     /// A small operation on the device buffers of an idle stream runs on the calling thread

@@ -55,13 +55,14 @@ mod tests;
 mod wait_gate;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use duralumin_kernels::Element;
 use duralumin_kernels::flag::reached;
 use duralumin_kernels::grid::HostGrid;
+use duralumin_kernels::mover::{self, Schedule};
 
 pub use self::executor::HostStream;
 use self::executor::{Queue, SharedQueues, StreamInner};
@@ -92,6 +93,8 @@ struct DeviceInner {
     ordinal: usize,
     streams: Mutex<Vec<Weak<StreamInner>>>,
     pinned_bytes: AtomicUsize,
+    /// Movers queued so far.
+    movers: AtomicUsize,
     signals: Arc<Signals>,
     /// With [`HostDevice::with_queues`]: the executors streams share.
     queues: Option<Mutex<SharedQueues>>,
@@ -126,6 +129,7 @@ impl HostDevice {
                 ordinal,
                 streams: Mutex::new(Vec::new()),
                 pinned_bytes: AtomicUsize::new(0),
+                movers: AtomicUsize::new(0),
                 signals: Arc::new(Signals::new(longest_sleep)),
                 queues,
             }),
@@ -206,6 +210,13 @@ impl HostDevice {
         uses.clear();
         uses.push(Use::new(lane, ticket));
         Ok(())
+    }
+
+    /// How many movers (staged operations queued as one item, see
+    /// [`HostTransferConfig::mover_min_chunks`](crate::HostTransferConfig::mover_min_chunks))
+    /// were queued on this device so far.
+    pub fn movers_queued(&self) -> usize {
+        self.inner.movers.load(Ordering::Relaxed)
     }
 
     /// Pinned bytes currently allocated from this device (for leak checks).
@@ -368,6 +379,31 @@ impl Device for HostDevice {
             }
             // SAFETY: the caller keeps the flag's slot held until the wait has finished.
             reached(unsafe { flag.atomic() }.load(Ordering::Acquire), value)
+        }))
+    }
+
+    fn has_mover(&self) -> bool {
+        true
+    }
+
+    /// Every staged operation: queueing is then one item at any size, and the copies cost
+    /// the same either way here (`docs/host_transfer.md`, "The mover").
+    fn mover_min_chunks(&self) -> Option<usize> {
+        Some(1)
+    }
+
+    /// One work item runs the whole schedule on the executor thread; its waits sleep until a
+    /// flag write wakes them, as the stream's own flag waits do.
+    unsafe fn queue_mover(&self, stream: &HostStream, schedule: Schedule, keep: Vec<KeepAlive>) -> Result<()> {
+        self.check_stream(stream)?;
+        let signals = Arc::clone(&self.inner.signals);
+        self.inner.movers.fetch_add(1, Ordering::Relaxed);
+        stream.submit(Box::new(move || {
+            let _keep = keep;
+            // SAFETY: the caller guarantees the schedule's addresses for the run, and that its
+            // counters are raised by the host or by work queued before; on the host device
+            // device addresses are host addresses.
+            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &schedule, &Waker(&signals), mover::Side::Both) });
         }))
     }
 
@@ -545,5 +581,20 @@ impl HostDevice {
             };
             HostGrid::SINGLE.copy_2d(d, shape.dst_pitch, s, shape.src_pitch, shape.row_bytes, shape.rows);
         }))
+    }
+}
+
+/// The mover's hooks on the host device: waits sleep until a flag write wakes them, and its
+/// counter writes wake the device's sleepers and the proxy thread.
+struct Waker<'a>(&'a Signals);
+
+impl mover::Hooks for Waker<'_> {
+    fn wait(&self, flag: &AtomicU32, value: u32) {
+        self.0.wait_until(|| reached(flag.load(Ordering::Acquire), value));
+    }
+
+    fn wrote(&self) {
+        crate::common::progress::nudge();
+        self.0.wake_all();
     }
 }

@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
+use duralumin_kernels::mover::{self, Schedule};
 use duralumin_kernels::names::fixed;
 use duralumin_kernels::pack::Segment;
+
+use std::ffi::c_void;
 
 use super::{BLOCK, Direction, Driver, Gpu, arg};
 use crate::api::error::Result;
@@ -119,6 +122,38 @@ impl<R: Driver> Gpu<R> {
         // (mapped memory holding `count` segments) is held until the stream has run the kernel.
         let queued = unsafe { self.driver().launch(stream, &function, self.blocks(total / 16 + 1), BLOCK, &mut args) };
         keep.push(Arc::new(list));
+        let held = self.hold_others(stream, keep);
+        queued.and(held)
+    }
+
+    /// Whether the mover kernel loads here (the builtin kernels were built).
+    pub(crate) fn has_mover(&self) -> bool {
+        self.bind().is_ok() && self.function(fixed::MOVER).is_ok()
+    }
+
+    /// Launches the mover kernel on `stream` as one block, the schedule passed as its words
+    /// (the driver copies launch parameters when the launch is queued: nothing to allocate or
+    /// keep), then holds `keep` until it has run.
+    ///
+    /// # Safety
+    /// As [`crate::device::Device::queue_mover`].
+    pub(crate) unsafe fn queue_mover(
+        &self,
+        stream: &R::Stream,
+        schedule: Schedule,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        self.bind()?;
+        let function = self.function(fixed::MOVER)?;
+        let mut words = schedule.to_words();
+        let base = words.as_mut_ptr();
+        let mut args: [*mut c_void; Schedule::WORDS] = std::array::from_fn(|i| base.wrapping_add(i).cast());
+        // SAFETY: the mover takes the schedule's words as `u64` arguments, each pointer above
+        // one of them (alive until the launch returns, which copies them); the caller guarantees
+        // every address of the schedule for the run, and `keep` holds the device rows until the
+        // stream has run it.
+        let queued = unsafe { self.driver().launch(stream, &function, 1, mover::DEVICE_THREADS, &mut args) };
         let held = self.hold_others(stream, keep);
         queued.and(held)
     }

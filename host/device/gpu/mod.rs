@@ -746,6 +746,20 @@ macro_rules! gpu_device {
                 self.gpu.can_reduce(op)
             }
 
+            fn has_mover(&self) -> bool {
+                self.gpu.has_mover()
+            }
+
+            unsafe fn queue_mover(
+                &self,
+                stream: &Self::Stream,
+                schedule: duralumin_kernels::mover::Schedule,
+                keep: Vec<$crate::device::KeepAlive>,
+            ) -> $crate::api::error::Result<()> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.gpu.queue_mover(stream, schedule, keep) }
+            }
+
             fn acquire(
                 &self,
                 stream: &Self::Stream,
