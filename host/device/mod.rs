@@ -359,8 +359,10 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     ///
     /// # Safety
     /// As `mover::run` for `schedule`, from the time the mover runs to its end; `keep` holds the
-    /// device rows; the counters and `done` are written by the host or by work queued before
-    /// this (the queue-order rule, `docs/architecture.md#the-queue-order-rule`).
+    /// device rows; every counter value the mover waits for is written by the host (which may
+    /// itself wait for the mover's own earlier writes), by the mover itself, or by work queued
+    /// before it, never by work queued after it (the queue-order rule,
+    /// `docs/architecture.md#the-queue-order-rule`).
     unsafe fn queue_mover(&self, stream: &Self::Stream, schedule: Schedule, keep: Vec<KeepAlive>) -> Result<()> {
         let _ = (stream, schedule, keep);
         Err(Error::Unsupported("this device has no mover"))

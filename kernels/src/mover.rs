@@ -203,7 +203,7 @@ pub trait Hooks {
 /// thread of the side, then the side's barrier, so what every thread copied is visible
 /// system-wide before thread 0's release store of a counter, and what thread 0's acquire load
 /// saw is visible to every thread after a wait. On NVPTX each side of the block has a named
-/// barrier of its own (`bar.sync id, threads`), so the two sides run at once; AMDGPU has one
+/// barrier of its own (`barrier.sync id, threads`), so the two sides run at once; AMDGPU has one
 /// barrier per workgroup, and its mover runs both sides in turn.
 #[cfg(any(target_arch = "nvptx64", target_arch = "amdgpu"))]
 #[derive(Clone, Copy, Debug)]
@@ -229,11 +229,14 @@ impl Hooks for DeviceHooks {
     fn barrier(&self) {
         core::sync::atomic::fence(Ordering::SeqCst);
         #[cfg(target_arch = "nvptx64")]
-        // SAFETY: `bar.sync id, threads` with a barrier id below 16 and a thread count that is
-        // a multiple of the warp size, reached by every thread of the side (the mover's control
-        // flow is the same for all of them) and by no other.
+        // SAFETY: `barrier.sync id, threads` with a barrier id below 16 and a thread count that
+        // is a multiple of the warp size, reached by every thread of the side (the mover's
+        // control flow is the same for all of them) and by no other. Not `bar.sync`, which is
+        // `.aligned`: the compiler does not treat inline assembly as convergent and may
+        // duplicate it into both arms of the `index() == 0` branches around it, and the
+        // non-aligned form allows a warp's threads to reach it at different instructions.
         unsafe {
-            core::arch::asm!("bar.sync {0}, {1};", in(reg32) self.barrier, in(reg32) self.threads, options(nostack))
+            core::arch::asm!("barrier.sync {0}, {1};", in(reg32) self.barrier, in(reg32) self.threads, options(nostack))
         };
         #[cfg(target_arch = "amdgpu")]
         core::arch::amdgpu::s_barrier();

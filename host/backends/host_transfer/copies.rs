@@ -291,8 +291,10 @@ impl<D: Device> Copies<D> {
             .collect();
         // SAFETY: the schedule's rows were checked against the device buffers when the plan was
         // made and `keep` holds them; its cells and counters are the ring's, which the shared
-        // state the operation holds keeps alive; the proxy thread raises the counters it waits
-        // for, and earlier operations' work (queued before) the *free* and *drained* it waits for.
+        // state the operation holds keeps alive. The proxy thread raises *output* and *free*
+        // (the latter once a chunk's MPI part is over and it is drained: by this mover, or by
+        // earlier operations' work queued before it), and earlier operations' work raises the
+        // *drained* its output side waits for first.
         unsafe { self.device.queue_mover(&self.ins, schedule, keep) }
     }
 

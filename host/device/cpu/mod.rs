@@ -393,18 +393,24 @@ impl Device for HostDevice {
     }
 
     /// One work item runs the whole schedule on the executor thread; its waits sleep until a
-    /// flag write wakes them, as the stream's own flag waits do.
+    /// flag write wakes them, as the stream's own flag waits do. Like any long work item, a
+    /// thread that synchronizes with a stream sharing the executor
+    /// ([`HostDevice::with_queues`]) may run it itself, and is then busy until the operation is
+    /// through (or given up: abandoning it raises every counter it waits for).
     unsafe fn queue_mover(&self, stream: &HostStream, schedule: Schedule, keep: Vec<KeepAlive>) -> Result<()> {
         self.check_stream(stream)?;
         let signals = Arc::clone(&self.inner.signals);
-        self.inner.movers.fetch_add(1, Ordering::Relaxed);
-        stream.submit(Box::new(move || {
+        let queued = stream.submit(Box::new(move || {
             let _keep = keep;
             // SAFETY: the caller guarantees the schedule's addresses for the run, and that its
             // counters are raised by the host or by work queued before; on the host device
             // device addresses are host addresses.
             HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &schedule, &Waker(&signals), mover::Side::Both) });
-        }))
+        }));
+        if queued.is_ok() {
+            self.inner.movers.fetch_add(1, Ordering::Relaxed);
+        }
+        queued
     }
 
     unsafe fn reduce_h2d(
