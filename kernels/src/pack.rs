@@ -71,38 +71,81 @@ impl Plan {
     /// this plan was made for, with the addresses the plan was made for.
     #[inline(always)]
     unsafe fn copy_item(self, dst: *mut u8, src: *const u8, item: usize) {
-        // SAFETY: every branch stays inside the planned range; unit copies start at
-        // `head + k * width`, which the plan aligned to `width` on both sides.
+        let (at, width) = self.item_at(item);
+        // SAFETY: the item lies inside the planned range; unit items start at `head + k *
+        // width`, which the plan aligned to `width` on both sides. Typed copies, not through a
+        // `u128` (which the host compiles to two 8-byte halves: half the speed).
         unsafe {
-            if item < self.head {
-                dst.add(item).write(src.add(item).read());
-            } else if item < self.head + self.units {
-                let at = self.head + (item - self.head) * self.width;
-                match self.width {
-                    // One 16-byte access (`ld.global.v2.b64`); a 16-byte struct would be
-                    // copied as two 8-byte halves.
-                    16 => copy_unit::<u128>(dst.add(at), src.add(at)),
-                    8 => copy_unit::<u64>(dst.add(at), src.add(at)),
-                    4 => copy_unit::<u32>(dst.add(at), src.add(at)),
-                    2 => copy_unit::<u16>(dst.add(at), src.add(at)),
-                    _ => copy_unit::<u8>(dst.add(at), src.add(at)),
-                }
-            } else {
-                let at = self.head + self.units * self.width + (item - self.head - self.units);
-                dst.add(at).write(src.add(at).read());
+            let (d, s) = (dst.add(at), src.add(at));
+            match width {
+                // One 16-byte access (`ld.global.v2.b64`); a 16-byte struct would be copied as
+                // two 8-byte halves.
+                16 => d.cast::<u128>().write(s.cast::<u128>().read()),
+                8 => d.cast::<u64>().write(s.cast::<u64>().read()),
+                4 => d.cast::<u32>().write(s.cast::<u32>().read()),
+                2 => d.cast::<u16>().write(s.cast::<u16>().read()),
+                _ => d.write(s.read()),
             }
         }
     }
-}
 
-/// Copies one `U` from `src` to `dst`.
-///
-/// # Safety
-/// Both pointers are valid for `size_of::<U>()` bytes and aligned for `U`.
-#[inline(always)]
-unsafe fn copy_unit<U: Copy>(dst: *mut u8, src: *const u8) {
-    // SAFETY: forwarded from the caller.
-    unsafe { dst.cast::<U>().write(src.cast::<U>().read()) }
+    /// Where work item `item` starts in the range, and its width in bytes.
+    #[inline(always)]
+    fn item_at(self, item: usize) -> (usize, usize) {
+        if item < self.head {
+            (item, 1)
+        } else if item < self.head + self.units {
+            (self.head + (item - self.head) * self.width, self.width)
+        } else {
+            (self.head + self.units * self.width + (item - self.head - self.units), 1)
+        }
+    }
+
+    /// Reads work item `item` (`< items()`) of the range starting at `src`, widened to a `u128`.
+    ///
+    /// # Safety
+    /// `src` is valid for reads of the range this plan was made for, at the address it was
+    /// made for.
+    #[inline(always)]
+    unsafe fn read_item(self, src: *const u8, item: usize) -> u128 {
+        let (at, width) = self.item_at(item);
+        // SAFETY: the item lies inside the planned range; unit items start at `head + k *
+        // width`, which the plan aligned to `width`. One 16-byte access is `ld.global.v2.b64`
+        // (a 16-byte struct would be read as two 8-byte halves).
+        unsafe {
+            let p = src.add(at);
+            match width {
+                16 => p.cast::<u128>().read(),
+                8 => u128::from(p.cast::<u64>().read()),
+                4 => u128::from(p.cast::<u32>().read()),
+                2 => u128::from(p.cast::<u16>().read()),
+                _ => u128::from(p.read()),
+            }
+        }
+    }
+
+    /// Writes `value` (narrowed to the item's width) as work item `item` of the range starting
+    /// at `dst`.
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of the range this plan was made for, at the address it was
+    /// made for.
+    #[inline(always)]
+    #[allow(clippy::cast_possible_truncation, reason = "the value was read at the item's width")]
+    unsafe fn write_item(self, dst: *mut u8, item: usize, value: u128) {
+        let (at, width) = self.item_at(item);
+        // SAFETY: as in `read_item`, for writes.
+        unsafe {
+            let p = dst.add(at);
+            match width {
+                16 => p.cast::<u128>().write(value),
+                8 => p.cast::<u64>().write(value as u64),
+                4 => p.cast::<u32>().write(value as u32),
+                2 => p.cast::<u16>().write(value as u16),
+                _ => p.write(value as u8),
+            }
+        }
+    }
 }
 
 /// Copies `rows` rows of `row_bytes` bytes: row `r` goes from `src + r * src_pitch` to
@@ -111,9 +154,29 @@ unsafe fn copy_unit<U: Copy>(dst: *mut u8, src: *const u8) {
 /// # Safety
 /// For every row `r < rows`, `dst + r * dst_pitch` is valid for writes and `src + r * src_pitch`
 /// for reads of `row_bytes` bytes; destination rows do not overlap each other or any source row,
-/// and nothing else writes them during the launch.
+/// and nothing else writes these buffers during the launch.
 #[inline(always)]
 pub unsafe fn copy_2d<G: Grid>(
+    grid: G,
+    dst: *mut u8,
+    dst_pitch: usize,
+    src: *const u8,
+    src_pitch: usize,
+    row_bytes: usize,
+    rows: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { copy_2d_unrolled::<G, 1>(grid, dst, dst_pitch, src, src_pitch, row_bytes, rows) }
+}
+
+/// [`copy_2d`], each thread reading `U` of its work items before it writes them: `U` reads in
+/// flight per thread instead of one, for copies whose reads wait long (a GPU reading host memory
+/// over the bus: the mover's).
+///
+/// # Safety
+/// As [`copy_2d`].
+#[inline(always)]
+pub unsafe fn copy_2d_unrolled<G: Grid, const U: usize>(
     grid: G,
     dst: *mut u8,
     dst_pitch: usize,
@@ -126,7 +189,7 @@ pub unsafe fn copy_2d<G: Grid>(
     // one plan serves all rows.
     let plan = Plan::new(dst as usize, src as usize, row_bytes, dst_pitch | src_pitch);
     let per_row = plan.items();
-    if per_row == 0 || rows == 0 {
+    if per_row == 0 || rows == 0 || U == 0 {
         return;
     }
     let total = match per_row.checked_mul(rows) {
@@ -142,14 +205,43 @@ pub unsafe fn copy_2d<G: Grid>(
     }
     let (mut row, mut item) = (start / per_row, start % per_row);
     while row < rows {
-        // SAFETY: `row < rows` and `item < per_row`, inside the ranges the caller guarantees;
-        // the plan's alignment holds for every row because both pitches are multiples of its width.
-        unsafe { plan.copy_item(dst.add(row * dst_pitch), src.add(row * src_pitch), item) };
-        row += step_rows;
-        item += step_items;
-        if item >= per_row {
-            item -= per_row;
-            row += 1;
+        let mut at = [(0usize, 0usize); U];
+        let mut values = [0u128; U];
+        let mut n = 0;
+        // Fixed trip counts throughout, so the arrays stay in registers.
+        #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+        for j in 0..U {
+            if row < rows {
+                at[j] = (row, item);
+                n = j + 1;
+                row += step_rows;
+                item += step_items;
+                if item >= per_row {
+                    item -= per_row;
+                    row += 1;
+                }
+            }
+        }
+        // SAFETY: each `(row, item)` has `row < rows` and `item < per_row`, inside the ranges the
+        // caller guarantees; the plan's alignment holds for every row because both pitches are
+        // multiples of its width.
+        unsafe {
+            if U == 1 {
+                plan.copy_item(dst.add(at[0].0 * dst_pitch), src.add(at[0].0 * src_pitch), at[0].1);
+                continue;
+            }
+            #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+            for j in 0..U {
+                if j < n {
+                    values[j] = plan.read_item(src.add(at[j].0 * src_pitch), at[j].1);
+                }
+            }
+            #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+            for j in 0..U {
+                if j < n {
+                    plan.write_item(dst.add(at[j].0 * dst_pitch), at[j].1, values[j]);
+                }
+            }
         }
     }
 }
