@@ -188,59 +188,110 @@ pub unsafe fn copy_2d_unrolled<G: Grid, const U: usize>(
     // Pitches that are multiples of the width keep every row at the first row's alignment, so
     // one plan serves all rows.
     let plan = Plan::new(dst as usize, src as usize, row_bytes, dst_pitch | src_pitch);
-    let per_row = plan.items();
-    if per_row == 0 || rows == 0 || U == 0 {
+    if U == 0 {
         return;
     }
-    let total = match per_row.checked_mul(rows) {
-        Some(t) => t,
-        None => return,
-    };
-    // Walk `(row, item)` in grid-stride order without a division per step: one division up front,
-    // then the stride is added as a (rows, items) pair with a carry.
-    let (step_rows, step_items) = (grid.size() / per_row, grid.size() % per_row);
-    let start = grid.index();
-    if start >= total {
-        return;
+    let Some(mut walk) = Walk::start(grid, plan.items(), rows) else { return };
+    let (dst, src) = (Pitched { at: dst, pitch: dst_pitch }, Pitched { at: src.cast_mut(), pitch: src_pitch });
+    while walk.row < rows {
+        let (at, n) = walk.take::<U>();
+        // SAFETY: each `(row, item)` the walk gave has `row < rows` and `item < items()`, inside
+        // the ranges the caller guarantees; the plan's alignment holds for every row because
+        // both pitches are multiples of its width.
+        unsafe {
+            if U == 1 {
+                plan.copy_item(dst.row(at[0].0), src.row(at[0].0), at[0].1);
+            } else {
+                copy_items(plan, dst, src, &at, n);
+            }
+        }
     }
-    let (mut row, mut item) = (start / per_row, start % per_row);
-    while row < rows {
-        let mut at = [(0usize, 0usize); U];
-        let mut values = [0u128; U];
-        let mut n = 0;
-        // Fixed trip counts throughout, so the arrays stay in registers.
+}
+
+/// Rows `pitch` bytes apart from `at`.
+#[derive(Clone, Copy)]
+struct Pitched {
+    at: *mut u8,
+    pitch: usize,
+}
+
+impl Pitched {
+    /// Row `r`'s start.
+    ///
+    /// # Safety
+    /// Row `r` is inside the buffer.
+    #[inline(always)]
+    unsafe fn row(self, r: usize) -> *mut u8 {
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.at.add(r * self.pitch) }
+    }
+}
+
+/// A thread's `(row, item)` positions in grid-stride order, walked without a division per step:
+/// one division up front, then the stride is added as a (rows, items) pair with a carry.
+struct Walk {
+    row: usize,
+    item: usize,
+    step_rows: usize,
+    step_items: usize,
+    per_row: usize,
+    rows: usize,
+}
+
+impl Walk {
+    /// The walk of `grid`'s thread over `rows` rows of `per_row` items; `None` if it has nothing.
+    #[inline(always)]
+    fn start<G: Grid>(grid: G, per_row: usize, rows: usize) -> Option<Walk> {
+        if per_row == 0 || rows == 0 {
+            return None;
+        }
+        let total = per_row.checked_mul(rows)?;
+        let start = Some(grid.index()).filter(|&i| i < total)?;
+        let (step_rows, step_items) = (grid.size() / per_row, grid.size() % per_row);
+        Some(Walk { row: start / per_row, item: start % per_row, step_rows, step_items, per_row, rows })
+    }
+
+    /// The next `U` positions (fewer at the end: the count), in a loop of fixed trip count so
+    /// they stay in registers.
+    #[inline(always)]
+    fn take<const U: usize>(&mut self) -> ([(usize, usize); U], usize) {
+        let (mut at, mut n) = ([(0usize, 0usize); U], 0);
         #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
         for j in 0..U {
-            if row < rows {
-                at[j] = (row, item);
+            if self.row < self.rows {
+                at[j] = (self.row, self.item);
                 n = j + 1;
-                row += step_rows;
-                item += step_items;
-                if item >= per_row {
-                    item -= per_row;
-                    row += 1;
+                self.row += self.step_rows;
+                self.item += self.step_items;
+                if self.item >= self.per_row {
+                    self.item -= self.per_row;
+                    self.row += 1;
                 }
             }
         }
-        // SAFETY: each `(row, item)` has `row < rows` and `item < per_row`, inside the ranges the
-        // caller guarantees; the plan's alignment holds for every row because both pitches are
-        // multiples of its width.
-        unsafe {
-            if U == 1 {
-                plan.copy_item(dst.add(at[0].0 * dst_pitch), src.add(at[0].0 * src_pitch), at[0].1);
-                continue;
+        (at, n)
+    }
+}
+
+/// Reads the first `n` of the positions `at`, then writes them: `n` reads in flight at once.
+///
+/// # Safety
+/// As [`copy_2d`], every position `(row, item)` inside the rows and the plan's items.
+#[inline(always)]
+unsafe fn copy_items<const U: usize>(plan: Plan, dst: Pitched, src: Pitched, at: &[(usize, usize); U], n: usize) {
+    let mut values = [0u128; U];
+    // SAFETY: guaranteed by the caller; fixed trip counts keep `values` in registers.
+    unsafe {
+        #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+        for j in 0..U {
+            if j < n {
+                values[j] = plan.read_item(src.row(at[j].0), at[j].1);
             }
-            #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
-            for j in 0..U {
-                if j < n {
-                    values[j] = plan.read_item(src.add(at[j].0 * src_pitch), at[j].1);
-                }
-            }
-            #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
-            for j in 0..U {
-                if j < n {
-                    plan.write_item(dst.add(at[j].0 * dst_pitch), at[j].1, values[j]);
-                }
+        }
+        #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+        for j in 0..U {
+            if j < n {
+                plan.write_item(dst.row(at[j].0), at[j].1, values[j]);
             }
         }
     }
