@@ -359,10 +359,7 @@ impl Device for HostDevice {
         stream.submit(Box::new(move || {
             // SAFETY: the caller keeps the flag's slot held until this has run.
             HostGrid::SINGLE.signal(unsafe { flag.atomic() }, value);
-            // The proxy thread and other streams may wait for the flag: neither need wait out
-            // a sleep.
-            crate::common::progress::nudge();
-            signals.wake_all();
+            announce(&signals);
         }))
     }
 
@@ -600,7 +597,13 @@ impl mover::Hooks for Waker<'_> {
     }
 
     fn wrote(&self) {
-        crate::common::progress::nudge();
-        self.0.wake_all();
+        announce(self.0);
     }
+}
+
+/// After a stream wrote a flag: the proxy thread and other streams may wait for it, and neither
+/// need wait out a sleep.
+fn announce(signals: &Signals) {
+    crate::common::progress::nudge();
+    signals.wake_all();
 }
