@@ -5,7 +5,8 @@
 //! host-to-device copy of the same bytes at once, on two streams, measured in the same run
 //! (`fraction of bound` = bound time / operation time). The pipelined allreduce runs twice:
 //! its copies queued chunk by chunk on the copy engines (the default on a GPU), and as one mover
-//! kernel per operation (`HostTransferConfig::mover_min_chunks`), with each one's enqueue time.
+//! kernel per operation (`HostTransferConfig::mover_min_chunks`), with each one's enqueue time;
+//! the mover as the default number of blocks sharing the chunks (`mover_blocks`) and as one.
 //! At np >= 2 also the host MPI allreduce of the same bytes. The host thread's enqueue time per operation as the median and the
 //! slowest call. The flag release latency of both flag paths is measured first, before any
 //! communicator exists.
@@ -151,7 +152,7 @@ mod gpu {
                 println!("| stream-wait release + signal round trip, {path:?} | {us:.1} us |");
             }
             println!(
-                "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us |"
+                "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us | one-block mover fraction |"
             );
         }
 
@@ -162,8 +163,14 @@ mod gpu {
         let pipelined = comm(HostTransferConfig::default());
         // The same chunks, each operation's device side one mover kernel.
         let mover = comm(HostTransferConfig::default().with_mover_min_chunks(Some(1)));
+        let one_block = comm(HostTransferConfig::default().with_mover_min_chunks(Some(1)).with_mover_blocks(1));
         if me == 0 && !dev.has_mover() {
             println!("| mover | not loaded (the device kernels were not built): its columns time the copy engines |");
+        } else if me == 0 {
+            println!(
+                "| mover blocks | {} (at most one per multiprocessor) |",
+                HostTransferConfig::default().mover_blocks
+            );
         }
         // Aluminum's method: one chunk of the whole buffer, in place (one ring cell).
         let whole =
@@ -205,6 +212,7 @@ mod gpu {
             };
             let (t_pipe, enqueue) = staged(&pipelined);
             let (t_mover, mover_enqueue) = staged(&mover);
+            let (t_one_block, _) = staged(&one_block);
             let t_whole = time_us(
                 &world,
                 r,
@@ -244,11 +252,12 @@ mod gpu {
             let bound_both = t_mpi.map_or(t_bound, |m| m.max(t_bound));
             if me == 0 {
                 println!(
-                    "| {bytes} | {t_bound:.1} | {t_pipe:.1} | {frac:.2} | {t_whole:.1} | {:.2} | {:.2}x | {t_manual:.1} | {} | {p50:.1} | {slowest:.1} | {t_mover:.1} | {:.2} | {mover_p50:.1} | {mover_slowest:.1} |",
+                    "| {bytes} | {t_bound:.1} | {t_pipe:.1} | {frac:.2} | {t_whole:.1} | {:.2} | {:.2}x | {t_manual:.1} | {} | {p50:.1} | {slowest:.1} | {t_mover:.1} | {:.2} | {mover_p50:.1} | {mover_slowest:.1} | {:.2} |",
                     t_bound / t_whole,
                     t_whole / t_pipe,
                     t_mpi.map_or("-".into(), |t| format!("{t:.1}")),
                     t_bound / t_mover,
+                    t_bound / t_one_block,
                 );
             }
             if bytes == top {
@@ -268,7 +277,7 @@ mod gpu {
         }
         // The copies of the manual row used `p_in`/`p_out`; keep them alive until here.
         drop((p_in, p_out));
-        drop((pipelined, mover, whole));
+        drop((pipelined, mover, one_block, whole));
         if me == 0 {
             for (what, value, target, at_least) in checks {
                 let ok = if at_least { value >= target } else { value <= target };

@@ -29,7 +29,8 @@
 #   ring vs whole-buffer staging vs bulk-synchronous, each as a fraction of the simultaneous
 #   D2H+H2D copy bound measured in the same run, the host MPI allreduce at np 2, enqueue time
 #   (median and slowest), the same allreduce as one mover kernel per operation (its own
-#   columns), stream-wait release latency of both flag paths, at np = 1 and 2;
+#   columns: the default blocks, and one block), stream-wait release latency of both flag
+#   paths, at np = 1 and 2;
 # * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/device_ranks
 #   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
 #   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels

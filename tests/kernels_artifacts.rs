@@ -227,6 +227,15 @@ fn ptxas_assembles_the_ptx_for_sm80_and_sm90_without_spills() {
                 max_regs = (regs, name.clone());
             }
         }
+        // A mover block is 512 threads, and a multiprocessor has 65536 registers: past 128 a
+        // thread, its launch would fail for want of them.
+        let (mover_regs, mover_stack, ..) = kernels["duralumin_mover"];
+        let per_block = 65536 / duralumin_kernels::mover::DEVICE_THREADS;
+        assert!(
+            mover_regs <= per_block,
+            "the mover uses {mover_regs} registers on {arch}: a block of 512 fits {per_block}"
+        );
+        assert_eq!(mover_stack, 0, "the mover uses a stack on {arch}");
         let (regs, ..) = kernels["duralumin_reduce_f32_sum"];
         println!(
             "{arch}: {} kernels assembled; reduce_f32_sum {regs} registers; most registers: {} ({}); no reduction kernel spills",

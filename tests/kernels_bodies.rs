@@ -7,7 +7,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, clippy::cast_sign_loss)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use duralumin_kernels::grid::HostGrid;
@@ -515,20 +515,37 @@ fn signal_publishes_with_a_release_store() {
 struct PollingHooks;
 
 impl duralumin_kernels::mover::Hooks for PollingHooks {
-    fn wait(&self, flag: &AtomicU32, value: u32) {
+    fn wait_until<F: Fn() -> bool>(&self, ready: F, value: u64) {
         let end = std::time::Instant::now() + Duration::from_secs(20);
-        while !duralumin_kernels::flag::reached(flag.load(Ordering::Acquire), value) {
+        while !ready() {
             assert!(std::time::Instant::now() < end, "the mover waited 20 s for a counter to reach {value}");
             std::thread::yield_now();
         }
     }
 }
 
+/// Hooks of a mover block whose copies are slow (a millisecond each): a block that handed a
+/// chunk on without waiting for them would hand it on before they are done.
+struct SlowCopies;
+
+impl duralumin_kernels::mover::Hooks for SlowCopies {
+    fn wait_until<F: Fn() -> bool>(&self, ready: F, value: u64) {
+        PollingHooks.wait_until(ready, value);
+    }
+
+    fn copy<F: FnOnce()>(&self, _bytes: usize, _to_host: bool, copy: F) {
+        std::thread::sleep(Duration::from_millis(1));
+        copy();
+    }
+}
+
 /// One mover case: 1000 `u32`s in chunks of 64 through a ring of 8 cells of 256 bytes, placed
 /// after 5 earlier chunks; a host thread plays the proxy (result = 2 × input + 1, or checks
-/// what a send-only operation staged) and hands the cells back in order.
-fn mover_case(early: bool, in_place: bool, sides: bool) {
-    use duralumin_kernels::mover::{self, Hooks, Place, Rows, Schedule, Side};
+/// what a send-only operation staged) and hands the cells back in order. The mover runs as
+/// `blocks` blocks at once, each as one body or as two sides (the copies of every block but the
+/// first slow).
+fn mover_case(early: bool, in_place: bool, sides: bool, blocks: usize) {
+    use duralumin_kernels::mover::{self, Hooks, Place, Rows, Schedule, Share, Side};
     let (count, chunk_elems, sz) = (1000usize, 64usize, 4usize);
     let input: Vec<u32> = (0..count as u32).map(|i| i * 3 + 7).collect();
     let mut output = vec![0u32; count];
@@ -538,6 +555,8 @@ fn mover_case(early: bool, in_place: bool, sides: bool) {
     let ring_at = ring.as_mut_ptr() as usize;
     let counters: Vec<AtomicU32> = (0..5).map(|_| AtomicU32::new(0)).collect();
     let [staged, out_flag, drained, free, done] = &counters[..] else { unreachable!() };
+    // The blocks' arrival words, input side then output side, left as an earlier mover would.
+    let words: Vec<AtomicU64> = (0..2 * mover::MAX_BLOCKS).map(|_| AtomicU64::new(3)).collect();
     let send_parts = usize::from(!in_place);
     let span = if send_parts == 1 && !early { 2 } else { 1 };
     let place = Place { first: 5, pos: 6, skipped: 6, span, cells: 8, cell_bytes: 256 };
@@ -565,19 +584,31 @@ fn mover_case(early: bool, in_place: bool, sides: bool) {
         drained: flag(drained),
         free: flag(free),
         done: flag(done),
+        arrived_in: addr(words.as_ptr().cast()),
+        arrived_out: addr(words[mover::MAX_BLOCKS..].as_ptr().cast()),
     };
     let mut seen = Vec::new();
     std::thread::scope(|scope| {
-        let run = |side| {
+        let run = |side, block| {
+            let share = Share { block, blocks };
             // SAFETY: every address of the schedule is one of the buffers above, alive until the
-            // scope ends; the proxy below raises every counter the mover waits for.
-            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &s, &PollingHooks, side) })
+            // scope ends; the proxy below raises every counter the mover waits for; every block
+            // runs at once.
+            HostGrid::SINGLE.run(|t| unsafe {
+                if block == 0 {
+                    mover::run(t, &s, &PollingHooks, side, share);
+                } else {
+                    mover::run(t, &s, &SlowCopies, side, share);
+                }
+            })
         };
-        if sides {
-            scope.spawn(move || run(Side::Input));
-            scope.spawn(move || run(Side::Output));
-        } else {
-            scope.spawn(move || run(Side::Both));
+        for block in 0..blocks {
+            if sides {
+                scope.spawn(move || run(Side::Input, block));
+                scope.spawn(move || run(Side::Output, block));
+            } else {
+                scope.spawn(move || run(Side::Both, block));
+            }
         }
         // The proxy: each chunk's "MPI part" on its cells, then its cells back in order.
         for k in 0..s.chunks {
@@ -608,7 +639,7 @@ fn mover_case(early: bool, in_place: bool, sides: bool) {
         }
         PollingHooks.wait(done, 1);
     });
-    let what = format!("early {early}, in place {in_place}, sides {sides}");
+    let what = format!("early {early}, in place {in_place}, sides {sides}, blocks {blocks}");
     let first_wrong = |got: &[u32], want: &[u32]| {
         (got.len() != want.len()).then_some(got.len()).or_else(|| got.iter().zip(want).position(|(g, w)| g != w))
     };
@@ -620,11 +651,22 @@ fn mover_case(early: bool, in_place: bool, sides: bool) {
         assert_eq!(drained.load(Ordering::Acquire), place.flag(s.chunks - 1), "{what}: drained");
     }
     assert_eq!(staged.load(Ordering::Acquire), place.flag(s.chunks - 1), "{what}: staged");
+    // Every block other than 0 said it copied its share of the last chunk (chunk numbers are
+    // the communicator's, from 5 here); the output side's words only where there is one.
+    let last = 5 + s.chunks as u64;
+    for (b, word) in words.iter().enumerate() {
+        let (side, block) = (b / mover::MAX_BLOCKS, b % mover::MAX_BLOCKS);
+        let wrote = block > 0 && block < blocks && blocks > 1 && (side == 0 || !early);
+        let want = if wrote { last } else { 3 };
+        assert_eq!(word.load(Ordering::Acquire), want, "{what}: arrival word {block} of side {side}");
+    }
 }
 
 /// The mover runs every chunk of a schedule through the ring, wrapping around it, as one body
 /// (`Side::Both`, the host device's) and as two sides at once (a GPU block's halves, cudasim's
-/// two threads): out of place, in place, and send-only.
+/// two threads), as one block and as three blocks that copy a share of every chunk (a chunk
+/// handed to the proxy only once every block copied its share): out of place, in place, and
+/// send-only.
 #[test]
 #[cfg_attr(
     miri,
@@ -632,8 +674,8 @@ fn mover_case(early: bool, in_place: bool, sides: bool) {
 )]
 fn the_mover_streams_every_chunk_through_the_ring() {
     for (early, in_place) in [(false, false), (false, true), (true, false)] {
-        for sides in [false, true] {
-            mover_case(early, in_place, sides);
+        for (sides, blocks) in [(false, 1), (true, 1), (false, 3), (true, 3)] {
+            mover_case(early, in_place, sides, blocks);
         }
     }
 }

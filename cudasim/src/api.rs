@@ -250,6 +250,9 @@ pub struct Memcpy2d {
     height: usize,
 }
 
+/// Multiprocessors of the simulated device (an H100's).
+const MULTIPROCESSORS: u16 = 132;
+
 const MEMORYTYPE_HOST: u32 = 1;
 const MEMORYTYPE_DEVICE: u32 = 2;
 const MEMORYTYPE_UNIFIED: u32 = 4;
@@ -423,7 +426,7 @@ driver! {
         device(dev)?;
         let is = |a: Attr| attrib == a as c_int;
         let v = if is(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) {
-            132
+            c_int::from(MULTIPROCESSORS)
         } else if is(Attr::CU_DEVICE_ATTRIBUTE_MAX_PITCH) {
             c_int::MAX
         } else if is(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) {
@@ -784,35 +787,89 @@ driver! {
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     ) {
-        let (f, s) = (FUNCTIONS.get(f as usize, "function")?, stream(h)?);
         if !extra.is_null() {
             return Err(Fault::not_supported("launch parameters through `extra`".into()));
         }
-        if gy != 1 || gz != 1 || by != 1 || bz != 1 {
-            return Err(Fault::not_supported("multi-dimensional launches (the kernels are 1-D)".into()));
+        let shape = Shape { grid: [gx, gy, gz], block: [bx, by, bz], together: false };
+        // SAFETY: forwarded from the caller.
+        unsafe { launch_kernel("cuLaunchKernel", f, shape, h, params) }
+    }
+
+    /// A launch whose blocks are all resident at once: at most 2048 threads per multiprocessor
+    /// of the simulated device in all.
+    Context fn cuLaunchCooperativeKernel(
+        f: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        _shared: c_uint,
+        h: CUstream,
+        params: *mut *mut c_void,
+    ) {
+        if u64::from(gx) * u64::from(bx) > u64::from(MULTIPROCESSORS) * 2048 {
+            return Err(Fault::new(
+                CUresult::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+                format!("a cooperative launch of {gx} blocks of {bx} threads does not fit at once"),
+            ));
         }
-        if gx == 0 || bx == 0 || bx > 1024 {
-            return Err(Fault::invalid(format!("launch of {gx} blocks of {bx} threads")));
-        }
-        if params.is_null() {
-            return Err(Fault::invalid("null kernel parameters".into()));
-        }
-        // SAFETY: the caller passes the function's arguments (its contract).
-        let run = unsafe { kernels::launch(&f, &Params(params), gx as usize * bx as usize)? };
-        let module = Arc::clone(&f.module);
-        module.pending.fetch_add(1, Ordering::AcqRel);
-        let threads = gx as usize * bx as usize;
-        let work = timing::timed(timing::Engine::Sms, threads.saturating_mul(8), Box::new(run));
-        let queued = submit(&s, "cuLaunchKernel", Box::new(move || {
+        let shape = Shape { grid: [gx, gy, gz], block: [bx, by, bz], together: true };
+        // SAFETY: forwarded from the caller.
+        unsafe { launch_kernel("cuLaunchCooperativeKernel", f, shape, h, params) }
+    }
+}
+
+/// A launch's geometry, and whether its blocks are resident at once (a cooperative launch).
+struct Shape {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    together: bool,
+}
+
+/// Queues kernel `f` on stream `h` (`api` names the call).
+///
+/// # Safety
+/// `params` holds the function's arguments, as `cuLaunchKernel` requires.
+unsafe fn launch_kernel(
+    api: &'static str,
+    f: CUfunction,
+    shape: Shape,
+    h: CUstream,
+    params: *mut *mut c_void,
+) -> Result<(), Fault> {
+    let (f, s) = (FUNCTIONS.get(f as usize, "function")?, stream(h)?);
+    let ([gx, gy, gz], [bx, by, bz]) = (shape.grid, shape.block);
+    if gy != 1 || gz != 1 || by != 1 || bz != 1 {
+        return Err(Fault::not_supported("multi-dimensional launches (the kernels are 1-D)".into()));
+    }
+    if gx == 0 || bx == 0 || bx > 1024 {
+        return Err(Fault::invalid(format!("launch of {gx} blocks of {bx} threads")));
+    }
+    if params.is_null() {
+        return Err(Fault::invalid("null kernel parameters".into()));
+    }
+    let launch = kernels::Launch { blocks: gx as usize, threads: bx as usize, together: shape.together };
+    // SAFETY: the caller passes the function's arguments (its contract).
+    let run = unsafe { kernels::launch(&f, &Params(params), launch)? };
+    let module = Arc::clone(&f.module);
+    module.pending.fetch_add(1, Ordering::AcqRel);
+    let threads = gx as usize * bx as usize;
+    let work = timing::timed(timing::Engine::Sms, threads.saturating_mul(8), Box::new(run));
+    let queued = submit(
+        &s,
+        api,
+        Box::new(move || {
             let r = work();
             module.pending.fetch_sub(1, Ordering::AcqRel);
             r
-        }));
-        if queued.is_err() {
-            f.module.pending.fetch_sub(1, Ordering::AcqRel);
-        }
-        queued
+        }),
+    );
+    if queued.is_err() {
+        f.module.pending.fetch_sub(1, Ordering::AcqRel);
     }
+    queued
 }
 
 /// Status names and descriptions for `cuGetErrorName` and `cuGetErrorString`.
@@ -829,6 +886,7 @@ fn describe(code: c_int) -> Option<(&'static CStr, &'static CStr)> {
         500 => (c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
         600 => (c"CUDA_ERROR_NOT_READY", c"device not ready"),
         700 => (c"CUDA_ERROR_ILLEGAL_ADDRESS", c"an illegal memory access was encountered"),
+        720 => (c"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", c"too many blocks in cooperative launch"),
         800 => (c"CUDA_ERROR_NOT_PERMITTED", c"operation not permitted"),
         801 => (c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
         999 => (c"CUDA_ERROR_UNKNOWN", c"unknown error"),

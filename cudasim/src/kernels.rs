@@ -345,12 +345,23 @@ fn segments(list: u64, count: u64, scattered: u64, name: &str) -> Result<(Vec<Se
     Ok((segs, total))
 }
 
+/// A launch's geometry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Launch {
+    pub(crate) blocks: usize,
+    /// Threads per block.
+    pub(crate) threads: usize,
+    /// Every block resident at once (a cooperative launch).
+    pub(crate) together: bool,
+}
+
 /// Reads a launch's arguments, checks every address the kernel will touch, and returns the work
-/// that runs it. `threads` is the launch's size.
+/// that runs it.
 ///
 /// # Safety
 /// `params` holds the function's arguments, as `cuLaunchKernel` requires.
-pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Result<exec::Work, Fault> {
+pub(crate) unsafe fn launch(f: &Function, params: &Params, shape: Launch) -> Result<exec::Work, Fault> {
+    let threads = shape.blocks * shape.threads;
     let name = f.name.clone();
     // A user kernel's host body may have been registered after the function was loaded.
     let body = match f.body {
@@ -445,13 +456,14 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
                 })
             }
             Body::Mover => {
+                check_mover_launch(shape, &name)?;
                 let words = std::array::from_fn(|i| {
                     // SAFETY: the caller guarantees the arguments: the mover's are the schedule's
                     // `Schedule::WORDS` words, as many 8-byte parameters as the PTX confirmed
                     // when the function was loaded.
                     unsafe { params.u64(i) }
                 });
-                mover(Schedule::from_words(words), name)
+                mover(Schedule::from_words(words), shape.blocks, name)
             }
             Body::StreamWait | Body::Signal => {
                 let (ptr, value) = (a[0], narrow_arg(a[1]));
@@ -482,35 +494,78 @@ pub(crate) unsafe fn launch(f: &Function, params: &Params, threads: usize) -> Re
     Ok(work)
 }
 
-/// The mover's work: every address of its schedule checked when it runs, then its two sides at
-/// once, as the two halves of the kernel's block run on a GPU, each on a thread of its own (a
-/// side's barrier needs its threads running at once; one thread does all of their work), its
-/// waits as the stream-wait kernel's and its copies on the timing model's engines.
-fn mover(s: Schedule, name: String) -> exec::Work {
+/// What a GPU needs of a mover's launch: blocks of [`mover::DEVICE_THREADS`] threads (its two
+/// sides' barriers count on them), and every block resident at once when there are several
+/// (they wait for each other's chunks: blocks launched plainly may run one after another, and
+/// one would wait for a block that has not started).
+fn check_mover_launch(shape: Launch, name: &str) -> Result<(), Fault> {
+    if shape.threads != mover::DEVICE_THREADS as usize {
+        return Err(Fault::invalid(format!(
+            "{name} launched with {} threads per block: its barriers need {}",
+            shape.threads,
+            mover::DEVICE_THREADS
+        )));
+    }
+    if shape.blocks > mover::MAX_BLOCKS {
+        return Err(Fault::invalid(format!(
+            "{name} launched as {} blocks: it has arrival words for {}",
+            shape.blocks,
+            mover::MAX_BLOCKS
+        )));
+    }
+    if shape.blocks > 1 && !shape.together {
+        return Err(Fault::invalid(format!(
+            "{name} launched as {} blocks without a cooperative launch: its blocks wait for each other, so all \
+             must be resident at once (cuLaunchCooperativeKernel)",
+            shape.blocks
+        )));
+    }
+    Ok(())
+}
+
+/// The mover's work: every address of its schedule checked when it runs, then the two sides of
+/// each of its `blocks` blocks at once, as the two halves of a block run on a GPU, each side on
+/// a thread of its own (a side's barrier needs its threads running at once; one thread does all
+/// of their work), its waits as the stream-wait kernel's and its copies on the timing model's
+/// engines.
+fn mover(s: Schedule, blocks: usize, name: String) -> exec::Work {
     Box::new(move || {
-        check_schedule(&s, &name)?;
+        check_schedule(&s, blocks, &name)?;
         let hooks = MoverHooks { name: &name };
-        let side = |side| {
+        let side = |side, block| {
+            let share = mover::Share { block, blocks };
             // SAFETY: every range the schedule's copies touch and every counter lies in live
             // device-accessible memory (checked); counters are only accessed atomically; the
-            // input side runs beside the output side.
-            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &s, &hooks, side) });
+            // input side runs beside the output side, and every block beside the others.
+            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &s, &hooks, side, share) });
         };
         std::thread::scope(|scope| {
-            scope.spawn(|| side(mover::Side::Input));
-            side(mover::Side::Output);
+            for block in 1..blocks {
+                scope.spawn(move || side(mover::Side::Input, block));
+                scope.spawn(move || side(mover::Side::Output, block));
+            }
+            scope.spawn(|| side(mover::Side::Input, 0));
+            side(mover::Side::Output, 0);
         });
         Ok(())
     })
 }
 
-/// Checks every address a mover with schedule `s` touches: its counters, its rows, and each
-/// chunk's cells inside the ring.
-fn check_schedule(s: &Schedule, name: &str) -> Result<(), Fault> {
+/// Checks every address a mover of schedule `s` and `blocks` blocks touches: its counters (and
+/// arrival words, with several blocks), its rows, and each chunk's cells inside the ring.
+fn check_schedule(s: &Schedule, blocks: usize, name: &str) -> Result<(), Fault> {
     let over = || Fault::illegal(format!("{name}: a range of the schedule overflows"));
-    for (what, at) in
-        [("staged", s.staged), ("output", s.output_flag), ("drained", s.drained), ("free", s.free), ("done", s.done)]
-    {
+    if blocks > 1 {
+        for (what, at) in [("arrived_in", s.arrived_in), ("arrived_out", s.arrived_out)] {
+            memory::device_range(at, mover::MAX_BLOCKS * 8, &format!("{name} ({what} words)"))?;
+            if !at.is_multiple_of(8) {
+                return Err(Fault::illegal(format!("{name}: the {what} words at {at:#x} are not 8-byte aligned")));
+            }
+        }
+    }
+    let counters =
+        [("staged", s.staged), ("output", s.output_flag), ("drained", s.drained), ("free", s.free), ("done", s.done)];
+    for (what, at) in counters {
         memory::device_range(at, 4, &format!("{name} ({what} counter)"))?;
         if !at.is_multiple_of(4) {
             return Err(Fault::illegal(format!("{name}: the {what} counter {at:#x} is not 4-byte aligned")));
@@ -560,11 +615,8 @@ struct MoverHooks<'a> {
 }
 
 impl mover::Hooks for MoverHooks<'_> {
-    fn wait(&self, flag: &AtomicU32, value: u32) {
-        exec::device_wait(
-            || flag::reached(flag.load(Ordering::Acquire), value),
-            || format!("{}: a counter to reach {value}", self.name),
-        );
+    fn wait_until<F: Fn() -> bool>(&self, ready: F, value: u64) {
+        exec::device_wait(ready, || format!("{}: a counter to reach {value}", self.name));
     }
 
     fn copy<F: FnOnce()>(&self, bytes: usize, to_host: bool, copy: F) {
@@ -576,14 +628,29 @@ impl mover::Hooks for MoverHooks<'_> {
 mod tests {
     use super::*;
 
-    /// A mover's schedule is checked whole before it runs: its counters, its rows, and every
-    /// chunk inside its cells and the ring.
+    /// A mover launched as blocks of the wrong size, as more blocks than it has arrival words,
+    /// or as several blocks that might not all be resident (not cooperatively), is refused.
+    #[test]
+    fn mover_launches_are_checked() {
+        let shape = |blocks, threads, together| Launch { blocks, threads, together };
+        let full = mover::DEVICE_THREADS as usize;
+        assert!(check_mover_launch(shape(1, full, false), "m").is_ok());
+        assert!(check_mover_launch(shape(4, full, true), "m").is_ok());
+        assert!(check_mover_launch(shape(4, full, false), "m").is_err(), "blocks that wait for each other");
+        assert!(check_mover_launch(shape(1, full / 2, false), "m").is_err(), "a block its barriers do not fit");
+        let many = mover::MAX_BLOCKS + 1;
+        assert!(check_mover_launch(shape(many, full, true), "m").is_err(), "more blocks than arrival words");
+    }
+
+    /// A mover's schedule is checked whole before it runs: its counters (and arrival words,
+    /// with several blocks), its rows, and every chunk inside its cells and the ring.
     #[test]
     fn mover_schedules_are_checked() {
         use crate::memory::{Kind, alloc};
         let ring = alloc(4 * 256, Kind::Device).unwrap() as u64;
         let rows = alloc(1000 * 4, Kind::Device).unwrap() as u64;
         let flags = alloc(64, Kind::Device).unwrap() as u64;
+        let words = alloc(2 * mover::MAX_BLOCKS * 8, Kind::Device).unwrap() as u64;
         let place = mover::Place { first: 0, pos: 0, skipped: 0, span: 1, cells: 4, cell_bytes: 256 };
         let good = Schedule {
             place,
@@ -603,16 +670,23 @@ mod tests {
             drained: flags + 8,
             free: flags + 12,
             done: flags + 16,
+            arrived_in: 0,
+            arrived_out: 0,
         };
-        assert!(check_schedule(&good, "m").is_ok());
+        assert!(check_schedule(&good, 1, "m").is_ok());
+        assert!(check_schedule(&good, 2, "m").is_err(), "several blocks without arrival words");
+        let counted = Schedule { arrived_in: words, arrived_out: words + 8 * mover::MAX_BLOCKS as u64, ..good };
+        assert!(check_schedule(&counted, 2, "m").is_ok());
+        let short = Schedule { arrived_out: words + 8 * mover::MAX_BLOCKS as u64 + 8, ..counted };
+        assert!(check_schedule(&short, 2, "m").is_err(), "arrival words past their allocation");
         let two_rows = Schedule { input: mover::Rows { parts: 2, ..good.input }, ..good };
-        assert!(check_schedule(&two_rows, "m").is_err(), "rows past the device buffer");
+        assert!(check_schedule(&two_rows, 1, "m").is_err(), "rows past the device buffer");
         let wide = Schedule { chunk_elems: 128, ..good };
-        assert!(check_schedule(&wide, "m").is_err(), "a chunk of 512 bytes in a cell of 256");
+        assert!(check_schedule(&wide, 1, "m").is_err(), "a chunk of 512 bytes in a cell of 256");
         let odd = Schedule { done: flags + 17, ..good };
-        assert!(check_schedule(&odd, "m").is_err(), "an unaligned counter");
+        assert!(check_schedule(&odd, 1, "m").is_err(), "an unaligned counter");
         let outside = Schedule { ring: ring + 256, ..good };
-        assert!(check_schedule(&outside, "m").is_err(), "a ring past its block");
+        assert!(check_schedule(&outside, 1, "m").is_err(), "a ring past its block");
     }
 
     #[test]

@@ -354,8 +354,9 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
 
     /// Queues a mover: one item that runs a staged operation's whole device side as
     /// `schedule` says ([`duralumin_kernels::mover::run`]: every chunk's copies through the
-    /// staging ring and the ring's counters, then `done`). [`Error::Unsupported`] on a device
-    /// without one ([`Device::has_mover`]).
+    /// staging ring and the ring's counters, then `done`), on up to `blocks` blocks that share
+    /// its chunks where the device runs several at once (a GPU; the host device runs one).
+    /// [`Error::Unsupported`] on a device without one ([`Device::has_mover`]).
     ///
     /// # Safety
     /// As `mover::run` for `schedule`, from the time the mover runs to its end; `keep` holds the
@@ -363,8 +364,14 @@ pub trait Device: sealed::Sealed + Debug + Send + Sync + 'static {
     /// itself wait for the mover's own earlier writes), by the mover itself, or by work queued
     /// before it, never by work queued after it (the queue-order rule,
     /// `docs/architecture.md#the-queue-order-rule`).
-    unsafe fn queue_mover(&self, stream: &Self::Stream, schedule: Schedule, keep: Vec<KeepAlive>) -> Result<()> {
-        let _ = (stream, schedule, keep);
+    unsafe fn queue_mover(
+        &self,
+        stream: &Self::Stream,
+        schedule: Schedule,
+        blocks: usize,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
+        let _ = (stream, schedule, blocks, keep);
         Err(Error::Unsupported("this device has no mover"))
     }
 

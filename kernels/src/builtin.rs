@@ -36,15 +36,15 @@ crate::__kernel_entry! {
     => crate::flag::signal(crate::grid::DeviceGrid, flag, value)
 }
 
-// The schedule as its 27 words (`Schedule::WORDS`, checked below): plain arguments every GPU
+// The schedule as its 29 words (`Schedule::WORDS`, checked below): plain arguments every GPU
 // kernel ABI passes alike.
 crate::__kernel_entry! {
     "duralumin_mover",
-    (w0: u64, w1: u64, w2: u64, w3: u64, w4: u64, w5: u64, w6: u64, w7: u64, w8: u64, w9: u64, w10: u64, w11: u64, w12: u64, w13: u64, w14: u64, w15: u64, w16: u64, w17: u64, w18: u64, w19: u64, w20: u64, w21: u64, w22: u64, w23: u64, w24: u64, w25: u64, w26: u64)
-    => crate::mover::device_entry(&crate::mover::Schedule::from_words([w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, w17, w18, w19, w20, w21, w22, w23, w24, w25, w26]))
+    (w0: u64, w1: u64, w2: u64, w3: u64, w4: u64, w5: u64, w6: u64, w7: u64, w8: u64, w9: u64, w10: u64, w11: u64, w12: u64, w13: u64, w14: u64, w15: u64, w16: u64, w17: u64, w18: u64, w19: u64, w20: u64, w21: u64, w22: u64, w23: u64, w24: u64, w25: u64, w26: u64, w27: u64, w28: u64)
+    => crate::mover::device_entry(&crate::mover::Schedule::from_words([w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, w17, w18, w19, w20, w21, w22, w23, w24, w25, w26, w27, w28]))
 }
 
-const _: () = assert!(crate::mover::Schedule::WORDS == 27);
+const _: () = assert!(crate::mover::Schedule::WORDS == 29);
 
 #[cfg(test)]
 mod tests {

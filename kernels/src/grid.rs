@@ -134,6 +134,34 @@ impl Grid for DeviceGrid {
     }
 }
 
+/// The calling GPU thread's block: `(thread in the block, threads per block, block, blocks)` of a
+/// one-dimensional launch (the mover's blocks each run their own share of a schedule).
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn device_block() -> (usize, usize, usize, usize) {
+    use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
+    // SAFETY: as in `DeviceGrid::index`, reading %tid.x, %ntid.x, %ctaid.x and %nctaid.x has no
+    // preconditions inside a kernel.
+    let (thread, dim, block, blocks) = unsafe { (_thread_idx_x(), _block_dim_x(), _block_idx_x(), _grid_dim_x()) };
+    (thread as usize, dim as usize, block as usize, blocks as usize)
+}
+
+/// The calling GPU thread's block: `(thread in the block, threads per block, block, blocks)` of a
+/// one-dimensional launch (the mover's blocks each run their own share of a schedule).
+#[cfg(target_arch = "amdgpu")]
+#[inline(always)]
+pub fn device_block() -> (usize, usize, usize, usize) {
+    use core::arch::amdgpu::{workgroup_id_x, workitem_id_x};
+    // SAFETY: as in `DeviceGrid::index`: `workgroup_size_x` is the dispatch packet's u16 at byte
+    // offset 4, `grid_size_x` its u32 at offset 12.
+    let (dim, total) = unsafe {
+        let packet = DeviceGrid::packet();
+        (packet.add(4).cast::<u16>().read() as usize, packet.add(12).cast::<u32>().read() as usize)
+    };
+    let dim = dim.max(1);
+    (workitem_id_x() as usize, dim, workgroup_id_x() as usize, total / dim)
+}
+
 /// The thread indices `grid` covers in `0..n`, in a grid-stride loop: `index, index + size, ...`.
 #[inline(always)]
 pub(crate) fn stride<G: Grid>(grid: G, n: usize) -> Stride {

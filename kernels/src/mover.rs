@@ -13,7 +13,7 @@
 //! [`Place`] is the ring arithmetic both paths (and the proxy thread) use; [`Schedule`] is
 //! everything one operation's mover needs, plain data a launch can carry.
 
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::flag::reached;
 use crate::grid::Grid;
@@ -151,6 +151,12 @@ pub struct Schedule {
     pub free: u64,
     /// Raised to 1 at the end.
     pub done: u64,
+    /// Device address of [`MAX_BLOCKS`] 8-byte words, one per block: the communicator's number
+    /// of the last chunk (plus one) a block's input side copied its share of (see [`Share`]).
+    /// Only a mover of several blocks touches them; they only grow.
+    pub arrived_in: u64,
+    /// As `arrived_in`, for the output side.
+    pub arrived_out: u64,
 }
 
 impl Schedule {
@@ -183,8 +189,14 @@ impl Schedule {
 
 /// What a mover needs from where it runs.
 pub trait Hooks {
+    /// Returns once `ready()` holds, polling it; `value` is the counter value it waits for (for
+    /// a simulator's report of a wait that does not end).
+    fn wait_until<F: Fn() -> bool>(&self, ready: F, value: u64);
     /// Returns once `flag` has reached `value` (modulo 2³²).
-    fn wait(&self, flag: &AtomicU32, value: u32);
+    #[inline(always)]
+    fn wait(&self, flag: &AtomicU32, value: u32) {
+        self.wait_until(|| reached(flag.load(Ordering::Acquire), value), u64::from(value));
+    }
     /// A counter was just written (host waiters may want waking).
     fn wrote(&self) {}
     /// Runs `copy`, which moves `bytes` to host memory if `to_host`, else to the device (a
@@ -198,7 +210,7 @@ pub trait Hooks {
     fn barrier(&self) {}
 }
 
-/// The mover's hooks inside a GPU kernel, launched as one block: thread 0 of a side polls a
+/// The mover's hooks inside a GPU kernel, in each block of its launch: thread 0 of a side polls a
 /// counter with backoff ([`crate::flag::Backoff`]); the barrier is a system-scope fence by every
 /// thread of the side, then the side's barrier, so what every thread copied is visible
 /// system-wide before thread 0's release store of a counter, and what thread 0's acquire load
@@ -218,9 +230,9 @@ pub struct DeviceHooks {
 #[cfg(any(target_arch = "nvptx64", target_arch = "amdgpu"))]
 impl Hooks for DeviceHooks {
     #[inline(always)]
-    fn wait(&self, flag: &AtomicU32, value: u32) {
+    fn wait_until<F: Fn() -> bool>(&self, ready: F, _value: u64) {
         let mut backoff = crate::flag::Backoff::new();
-        while !reached(flag.load(Ordering::Acquire), value) {
+        while !ready() {
             backoff.pause();
         }
     }
@@ -248,30 +260,39 @@ impl Hooks for DeviceHooks {
 /// in turn.
 ///
 /// # Safety
-/// As [`run`]; launched as one block of [`DEVICE_THREADS`] threads.
+/// As [`run`]; launched as blocks of [`DEVICE_THREADS`] threads, every block resident at once
+/// when there are several (a cooperative launch: see [`Share`]); blocks past [`MAX_BLOCKS`]
+/// do nothing.
 #[cfg(any(target_arch = "nvptx64", target_arch = "amdgpu"))]
 #[inline(always)]
 pub unsafe fn device_entry(schedule: &Schedule) {
+    use crate::grid::HostThread;
+    let (me, _, block, blocks) = crate::grid::device_block();
+    // A launch of more blocks than there are arrival words: those past them have nothing to do.
+    if block >= MAX_BLOCKS {
+        return;
+    }
+    let share = Share { block, blocks: blocks.min(MAX_BLOCKS) };
     #[cfg(target_arch = "nvptx64")]
     {
-        use crate::grid::HostThread;
-        let (me, half) = (crate::grid::DeviceGrid.index(), (DEVICE_THREADS / 2) as usize);
+        let half = (DEVICE_THREADS / 2) as usize;
         let hooks = |barrier| DeviceHooks { barrier, threads: DEVICE_THREADS / 2 };
         // SAFETY: forwarded from the caller; the two halves are warps apart and each reaches
         // only its own barrier.
         unsafe {
             if me < half {
-                run(HostThread::part(me, half), schedule, &hooks(1), Side::Input);
+                run(HostThread::part(me, half), schedule, &hooks(1), Side::Input, share);
             } else {
-                run(HostThread::part(me - half, half), schedule, &hooks(2), Side::Output);
+                run(HostThread::part(me - half, half), schedule, &hooks(2), Side::Output, share);
             }
         }
     }
     #[cfg(target_arch = "amdgpu")]
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        run(crate::grid::DeviceGrid, schedule, &DeviceHooks { barrier: 0, threads: DEVICE_THREADS }, Side::Both)
-    };
+    {
+        let (threads, hooks) = (DEVICE_THREADS as usize, DeviceHooks { barrier: 0, threads: DEVICE_THREADS });
+        // SAFETY: forwarded from the caller.
+        unsafe { run(HostThread::part(me, threads), schedule, &hooks, Side::Both, share) };
+    }
 }
 
 /// Device address `at` as a pointer.
@@ -294,11 +315,57 @@ unsafe fn counter<'a>(at: u64) -> &'a AtomicU32 {
     unsafe { AtomicU32::from_ptr(ptr(at).cast::<u32>()) }
 }
 
+/// One block of a mover launch. Every block copies its share of every chunk (the copies run
+/// over the threads of all the blocks' sides, `Spread`), so a chunk is in flight from every
+/// block at once, as a copy engine would move it. A block then writes the chunk's number to its
+/// word of the side's arrival words (`arrived_in`, `arrived_out`), and block 0, once every
+/// block's word has reached the chunk, raises the ring's counter for it (and `done` after the
+/// last chunk), so the counters read as if one block had run. Only block 0 waits for the
+/// others, and only for chunks they were given, so the blocks need not move in step; but block
+/// 0 does wait: every block of a launch must be resident at once (a cooperative launch), or it
+/// could wait for one that never starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// This block's number.
+    pub block: usize,
+    /// Blocks in the launch (at least one).
+    pub blocks: usize,
+}
+
+impl Share {
+    /// The whole schedule, as one block.
+    pub const ALL: Share = Share { block: 0, blocks: 1 };
+}
+
+/// The most blocks a mover is launched as (the arrival words a schedule points to).
+pub const MAX_BLOCKS: usize = 32;
+
+/// The threads of one side of every block of a launch, as one grid: thread `t` of block `b`'s
+/// side is thread `b × threads + t` (what the copies partition).
+#[derive(Clone, Copy, Debug)]
+struct Spread<G> {
+    grid: G,
+    share: Share,
+}
+
+impl<G: Grid> Grid for Spread<G> {
+    #[inline(always)]
+    fn index(self) -> usize {
+        self.share.block * self.grid.size() + self.grid.index()
+    }
+
+    #[inline(always)]
+    fn size(self) -> usize {
+        self.share.blocks.max(1) * self.grid.size()
+    }
+}
+
 /// One mover thread's view of a schedule.
 struct Mover<'a, G, H> {
     grid: G,
     s: &'a Schedule,
     hooks: &'a H,
+    share: Share,
 }
 
 impl<G: Grid, H: Hooks> Mover<'_, G, H> {
@@ -318,17 +385,74 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
         self.hooks.barrier();
     }
 
-    /// Every thread's writes so far are done; thread 0 stores `value` to `flag` with release.
+    /// The end of a side's step for chunk `k`: every thread's copies are done, and thread 0
+    /// hands the chunk on. With several blocks, a block other than 0 writes the chunk's number
+    /// to its word of `arrived`, and block 0 first waits for every other block's word to reach
+    /// it. Block 0 then stores the chunk's value to `flag` with release, once `flag` has
+    /// reached `before` (if given: the earlier operations' value), then `done` if `ends` and `k`
+    /// is the last chunk.
     ///
     /// # Safety
     /// As [`run`].
     #[inline(always)]
-    unsafe fn signal(&self, flag: u64, value: u32) {
+    unsafe fn publish(&self, k: usize, flag: u64, arrived: u64, before: Option<u32>, ends: bool) {
         self.hooks.barrier();
-        if self.grid.index() == 0 {
-            // SAFETY: a counter of the schedule (the caller's guarantee).
-            unsafe { counter(flag) }.store(value, Ordering::Release);
-            self.hooks.wrote();
+        if self.grid.index() != 0 {
+            return;
+        }
+        let (s, share) = (self.s, self.share);
+        // SAFETY: counters of the schedule (the caller's guarantee); `arrived` holds
+        // `MAX_BLOCKS` words with several blocks, which are at most that many.
+        unsafe {
+            if share.blocks > 1 {
+                let chunk = s.place.first.wrapping_add(k as u64 + 1);
+                let word = |b: usize| AtomicU64::from_ptr(ptr(arrived).cast::<u64>().add(b));
+                if share.block != 0 {
+                    if share.block < MAX_BLOCKS {
+                        word(share.block).store(chunk, Ordering::Release);
+                    }
+                    return;
+                }
+                for b in 1..share.blocks.min(MAX_BLOCKS) {
+                    let word = word(b);
+                    self.hooks.wait_until(|| word.load(Ordering::Acquire) >= chunk, chunk);
+                }
+            }
+            let flag = counter(flag);
+            if let Some(before) = before
+                && !reached(flag.load(Ordering::Acquire), before)
+            {
+                self.hooks.wait(flag, before);
+            }
+            flag.store(s.place.flag(k), Ordering::Release);
+            if ends && k + 1 == s.chunks {
+                counter(s.done).store(1, Ordering::Release);
+            }
+        }
+        self.hooks.wrote();
+    }
+
+    /// An operation of no chunks: the first block raises `done` (once *drained* has reached
+    /// `after`, unless it only sends).
+    ///
+    /// # Safety
+    /// As [`run`].
+    #[inline(always)]
+    unsafe fn finish_empty(&self) {
+        let s = self.s;
+        if s.chunks > 0 || self.share.block != 0 {
+            return;
+        }
+        // SAFETY: counters of the schedule (the caller's guarantee).
+        unsafe {
+            if s.early == 0 {
+                self.wait(s.drained, s.after);
+            }
+            self.hooks.barrier();
+            if self.grid.index() == 0 {
+                counter(s.done).store(1, Ordering::Release);
+                self.hooks.wrote();
+            }
         }
     }
 
@@ -338,6 +462,13 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
         let s = self.s;
         let send = s.ring + s.place.offset(k);
         (send, send + (s.send_parts * s.len_of(k) * s.sz) as u64)
+    }
+
+    /// Runs this block's share of a copy of `bytes` in all (the blocks' sides as one grid).
+    #[inline(always)]
+    fn copy_share<F: FnOnce(Spread<G>)>(&self, bytes: usize, to_host: bool, copy: F) {
+        let spread = Spread { grid: self.grid, share: self.share };
+        self.hooks.copy(bytes.div_ceil(self.share.blocks.max(1)), to_host, || copy(spread));
     }
 
     /// Waits for chunk `k`'s cells, copies its input rows into them, raises *staged*.
@@ -362,15 +493,16 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
                 let row = input.chunk_len(k, s.chunk_elems) * s.sz;
                 let src = input.ptr + (k * s.chunk_elems * s.sz) as u64;
                 let (dst, src, pitch) = (ptr(dst), ptr(src).cast_const(), input.pitch * s.sz);
-                self.hooks.copy(row * input.parts, true, || {
-                    copy_2d_unrolled::<_, UNROLL>(self.grid, dst, len * s.sz, src, pitch, row, input.parts)
+                self.copy_share(row * input.parts, true, |grid| {
+                    copy_2d_unrolled::<_, UNROLL>(grid, dst, len * s.sz, src, pitch, row, input.parts)
                 });
             }
-            self.signal(s.staged, s.place.flag(k));
+            self.publish(k, s.staged, s.arrived_in, None, s.early != 0);
         }
     }
 
-    /// Waits for chunk `k`'s MPI part, copies its result rows back, raises *drained*.
+    /// Waits for chunk `k`'s MPI part, copies its result rows back, raises *drained* (chunk 0
+    /// once the earlier operations' chunks, copied back on other streams, are).
     ///
     /// # Safety
     /// As [`run`].
@@ -386,11 +518,11 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
                 let row = output.chunk_len(k, s.chunk_elems) * s.sz;
                 let dst = output.ptr + (k * s.chunk_elems * s.sz) as u64;
                 let (dst, src, pitch) = (ptr(dst), ptr(recv).cast_const(), output.pitch * s.sz);
-                self.hooks.copy(row * output.parts, false, || {
-                    copy_2d_unrolled::<_, UNROLL>(self.grid, dst, pitch, src, len * s.sz, row, output.parts)
+                self.copy_share(row * output.parts, false, |grid| {
+                    copy_2d_unrolled::<_, UNROLL>(grid, dst, pitch, src, len * s.sz, row, output.parts)
                 });
             }
-            self.signal(s.drained, s.place.flag(k));
+            self.publish(k, s.drained, s.arrived_out, (k == 0).then_some(s.after), true);
         }
     }
 }
@@ -401,80 +533,76 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
 /// through a `u128`.
 const UNROLL: usize = if cfg!(any(target_arch = "nvptx64", target_arch = "amdgpu")) { 4 } else { 1 };
 
-/// Threads per block of a GPU mover launch (one block: its barriers are the block's).
+/// Threads per block of a GPU mover launch (its two sides' barriers count on them).
 pub const DEVICE_THREADS: u32 = 512;
 
 /// Which steps of a schedule a mover's threads run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
     /// Every step, each chunk's input side `ahead` chunks in front of its output side (the
-    /// order the copy-engine path queues them in), then `done`.
+    /// order the copy-engine path queues them in).
     Both,
-    /// The input side of every chunk (and `done`, for an operation that only sends).
+    /// The input side of every chunk (which ends the operation, for one that only sends).
     Input,
-    /// The output side of every chunk, then `done` (nothing, for an operation that only
-    /// sends). Runs at the same time as the input side: the input side waits for cells the
+    /// The output side of every chunk (nothing, for an operation that only sends). Runs at the same time as the input side: the input side waits for cells the
     /// output side hands back.
     Output,
 }
 
-/// Runs side `side` of schedule `s`; both sides raise `done` to 1 between them at the end.
-/// Before its first *drained*, the output side waits until *drained* has reached `after` (the
-/// earlier operations' chunks are copied back), so *drained* only grows, whichever streams the
-/// earlier ones ran on.
+/// Runs side `side` of block `share` of schedule `s` (see [`Share`]); block 0 raises `done` to 1
+/// once the last chunk is through. Before it raises *drained* for chunk 0, the output side waits
+/// until *drained* has reached `after` (the earlier operations' chunks are copied back), so
+/// *drained* only grows, whichever streams the earlier ones ran on.
 ///
 /// # Safety
 /// Every address of `s` is as the schedule says, for the whole run: `input` rows readable and
 /// `output` rows writable device memory, no other thread writing them; the ring's cells the
 /// chunks occupy, touched by no one else between the waits that give them to the mover and the
-/// counters it raises; the counters and `done` live, aligned and accessed atomically by
-/// everyone. The counters are raised by the proxy thread (or by work that cannot wait for this
-/// run), so the waits end; a [`Side::Input`] run has a [`Side::Output`] run of the same
-/// schedule beside it, running at the same time. Every thread of a side runs it with the same
-/// `s` and `hooks`, whose barrier spans them all (one side of a block on a GPU, one thread on
-/// the host).
-pub unsafe fn run<G: Grid, H: Hooks>(grid: G, s: &Schedule, hooks: &H, side: Side) {
-    let m = Mover { grid, s, hooks };
+/// counters it raises; the counters and `done` (and with several blocks, at most
+/// [`MAX_BLOCKS`], the [`MAX_BLOCKS`] 8-byte words of `arrived_in` and of `arrived_out`, each
+/// at most the operation's first chunk number, touched by no other mover while this one runs)
+/// live, aligned and accessed atomically by everyone. The counters are raised by the proxy
+/// thread (or by work that cannot wait for this run), so the waits end; a [`Side::Input`] run
+/// has a [`Side::Output`] run of the same schedule and block beside it, and every block of
+/// `share.blocks` runs beside this one, all at the same time. Every thread of a side runs it
+/// with the same `s`, `hooks` and `share`, whose barrier spans them all (one side of a block on
+/// a GPU, one thread on the host), with `share.block < share.blocks <= MAX_BLOCKS`.
+pub unsafe fn run<G: Grid, H: Hooks>(grid: G, s: &Schedule, hooks: &H, side: Side, share: Share) {
+    let m = Mover { grid, s, hooks, share };
     let (chunks, ahead, early) = (s.chunks, s.ahead(), s.early != 0);
     // SAFETY: forwarded from the caller throughout.
     unsafe {
         match side {
+            Side::Input | Side::Both if early => {
+                for k in 0..chunks {
+                    m.stage_in(k);
+                }
+            }
+            Side::Output if early => return,
             Side::Input => {
                 for k in 0..chunks {
                     m.stage_in(k);
                 }
-                if early {
-                    m.signal(s.done, 1);
-                }
+                return;
             }
-            Side::Output if early => {}
             Side::Output => {
-                m.wait(s.drained, s.after);
                 for k in 0..chunks {
                     m.stage_out(k);
                 }
-                m.signal(s.done, 1);
-            }
-            Side::Both if early => {
-                for k in 0..chunks {
-                    m.stage_in(k);
-                }
-                m.signal(s.done, 1);
             }
             Side::Both => {
                 for k in 0..ahead.min(chunks) {
                     m.stage_in(k);
                 }
-                m.wait(s.drained, s.after);
                 for k in 0..chunks {
                     m.stage_out(k);
                     if k + ahead < chunks {
                         m.stage_in(k + ahead);
                     }
                 }
-                m.signal(s.done, 1);
             }
         }
+        m.finish_empty();
     }
 }
 

@@ -47,8 +47,8 @@ pub mod fixed {
     pub const STREAM_WAIT: &str = "duralumin_stream_wait";
     /// [`crate::flag::signal`]: `(flag, value: u32)`.
     pub const SIGNAL: &str = "duralumin_signal";
-    /// [`crate::mover::run`]: the schedule as its `Schedule::WORDS` words, launched as one
-    /// block of `mover::DEVICE_THREADS` threads.
+    /// [`crate::mover::run`]: the schedule as its `Schedule::WORDS` words, launched as blocks of
+    /// `mover::DEVICE_THREADS` threads (cooperatively when there are several).
     pub const MOVER: &str = "duralumin_mover";
     /// All of them.
     pub const ALL: [&str; 6] = [COPY_2D, PACK_SEGMENTS, UNPACK_SEGMENTS, STREAM_WAIT, SIGNAL, MOVER];

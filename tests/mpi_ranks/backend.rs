@@ -262,8 +262,10 @@ pub fn small_chunks() -> HostTransferConfig {
         // Allreduces up to 64 bytes (counts 0, 1 and 7 of most types) reduce on the device; larger ones in MPI.
         .with_device_reduce_max_bytes(64)
         // Operations of 3 chunks or more run as one mover, smaller ones on the copy streams:
-        // both paths, one after the other on the same ring.
+        // both paths, one after the other on the same ring; on a GPU (cudasim) as 3 blocks
+        // sharing the chunks (the host device runs one).
         .with_mover_min_chunks(Some(3))
+        .with_mover_blocks(3)
 }
 
 impl HostTransfer {

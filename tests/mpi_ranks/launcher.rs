@@ -127,7 +127,13 @@ fn device_trials(cluster: &Cluster) -> Vec<Trial> {
         // device changes only the staging, which this trial and cudasim_np* cover.
         let no_sim = sim.is_none() && !required;
         trials.push(cluster.trial("cluster_cudasim_2x2".into(), "2x2", 4, "cuda", sim_env, no_sim));
-        let one_queue = vec![("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()), representative()];
+        // One hardware queue, on a device that refuses cooperative launches: multi-block
+        // movers fall back to one block.
+        let one_queue = vec![
+            ("CUDA_DEVICE_MAX_CONNECTIONS", "1".to_string()),
+            ("CUDASIM_FAIL_CALLS", "cuLaunchCooperativeKernel".to_string()),
+            representative(),
+        ];
         trials.push(on_sim("cudasim_maxconn1_np2".into(), 2, "cuda", one_queue, timeout()));
         // The NCCL backend on a GPU with a real NCCL (ignored without them), and on cudasim
         // with its NCCL, ncclsim (2.28: native all-to-all, gather and scatter), at 1..5 ranks;

@@ -240,8 +240,9 @@ impl<D: Device> Copies<D> {
     /// The operation as one mover's schedule: a staged operation whose input and output (if
     /// any) are device rows and whose results are copied back as they are (no device
     /// reduction); `None` for any other, which the copy-engine path queues. `ring` is the
-    /// device address of the ring's first cell.
-    pub(super) fn schedule(&self, ring: DevicePtr) -> Option<Schedule> {
+    /// device address of the ring's first cell, `arrived` the device addresses of the ring's
+    /// arrival words of a mover's blocks (input and output side).
+    pub(super) fn schedule(&self, ring: DevicePtr, arrived: [u64; 2]) -> Option<Schedule> {
         let (g, place) = (&self.geo, self.geo.place?);
         let ((drained, free), None, None) = (self.ring?, g.direct, self.device_reduce) else { return None };
         let rows = |region: Option<&Region>| match region {
@@ -273,14 +274,17 @@ impl<D: Device> Copies<D> {
             drained: drained.device_ptr().addr(),
             free: free.device_ptr().addr(),
             done: self.done.device_ptr().addr(),
+            arrived_in: arrived[0],
+            arrived_out: arrived[1],
         })
     }
 
-    /// Queues the operation as one mover on the input stream (see [`Copies::schedule`]).
+    /// Queues the operation as one mover on the input stream (see [`Copies::schedule`]), as up
+    /// to `blocks` blocks that share every chunk's copies.
     ///
     /// # Safety
     /// As [`Copies::stage_in`]; `schedule` is this operation's.
-    pub(super) unsafe fn queue_mover(&self, schedule: Schedule) -> Result<()> {
+    pub(super) unsafe fn queue_mover(&self, schedule: Schedule, blocks: usize) -> Result<()> {
         let keep = [self.input.as_ref().map(|i| &i.0), self.output.as_ref()]
             .into_iter()
             .flatten()
@@ -294,8 +298,10 @@ impl<D: Device> Copies<D> {
         // state the operation holds keeps alive. The proxy thread raises *output* and *free*
         // (the latter once a chunk's MPI part is over and it is drained: by this mover, or by
         // earlier operations' work queued before it), and earlier operations' work raises the
-        // *drained* its output side waits for first.
-        unsafe { self.device.queue_mover(&self.ins, schedule, keep) }
+        // *drained* its output side waits for first. The arrival words are the ring's too; every
+        // mover of the communicator runs on this stream, so no two use them at once, and they
+        // hold earlier chunks' numbers, which only grow.
+        unsafe { self.device.queue_mover(&self.ins, schedule, blocks.max(1), keep) }
     }
 
     /// Blocks until what was queued on the two streams has run (after a failure, once its

@@ -107,8 +107,8 @@ pub struct HostTransferConfig {
     /// as point-to-point messages) always use full chunks. At least 1.
     pub pipeline_chunks: usize,
     /// Cells of the staging ring, a power of two: the communicator holds `ring_cells ×
-    /// chunk_bytes` of pinned memory from its creation on, and as many chunks can be between
-    /// "copied to the host" and "copied back" at once. An operation whose one chunk needs more
+    /// chunk_bytes` of pinned memory from its creation on (and 4 KiB for its movers' blocks),
+    /// and as many chunks can be between "copied to the host" and "copied back" at once. An operation whose one chunk needs more
     /// cells than the ring has (a point-to-point list of more messages than cells) fails with
     /// [`Error::PoolExhausted`] before anything is queued.
     pub ring_cells: usize,
@@ -144,6 +144,15 @@ pub struct HostTransferConfig {
     /// operation on the host device, none on a GPU until the mover is measured there);
     /// `Some(usize::MAX)`: never.
     pub mover_min_chunks: Option<usize>,
+    /// Blocks a GPU mover is launched as, each copying its share of every chunk, so that
+    /// more copies are in flight over the bus (a read of host memory waits a bus round trip);
+    /// from 1 to 32 (`duralumin_kernels::mover::MAX_BLOCKS`). A launch takes at most one block
+    /// per multiprocessor, all resident at once (a cooperative launch), and one where the
+    /// device refuses a cooperative launch. The host device runs one, as does HIP, whose
+    /// cooperative launch of module kernels is newer than the ROCm this builds against
+    /// (`docs/host_transfer.md`,
+    /// "The mover").
+    pub mover_blocks: usize,
 }
 
 impl HostTransferConfig {
@@ -182,6 +191,7 @@ with_setters!(HostTransferConfig {
     inline_max_bytes: usize => with_inline_max_bytes,
     inline_wait: std::time::Duration => with_inline_wait,
     mover_min_chunks: Option<usize> => with_mover_min_chunks,
+    mover_blocks: usize => with_mover_blocks,
 });
 
 impl Default for HostTransferConfig {
@@ -196,6 +206,7 @@ impl Default for HostTransferConfig {
             inline_max_bytes: 64 << 10,
             inline_wait: std::time::Duration::from_micros(20),
             mover_min_chunks: None,
+            mover_blocks: 4,
         }
     }
 }
@@ -289,17 +300,22 @@ impl<D: Device> HostTransferCommunicator<D> {
                 found: "a stream of another device or context".into(),
             });
         }
-        let cell_bytes = config.cell_bytes().filter(|_| config.chunk_bytes > 0 && config.pipeline_chunks > 0);
+        let at_least_one = [config.chunk_bytes, config.pipeline_chunks, config.mover_blocks].iter().all(|&n| n > 0);
+        let blocks = config.mover_blocks <= duralumin_kernels::mover::MAX_BLOCKS;
+        let cell_bytes = config.cell_bytes().filter(|_| at_least_one && blocks);
         let Some(cell_bytes) = cell_bytes.filter(|_| config.ring_cells.is_power_of_two()) else {
             return Err(Error::InvalidConfig(
-                "chunk_bytes and pipeline_chunks must be at least 1, and ring_cells a power of two",
+                "chunk_bytes, pipeline_chunks and mover_blocks must be at least 1, mover_blocks at most 32, and \
+                 ring_cells a power of two",
             ));
         };
         let (rank, size, max_tag) = (mpi.rank(), mpi.size(), mpi.max_tag());
         let monitor = Arc::clone(mpi.monitor());
         // The pool lends whole powers of two, of at least its smallest block.
         let ring_bytes = config.ring_cells.saturating_mul(cell_bytes).max(crate::device::pool::MIN_BLOCK);
-        let pools = Pools::new(Arc::clone(&device), ring_bytes.checked_next_power_of_two().unwrap_or(ring_bytes));
+        // Room for the ring and its movers' arrival words (one smallest block).
+        let pools_bytes = ring_bytes.checked_next_power_of_two().unwrap_or(ring_bytes);
+        let pools = Pools::new(Arc::clone(&device), pools_bytes.saturating_add(crate::device::pool::MIN_BLOCK));
         let ring = ring::Ring::new(&pools, config.ring_cells, cell_bytes)?;
         Ok(HostTransferCommunicator {
             shared: Arc::new(Shared {
@@ -357,7 +373,8 @@ impl<D: Device> HostTransferCommunicator<D> {
         self.config
     }
 
-    /// The staging pool's counters: the ring (one block, lent for the communicator's life),
+    /// The staging pool's counters: the ring (two blocks, its cells and its movers' arrival
+    /// words, lent for the communicator's life),
     /// the flags in use, the high-water mark. Constant once the communicator is made, apart
     /// from the flags of operations in flight.
     pub fn pool_stats(&self) -> PoolStats {

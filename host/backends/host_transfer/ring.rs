@@ -19,6 +19,9 @@
 //! MPI part is over and (if it copies back) the output stream has drained it, which was queued
 //! before the wait. So this wait keeps the queue-order rule
 //! (`docs/architecture.md#the-queue-order-rule`).
+//!
+//! A mover of several blocks also uses the ring's arrival words, one per block and side, to
+//! hand each chunk to block 0, which raises the counters (`duralumin_kernels::mover::Share`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,10 +58,19 @@ pub(crate) struct Ring<D: Device> {
     pub(crate) output: FlagSlot<D>,
     pub(crate) drained: FlagSlot<D>,
     pub(crate) free: FlagSlot<D>,
+    /// The arrival words of a mover's blocks (see [`ARRIVAL_BYTES`]): zeroed when the ring is
+    /// made, then written only by movers, and only ever raised.
+    arrivals: Option<PinnedBlock<D>>,
+    /// The device's address of the arrival words.
+    arrivals_at: DevicePtr,
     releases: Mutex<VecDeque<Release>>,
     /// An operation was abandoned while MPI may still use the ring: it is never freed.
     leaked: AtomicBool,
 }
+
+/// Bytes of a ring's arrival words: [`mover::MAX_BLOCKS`] 8-byte words for a mover's input
+/// side and as many for its output side (`duralumin_kernels::mover::Share`).
+pub(crate) const ARRIVAL_BYTES: usize = 2 * mover::MAX_BLOCKS * size_of::<u64>();
 
 /// Where an operation's chunks lie in the ring (the arithmetic is the mover's,
 /// [`duralumin_kernels::mover::Place`]), and the host address of the ring's first cell.
@@ -87,6 +99,11 @@ impl Place {
 }
 
 impl<D: Device> Ring<D> {
+    /// The device addresses of the arrival words of a mover's blocks, input and output side.
+    pub(crate) fn arrivals(&self) -> [u64; 2] {
+        [self.arrivals_at.addr(), self.arrivals_at.offset(ARRIVAL_BYTES / 2).addr()]
+    }
+
     /// A ring of `cells` cells of `cell_bytes` (`cells` a power of two), taken from `pools`
     /// (contents unspecified: nothing reads a cell before the device or MPI wrote it).
     pub(crate) fn new(pools: &Arc<Pools<D>>, cells: usize, cell_bytes: usize) -> Result<Ring<D>> {
@@ -94,6 +111,10 @@ impl<D: Device> Ring<D> {
             .checked_mul(cell_bytes)
             .ok_or(Error::CountOverflow { what: "staging ring bytes", value: cells as u128 * cell_bytes as u128 })?;
         let block = pools.take(bytes)?;
+        let arrivals = pools.take(ARRIVAL_BYTES)?;
+        // SAFETY: the block holds at least `ARRIVAL_BYTES` and was just taken: nothing else
+        // uses it yet.
+        unsafe { std::ptr::write_bytes(arrivals.ptr(), 0, ARRIVAL_BYTES) };
         let counter = || pools.flag();
         Ok(Ring {
             base: block.ptr() as usize,
@@ -105,6 +126,8 @@ impl<D: Device> Ring<D> {
             output: counter()?,
             drained: counter()?,
             free: counter()?,
+            arrivals_at: pools.device().mapped(arrivals.ptr())?,
+            arrivals: Some(arrivals),
             releases: Mutex::default(),
             leaked: AtomicBool::new(false),
         })
@@ -177,6 +200,7 @@ impl<D: Device> Drop for Ring<D> {
     fn drop(&mut self) {
         if self.leaked.load(Ordering::Acquire) {
             std::mem::forget(self.block.take());
+            std::mem::forget(self.arrivals.take());
         }
     }
 }

@@ -389,7 +389,7 @@ impl<D: Device> HostTransferCommunicator<D> {
                 device.join(&copies.ins, stream)?;
             }
             match self.mover_schedule(copies) {
-                Some(schedule) => copies.queue_mover(schedule)?,
+                Some(schedule) => copies.queue_mover(schedule, self.config.mover_blocks)?,
                 None => copies.queue()?,
             }
             if staged {
@@ -406,7 +406,8 @@ impl<D: Device> HostTransferCommunicator<D> {
         let device = &*self.shared.device;
         let min = self.config.mover_min_chunks.or_else(|| device.mover_min_chunks()).unwrap_or(usize::MAX);
         let wanted = copies.geo.chunks >= min && device.has_mover();
-        wanted.then(|| copies.schedule(self.shared.ring.device_base)).flatten()
+        let ring = &self.shared.ring;
+        wanted.then(|| copies.schedule(ring.device_base, ring.arrivals())).flatten()
     }
 
     /// Queueing failed: lets what was queued run through (its waits released), then lets the
@@ -449,6 +450,9 @@ mod tests {
     const LIMIT: Duration = Duration::from_secs(30);
     /// The ring's counters, lent for the communicator's life.
     const RING: usize = 4;
+    /// The ring's pinned blocks (its cells, its movers' arrival words), lent for the
+    /// communicator's life.
+    const RING_BLOCKS: usize = 2;
 
     /// The trials below on one rank (MPI is initialized once per process).
     #[test]
@@ -606,7 +610,7 @@ mod tests {
         assert_eq!(dev.download(&first).unwrap(), vec![3; len]);
         assert_eq!(dev.download(&second).unwrap(), vec![3; len]);
         let end = Instant::now() + LIMIT;
-        while c.pool_stats().flags_in_use != RING || c.pool_stats().blocks_in_use != 1 {
+        while c.pool_stats().flags_in_use != RING || c.pool_stats().blocks_in_use != RING_BLOCKS {
             assert!(Instant::now() < end, "the pool still lends {:?}", c.pool_stats());
             std::thread::sleep(Duration::from_millis(1));
         }

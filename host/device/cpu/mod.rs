@@ -55,7 +55,7 @@ mod tests;
 mod wait_gate;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -389,12 +389,19 @@ impl Device for HostDevice {
         Some(1)
     }
 
-    /// One work item runs the whole schedule on the executor thread; its waits sleep until a
-    /// flag write wakes them, as the stream's own flag waits do. Like any long work item, a
+    /// One work item runs the whole schedule on the executor thread, as one block whatever
+    /// `blocks` says (the executor runs one item at a time); its waits sleep until a flag write
+    /// wakes them, as the stream's own flag waits do. Like any long work item, a
     /// thread that synchronizes with a stream sharing the executor
     /// ([`HostDevice::with_queues`]) may run it itself, and is then busy until the operation is
     /// through (or given up: abandoning it raises every counter it waits for).
-    unsafe fn queue_mover(&self, stream: &HostStream, schedule: Schedule, keep: Vec<KeepAlive>) -> Result<()> {
+    unsafe fn queue_mover(
+        &self,
+        stream: &HostStream,
+        schedule: Schedule,
+        _blocks: usize,
+        keep: Vec<KeepAlive>,
+    ) -> Result<()> {
         self.check_stream(stream)?;
         let signals = Arc::clone(&self.inner.signals);
         let queued = stream.submit(Box::new(move || {
@@ -402,7 +409,8 @@ impl Device for HostDevice {
             // SAFETY: the caller guarantees the schedule's addresses for the run, and that its
             // counters are raised by the host or by work queued before; on the host device
             // device addresses are host addresses.
-            HostGrid::SINGLE.run(|t| unsafe { mover::run(t, &schedule, &Waker(&signals), mover::Side::Both) });
+            HostGrid::SINGLE
+                .run(|t| unsafe { mover::run(t, &schedule, &Waker(&signals), mover::Side::Both, mover::Share::ALL) });
         }));
         if queued.is_ok() {
             self.inner.movers.fetch_add(1, Ordering::Relaxed);
@@ -592,8 +600,8 @@ impl HostDevice {
 struct Waker<'a>(&'a Signals);
 
 impl mover::Hooks for Waker<'_> {
-    fn wait(&self, flag: &AtomicU32, value: u32) {
-        self.0.wait_until(|| reached(flag.load(Ordering::Acquire), value));
+    fn wait_until<F: Fn() -> bool>(&self, ready: F, _value: u64) {
+        self.0.wait_until(ready);
     }
 
     fn wrote(&self) {

@@ -126,14 +126,26 @@ impl<R: Driver> Gpu<R> {
         queued.and(held)
     }
 
+    /// The blocks a mover of `wanted` blocks launches as: at most one per multiprocessor (where
+    /// one always fits, so all are resident at once) and [`mover::MAX_BLOCKS`], and one where
+    /// the driver has no cooperative launch.
+    fn mover_blocks(&self, wanted: usize) -> u32 {
+        if !R::LAUNCHES_TOGETHER {
+            return 1;
+        }
+        let most = self.units().min(u32::try_from(mover::MAX_BLOCKS).unwrap_or(1));
+        u32::try_from(wanted).unwrap_or(u32::MAX).clamp(1, most)
+    }
+
     /// Whether the mover kernel loads here (the builtin kernels were built).
     pub(crate) fn has_mover(&self) -> bool {
         self.bind().is_ok() && self.function(fixed::MOVER).is_ok()
     }
 
-    /// Launches the mover kernel on `stream` as one block, the schedule passed as its words
-    /// (the driver copies launch parameters when the launch is queued: nothing to allocate or
-    /// keep), then holds `keep` until it has run.
+    /// Launches the mover kernel on `stream` as up to `blocks` blocks (at most one per
+    /// multiprocessor, all resident at once: a cooperative launch, or one block where the driver
+    /// has none or the device refuses it), the schedule passed as its words (the driver copies launch parameters when the
+    /// launch is queued: nothing to allocate or keep), then holds `keep` until it has run.
     ///
     /// # Safety
     /// As [`crate::device::Device::queue_mover`].
@@ -141,6 +153,7 @@ impl<R: Driver> Gpu<R> {
         &self,
         stream: &R::Stream,
         schedule: Schedule,
+        blocks: usize,
         keep: Vec<KeepAlive>,
     ) -> Result<()> {
         self.check_stream(stream)?;
@@ -153,7 +166,19 @@ impl<R: Driver> Gpu<R> {
         // one of them (alive until the launch returns, which copies them); the caller guarantees
         // every address of the schedule for the run, and `keep` holds the device rows until the
         // stream has run it.
-        let queued = unsafe { self.driver().launch(stream, &function, 1, mover::DEVICE_THREADS, &mut args) };
+        let queued = unsafe {
+            let threads = mover::DEVICE_THREADS;
+            match self.mover_blocks(blocks) {
+                1 => self.driver().launch(stream, &function, 1, threads, &mut args),
+                // A device may refuse a cooperative launch (no support for it, or SMs taken by
+                // MPS or by other work's limits); a refused launch queued nothing, and one block
+                // needs no other resident.
+                n => self.driver().launch_together(stream, &function, n, threads, &mut args).or_else(|e| {
+                    tracing::debug!("a mover of {n} blocks was refused ({e}); launching it as one");
+                    self.driver().launch(stream, &function, 1, threads, &mut args)
+                }),
+            }
+        };
         let held = self.hold_others(stream, keep);
         queued.and(held)
     }

@@ -112,6 +112,8 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     const API: &'static str;
     /// The call that queues a host function, for errors.
     const HOST_FN: &'static str;
+    /// Whether [`Driver::launch_together`] launches more than one block.
+    const LAUNCHES_TOGETHER: bool;
 
     /// The device ordinal.
     fn ordinal(&self) -> usize;
@@ -206,6 +208,21 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     /// `args` point to the kernel's parameters in order, each of the parameter's type; the
     /// memory the kernel touches stays valid, and untouched by others, until it has run.
     unsafe fn launch(
+        &self,
+        stream: &Self::Stream,
+        function: &Self::Function,
+        blocks: u32,
+        threads: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()>;
+    /// Queues `function` as [`Driver::launch`] does, with every block resident on the device at
+    /// once (a cooperative launch), so that its blocks may wait for each other. `blocks` is at
+    /// most the device's multiprocessors, and one block of `threads` fits on each. Drivers that
+    /// cannot ([`Driver::LAUNCHES_TOGETHER`] false) launch one block and refuse more.
+    ///
+    /// # Safety
+    /// As [`Driver::launch`].
+    unsafe fn launch_together(
         &self,
         stream: &Self::Stream,
         function: &Self::Function,
@@ -458,6 +475,11 @@ impl<R: Driver> Gpu<R> {
         };
         functions.insert(entry.to_owned(), f.clone());
         Ok(f)
+    }
+
+    /// Multiprocessors (or compute units) of the device.
+    pub(crate) fn units(&self) -> u32 {
+        self.inner.units
     }
 
     /// Blocks of a grid-stride launch over `items` work items.
@@ -754,10 +776,11 @@ macro_rules! gpu_device {
                 &self,
                 stream: &Self::Stream,
                 schedule: duralumin_kernels::mover::Schedule,
+                blocks: usize,
                 keep: Vec<$crate::device::KeepAlive>,
             ) -> $crate::api::error::Result<()> {
                 // SAFETY: forwarded from the caller.
-                unsafe { self.gpu.queue_mover(stream, schedule, keep) }
+                unsafe { self.gpu.queue_mover(stream, schedule, blocks, keep) }
             }
 
             fn acquire(

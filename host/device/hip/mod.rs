@@ -232,6 +232,8 @@ impl Driver for Hip {
 
     const API: &'static str = "hip";
     const HOST_FN: &'static str = "hipStreamAddCallback";
+    /// `hipModuleLaunchCooperativeKernel` arrived after the ROCm this builds against (5.2).
+    const LAUNCHES_TOGETHER: bool = false;
 
     fn ordinal(&self) -> usize {
         self.ordinal
@@ -367,6 +369,24 @@ impl Driver for Hip {
     ) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe { result::module_launch_kernel(function.0, blocks, threads, stream.raw(), args) }
+    }
+
+    unsafe fn launch_together(
+        &self,
+        stream: &HipStream,
+        function: &Function,
+        blocks: u32,
+        threads: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if blocks > 1 {
+            return Err(Error::Unsupported(
+                "cooperative launches of module kernels (hipModuleLaunchCooperativeKernel is newer than the HIP \
+                 this was built against)",
+            ));
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launch(stream, function, blocks, threads, args) }
     }
 
     unsafe fn host_fn(&self, stream: &HipStream, payload: *mut c_void) -> Result<()> {
