@@ -315,9 +315,9 @@ unsafe fn counter<'a>(at: u64) -> &'a AtomicU32 {
     unsafe { AtomicU32::from_ptr(ptr(at).cast::<u32>()) }
 }
 
-/// One block of a mover launch. Every block copies its share of every chunk (the copies run
-/// over the threads of all the blocks' sides, `Spread`), so a chunk is in flight from every
-/// block at once, as a copy engine would move it. A block then writes the chunk's number to its
+/// One block of a mover launch. Every block copies its share of every chunk (the same stretch
+/// of each of the chunk's rows), so a chunk is in flight from every block at once, as a copy
+/// engine would move it. A block then writes the chunk's number to its
 /// word of the side's arrival words (`arrived_in`, `arrived_out`), and block 0, once every
 /// block's word has reached the chunk, raises the ring's counter for it (and `done` after the
 /// last chunk), so the counters read as if one block had run. Only block 0 waits for the
@@ -339,26 +339,6 @@ impl Share {
 
 /// The most blocks a mover is launched as (the arrival words a schedule points to).
 pub const MAX_BLOCKS: usize = 32;
-
-/// The threads of one side of every block of a launch, as one grid: thread `t` of block `b`'s
-/// side is thread `b × threads + t` (what the copies partition).
-#[derive(Clone, Copy, Debug)]
-struct Spread<G> {
-    grid: G,
-    share: Share,
-}
-
-impl<G: Grid> Grid for Spread<G> {
-    #[inline(always)]
-    fn index(self) -> usize {
-        self.share.block * self.grid.size() + self.grid.index()
-    }
-
-    #[inline(always)]
-    fn size(self) -> usize {
-        self.share.blocks.max(1) * self.grid.size()
-    }
-}
 
 /// One mover thread's view of a schedule.
 struct Mover<'a, G, H> {
@@ -464,11 +444,41 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
         (send, send + (s.send_parts * s.len_of(k) * s.sz) as u64)
     }
 
-    /// Runs this block's share of a copy of `bytes` in all (the blocks' sides as one grid).
+    /// Copies this block's share of `rows` rows of `row` bytes (`dst_pitch` and `src_pitch`
+    /// apart), to host memory if `to_host`: the same stretch of every row, block `b` of `n` the
+    /// bytes from `b × row / n` to `(b + 1) × row / n`, both cut down to a multiple of 64 (so
+    /// each stretch keeps the rows' alignment, and no two blocks write one cache line).
+    ///
+    /// # Safety
+    /// As [`copy_2d_unrolled`] for the whole rows.
     #[inline(always)]
-    fn copy_share<F: FnOnce(Spread<G>)>(&self, bytes: usize, to_host: bool, copy: F) {
-        let spread = Spread { grid: self.grid, share: self.share };
-        self.hooks.copy(bytes.div_ceil(self.share.blocks.max(1)), to_host, || copy(spread));
+    unsafe fn copy_share(
+        &self,
+        (dst, dst_pitch): (*mut u8, usize),
+        (src, src_pitch): (*const u8, usize),
+        (row, rows): (usize, usize),
+        to_host: bool,
+    ) {
+        let (b, n) = (self.share.block, self.share.blocks.max(1));
+        let cut = |i: usize| if i >= n { row } else { (row / n * i + row % n * i / n) & !63 };
+        let (from, to) = (cut(b), cut(b + 1));
+        if to <= from {
+            return;
+        }
+        self.hooks.copy((to - from) * rows, to_host, || {
+            // SAFETY: a stretch of every row of the caller's copy.
+            unsafe {
+                copy_2d_unrolled::<_, UNROLL>(
+                    self.grid,
+                    dst.add(from),
+                    dst_pitch,
+                    src.add(from),
+                    src_pitch,
+                    to - from,
+                    rows,
+                )
+            }
+        });
     }
 
     /// Waits for chunk `k`'s cells, copies its input rows into them, raises *staged*.
@@ -493,9 +503,7 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
                 let row = input.chunk_len(k, s.chunk_elems) * s.sz;
                 let src = input.ptr + (k * s.chunk_elems * s.sz) as u64;
                 let (dst, src, pitch) = (ptr(dst), ptr(src).cast_const(), input.pitch * s.sz);
-                self.copy_share(row * input.parts, true, |grid| {
-                    copy_2d_unrolled::<_, UNROLL>(grid, dst, len * s.sz, src, pitch, row, input.parts)
-                });
+                self.copy_share((dst, len * s.sz), (src, pitch), (row, input.parts), true);
             }
             self.publish(k, s.staged, s.arrived_in, None, s.early != 0);
         }
@@ -518,9 +526,7 @@ impl<G: Grid, H: Hooks> Mover<'_, G, H> {
                 let row = output.chunk_len(k, s.chunk_elems) * s.sz;
                 let dst = output.ptr + (k * s.chunk_elems * s.sz) as u64;
                 let (dst, src, pitch) = (ptr(dst), ptr(recv).cast_const(), output.pitch * s.sz);
-                self.copy_share(row * output.parts, false, |grid| {
-                    copy_2d_unrolled::<_, UNROLL>(grid, dst, pitch, src, len * s.sz, row, output.parts)
-                });
+                self.copy_share((dst, pitch), (src, len * s.sz), (row, output.parts), false);
             }
             self.publish(k, s.drained, s.arrived_out, (k == 0).then_some(s.after), true);
         }
