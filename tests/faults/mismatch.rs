@@ -257,6 +257,13 @@ pub fn main(backend: &str) {
     crate::mpirun::rank_case::start(me);
     let only: Option<usize> = std::env::var("MISMATCH_CASE").ok().and_then(|v| v.parse().ok());
     let mut report = Report::open(me);
+    // The last case's HostTransfer communicator, dropped only after the next case: a case in
+    // which two ranks both take themselves for the root of a broadcast ends `ok` on both with
+    // their sends unreceived, and MPI may hand a send that arrives after its communicator is
+    // freed to the next communicator given the same context id (the next case's, made right
+    // after). Kept one case longer, the sends land in the old communicator's queue and go
+    // with it.
+    let mut previous: Option<Ht> = None;
     for (i, case) in cases(n, nodes).iter().enumerate() {
         if only.is_some_and(|k| k != i) {
             continue;
@@ -282,13 +289,14 @@ pub fn main(backend: &str) {
                 let mut ht = Ht { dev, comm };
                 let r = one(i, case, &mut ht, &world);
                 world.barrier();
-                drop(ht);
+                drop(previous.replace(ht));
                 r
             }
             other => panic!("unknown backend {other}"),
         };
         report.write(&outcome);
     }
+    drop(previous);
     report.write(&format!("DONE {me}\n"));
 }
 
