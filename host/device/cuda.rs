@@ -184,7 +184,6 @@ impl Driver for Cuda {
 
     const API: &'static str = "cuda";
     const HOST_FN: &'static str = "cuLaunchHostFunc";
-    const LAUNCHES_TOGETHER: bool = true;
 
     fn ordinal(&self) -> usize {
         self.ctx.ordinal()

@@ -301,7 +301,7 @@ impl<D: Device> Copies<D> {
         // *drained* its output side waits for first. The arrival words are the ring's too; every
         // mover of the communicator runs on this stream, so no two use them at once, and they
         // hold earlier chunks' numbers, which only grow.
-        unsafe { self.device.queue_mover(&self.ins, schedule, blocks.max(1), keep) }
+        unsafe { self.device.queue_mover(&self.ins, schedule, blocks, keep) }
     }
 
     /// Blocks until what was queued on the two streams has run (after a failure, once its

@@ -108,9 +108,9 @@ pub struct HostTransferConfig {
     pub pipeline_chunks: usize,
     /// Cells of the staging ring, a power of two: the communicator holds `ring_cells ×
     /// chunk_bytes` of pinned memory from its creation on (and 4 KiB for its movers' blocks),
-    /// and as many chunks can be between "copied to the host" and "copied back" at once. An operation whose one chunk needs more
-    /// cells than the ring has (a point-to-point list of more messages than cells) fails with
-    /// [`Error::PoolExhausted`] before anything is queued.
+    /// and as many chunks can be between "copied to the host" and "copied back" at once. An
+    /// operation whose one chunk needs more cells than the ring has (a point-to-point list of
+    /// more messages than cells) fails with [`Error::PoolExhausted`] before anything is queued.
     pub ring_cells: usize,
     /// On devices whose memory the host can address (the host device), run the MPI part on
     /// the device buffers themselves instead of staging copies. V-collectives and
@@ -150,8 +150,7 @@ pub struct HostTransferConfig {
     /// per multiprocessor, all resident at once (a cooperative launch), and one where the
     /// device refuses a cooperative launch. The host device runs one, as does HIP, whose
     /// cooperative launch of module kernels is newer than the ROCm this builds against
-    /// (`docs/host_transfer.md`,
-    /// "The mover").
+    /// (`docs/host_transfer.md`, "The mover").
     pub mover_blocks: usize,
 }
 

@@ -126,13 +126,10 @@ impl<R: Driver> Gpu<R> {
         queued.and(held)
     }
 
-    /// The blocks a mover of `wanted` blocks launches as: at most one per multiprocessor (where
-    /// one always fits, so all are resident at once) and [`mover::MAX_BLOCKS`], and one where
-    /// the driver has no cooperative launch.
+    /// The blocks a mover of `wanted` blocks launches as: at least one, at most one per
+    /// multiprocessor (where one always fits, so all are resident at once) and
+    /// [`mover::MAX_BLOCKS`].
     fn mover_blocks(&self, wanted: usize) -> u32 {
-        if !R::LAUNCHES_TOGETHER {
-            return 1;
-        }
         let most = self.units().min(u32::try_from(mover::MAX_BLOCKS).unwrap_or(1));
         u32::try_from(wanted).unwrap_or(u32::MAX).clamp(1, most)
     }
@@ -144,8 +141,9 @@ impl<R: Driver> Gpu<R> {
 
     /// Launches the mover kernel on `stream` as up to `blocks` blocks (at most one per
     /// multiprocessor, all resident at once: a cooperative launch, or one block where the driver
-    /// has none or the device refuses it), the schedule passed as its words (the driver copies launch parameters when the
-    /// launch is queued: nothing to allocate or keep), then holds `keep` until it has run.
+    /// has none or the device refuses it), the schedule passed as its words (the driver copies
+    /// launch parameters when the launch is queued: nothing to allocate or keep), then holds
+    /// `keep` until it has run.
     ///
     /// # Safety
     /// As [`crate::device::Device::queue_mover`].
@@ -170,9 +168,9 @@ impl<R: Driver> Gpu<R> {
             let threads = mover::DEVICE_THREADS;
             match self.mover_blocks(blocks) {
                 1 => self.driver().launch(stream, &function, 1, threads, &mut args),
-                // A device may refuse a cooperative launch (no support for it, or SMs taken by
-                // MPS or by other work's limits); a refused launch queued nothing, and one block
-                // needs no other resident.
+                // A driver or device may refuse a cooperative launch (HIP's is newer than the
+                // ROCm this builds against; a GPU without support for it, or SMs taken by MPS);
+                // a refused launch queued nothing, and one block needs no other resident.
                 n => self.driver().launch_together(stream, &function, n, threads, &mut args).or_else(|e| {
                     tracing::debug!("a mover of {n} blocks was refused ({e}); launching it as one");
                     self.driver().launch(stream, &function, 1, threads, &mut args)

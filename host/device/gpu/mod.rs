@@ -112,8 +112,6 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     const API: &'static str;
     /// The call that queues a host function, for errors.
     const HOST_FN: &'static str;
-    /// Whether [`Driver::launch_together`] launches more than one block.
-    const LAUNCHES_TOGETHER: bool;
 
     /// The device ordinal.
     fn ordinal(&self) -> usize;
@@ -218,7 +216,7 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     /// Queues `function` as [`Driver::launch`] does, with every block resident on the device at
     /// once (a cooperative launch), so that its blocks may wait for each other. `blocks` is at
     /// most the device's multiprocessors, and one block of `threads` fits on each. Drivers that
-    /// cannot ([`Driver::LAUNCHES_TOGETHER`] false) launch one block and refuse more.
+    /// cannot launch one block and refuse more.
     ///
     /// # Safety
     /// As [`Driver::launch`].

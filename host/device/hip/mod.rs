@@ -232,8 +232,6 @@ impl Driver for Hip {
 
     const API: &'static str = "hip";
     const HOST_FN: &'static str = "hipStreamAddCallback";
-    /// `hipModuleLaunchCooperativeKernel` arrived after the ROCm this builds against (5.2).
-    const LAUNCHES_TOGETHER: bool = false;
 
     fn ordinal(&self) -> usize {
         self.ordinal
