@@ -7,17 +7,24 @@
 //! its copies queued chunk by chunk on the copy engines (the default on a GPU), and as one mover
 //! kernel per operation (`HostTransferConfig::mover_min_chunks`), with each one's enqueue time;
 //! the mover as the default number of blocks sharing the chunks (`mover_blocks`) and as one.
-//! At np >= 2 also the host MPI allreduce of the same bytes. The host thread's enqueue time per operation as the median and the
-//! slowest call. The flag release latency of both flag paths is measured first, before any
-//! communicator exists.
+//! At np >= 2 also the host MPI allreduce of the same bytes. The host thread's enqueue time per
+//! operation as the median and the slowest call. The flag release latency of both flag paths is
+//! measured first, before any communicator exists; then one table per flag path (stream memory
+//! operations, then the Rust wait and write kernels; `--flag-paths stream-mem-ops` or `kernels`
+//! runs one).
 //!
 //! Every row runs untimed warm-up repetitions, then at least 10 timed ones (`--reps N`
 //! overrides that, for the simulator's timing model in CI).
 //!
-//! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N --reps N]` relaunches
-//! itself under `mpirun` per rank count (the ranks share GPU 0). Without a CUDA device it
-//! prints `SKIPPED`. On cudasim with `CUDASIM_COPY_GBPS` set the copies take modelled time, so
-//! the fractions say how well the pipeline overlaps. Rows start with `| ` (what
+//! After each table, the targets are printed as checks, and two verdicts read off the mover
+//! columns: from which size (and so how many chunks, `HostTransferConfig::chunks_for`) the
+//! mover keeps up with the copy engines, the value for the device's `mover_min_chunks`; and what
+//! the default blocks gain over one, for `mover_blocks`.
+//!
+//! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N --reps N --flag-paths P]`
+//! relaunches itself under `mpirun` per rank count (the ranks share GPU 0). Without a CUDA
+//! device it prints `SKIPPED`. On cudasim with `CUDASIM_COPY_GBPS` set the copies take modelled
+//! time, so the fractions say how well the pipeline overlaps. Rows start with `| ` (what
 //! `scripts/gpu.sh` collects); targets are printed as checks, never asserted.
 
 #[cfg(not(feature = "cuda"))]
@@ -67,8 +74,14 @@ mod gpu {
         }
         let max = super::relaunch::flag("--max-bytes").unwrap_or_else(|| (256usize << 20).to_string());
         let reps = super::relaunch::flag("--reps").unwrap_or_default();
+        let paths = super::relaunch::flag("--flag-paths").unwrap_or_default();
         for np in super::relaunch::rank_counts("1,2") {
-            relaunch(np, &[("DURALUMIN_BENCH_MAX", max.clone()), ("DURALUMIN_BENCH_REPS", reps.clone())], &[]);
+            let env = [
+                ("DURALUMIN_BENCH_MAX", max.clone()),
+                ("DURALUMIN_BENCH_REPS", reps.clone()),
+                ("DURALUMIN_BENCH_FLAG_PATHS", paths.clone()),
+            ];
+            relaunch(np, &env, &[]);
         }
     }
 
@@ -116,177 +129,317 @@ mod gpu {
         }
     }
 
+    /// The flag paths to measure: both, or the one `--flag-paths stream-mem-ops|kernels` names.
+    fn flag_paths() -> Vec<FlagPath> {
+        match std::env::var("DURALUMIN_BENCH_FLAG_PATHS").as_deref() {
+            Ok("stream-mem-ops") => vec![FlagPath::StreamMemOps],
+            Ok("kernels") => vec![FlagPath::Kernels],
+            _ => vec![FlagPath::StreamMemOps, FlagPath::Kernels],
+        }
+    }
+
+    /// One size's times, microseconds (the slowest rank's).
+    struct Row {
+        bytes: usize,
+        bound: f64,
+        pipelined: f64,
+        whole: f64,
+        manual: f64,
+        mpi: Option<f64>,
+        /// Enqueue of the pipelined operation, median and slowest call.
+        enqueue: (f64, f64),
+        mover: f64,
+        mover_enqueue: (f64, f64),
+        one_block: f64,
+    }
+
+    /// What every table's rows use: the GPU buffers, pinned host memory and two streams.
+    struct Setup {
+        world: SimpleCommunicator,
+        ctx: Arc<CudaContext>,
+        stream: Arc<CudaStream>,
+        other: Arc<CudaStream>,
+        buf: CudaSlice<f32>,
+        spare: CudaSlice<f32>,
+        p_in: Pinned,
+        p_out: Pinned,
+        top: usize,
+    }
+
     fn rank_main() {
         let universe = duralumin::init().expect("init");
         let world = universe.world();
-        let (me, np) = (world.rank(), usize::try_from(world.size()).expect("an MPI size"));
         let max: usize = std::env::var("DURALUMIN_BENCH_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(256 << 20);
         let ctx = CudaContext::new(0).expect("CUDA context");
-        let name = ctx.name().unwrap_or_else(|_| "an unnamed device".into());
         // Before any communicator exists: the flag round trip of both paths.
         let mut latency = Vec::new();
         for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
             latency.push((path, max_over(&world, release_latency(&ctx, path))));
         }
-        let dev = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
+        let base = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
         let (stream, other) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
         let top = SIZES.into_iter().filter(|&s| s <= max).max().unwrap_or(4 << 10);
-        let mut buf: CudaSlice<f32> = stream.alloc_zeros(top / 4).expect("device buffer");
-        let mut spare: CudaSlice<f32> = stream.alloc_zeros(top / 4).expect("device buffer");
-        let (mut p_in, mut p_out) = (Pinned::new(&dev, top), Pinned::new(&dev, top));
-        let dptr = |b: &mut CudaSlice<f32>| {
-            let (p, _sync) = b.device_ptr(&stream);
-            duralumin::device::DevicePtr::new(p)
+        let mut setup = Setup {
+            buf: stream.alloc_zeros(top / 4).expect("device buffer"),
+            spare: stream.alloc_zeros(top / 4).expect("device buffer"),
+            p_in: Pinned::new(&base, top),
+            p_out: Pinned::new(&base, top),
+            world,
+            ctx,
+            stream,
+            other,
+            top,
         };
-        let (ptr, spare_ptr) = (dptr(&mut buf), dptr(&mut spare));
-        let sync = || {
-            stream.synchronize().expect("synchronize");
-            other.synchronize().expect("synchronize");
-        };
-        if me == 0 {
-            // The device's name says when this ran on the driver simulator ("cudasim (CPU)"),
-            // whose numbers are the CPU's (or its timing model's, with CUDASIM_COPY_GBPS).
-            let model = std::env::var("CUDASIM_COPY_GBPS").map_or(String::new(), |g| format!(", copy model {g} GB/s"));
-            println!("\n== np = {np} (ranks share GPU 0: {name}{model}), flag path {:?} ==", dev.flag_path());
-            for (path, us) in &latency {
-                println!("| stream-wait release + signal round trip, {path:?} | {us:.1} us |");
+        for path in flag_paths() {
+            let dev = CudaDevice::with_flag_path(Arc::clone(&setup.ctx), path).expect("CUDA device");
+            header(&setup, &dev, &latency);
+            let comms = Comms::new(&setup, &dev);
+            let sizes = SIZES.into_iter().filter(|&s| s <= max);
+            let rows: Vec<Row> = sizes.map(|bytes| row(&mut setup, &dev, &comms, bytes)).collect();
+            if setup.world.rank() == 0 {
+                report(&rows, &dev);
             }
-            println!(
-                "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us | one-block mover fraction |"
-            );
         }
+    }
 
-        let comm = |config: HostTransferConfig| {
-            HostTransferCommunicator::with_config(&world, dev.clone(), Arc::clone(&stream), config)
-                .expect("communicator")
-        };
-        let pipelined = comm(HostTransferConfig::default());
-        // The same chunks, each operation's device side one mover kernel.
-        let mover = comm(HostTransferConfig::default().with_mover_min_chunks(Some(1)));
-        let one_block = comm(HostTransferConfig::default().with_mover_min_chunks(Some(1)).with_mover_blocks(1));
-        if me == 0 && !dev.has_mover() {
+    /// The table's title and column heads (rank 0).
+    fn header(setup: &Setup, dev: &CudaDevice, latency: &[(FlagPath, f64)]) {
+        if setup.world.rank() != 0 {
+            return;
+        }
+        // The device's name says when this ran on the driver simulator ("cudasim (CPU)"),
+        // whose numbers are the CPU's (or its timing model's, with CUDASIM_COPY_GBPS).
+        let name = setup.ctx.name().unwrap_or_else(|_| "an unnamed device".into());
+        let model = std::env::var("CUDASIM_COPY_GBPS").map_or(String::new(), |g| format!(", copy model {g} GB/s"));
+        let np = setup.world.size();
+        println!("\n== np = {np} (ranks share GPU 0: {name}{model}), flag path {:?} ==", dev.flag_path());
+        for (path, us) in latency {
+            println!("| stream-wait release + signal round trip, {path:?} | {us:.1} us |");
+        }
+        if dev.has_mover() {
+            let blocks = HostTransferConfig::default().mover_blocks;
+            println!("| mover blocks | {blocks} (at most one per multiprocessor) |");
+        } else {
             println!("| mover | not loaded (the device kernels were not built): its columns time the copy engines |");
-        } else if me == 0 {
-            println!(
-                "| mover blocks | {} (at most one per multiprocessor) |",
-                HostTransferConfig::default().mover_blocks
-            );
         }
-        // Aluminum's method: one chunk of the whole buffer, in place (one ring cell).
-        let whole =
-            comm(HostTransferConfig::default().with_chunk_bytes(top).with_pipeline_chunks(1).with_ring_cells(1));
+        println!(
+            "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us | one-block mover fraction |"
+        );
+    }
+
+    /// The communicators a table compares, on one device (flag path).
+    struct Comms {
+        /// The default settings: copies queued chunk by chunk on the copy engines.
+        pipelined: HostTransferCommunicator<CudaDevice>,
+        /// The same chunks, each operation's device side one mover kernel, of the default
+        /// blocks and of one.
+        mover: HostTransferCommunicator<CudaDevice>,
+        one_block: HostTransferCommunicator<CudaDevice>,
+        /// Aluminum's method: one chunk of the whole buffer, in place (one ring cell).
+        whole: HostTransferCommunicator<CudaDevice>,
+    }
+
+    impl Comms {
+        fn new(setup: &Setup, dev: &CudaDevice) -> Comms {
+            let comm = |config: HostTransferConfig| {
+                HostTransferCommunicator::with_config(&setup.world, dev.clone(), Arc::clone(&setup.stream), config)
+                    .expect("communicator")
+            };
+            let mover = HostTransferConfig::default().with_mover_min_chunks(Some(1));
+            let whole = HostTransferConfig::default().with_chunk_bytes(setup.top).with_pipeline_chunks(1);
+            Comms {
+                pipelined: comm(HostTransferConfig::default()),
+                mover: comm(mover),
+                one_block: comm(mover.with_mover_blocks(1)),
+                whole: comm(whole.with_ring_cells(1)),
+            }
+        }
+    }
+
+    /// Measures one size and prints its row (rank 0).
+    fn row(setup: &mut Setup, dev: &CudaDevice, comms: &Comms, bytes: usize) -> Row {
+        let r = reps(bytes);
+        let bound = copy_bound(setup, dev, bytes, r);
+        let (t_manual, t_mpi) = (manual(setup, dev, bytes, r), host_mpi(setup, bytes, r));
+        let Setup { world, buf, .. } = setup;
+        let mut view = buf.slice_mut(0..bytes / 4);
+        // An allreduce's time per operation, and its calls' enqueue times (median, slowest).
+        let mut staged = |comm: &HostTransferCommunicator<CudaDevice>| {
+            let mut calls = Vec::new();
+            let op = || {
+                let t = Instant::now();
+                comm.allreduce_in_place(&mut view, Sum).expect("allreduce");
+                calls.push(t.elapsed());
+            };
+            let t = time_us(world, r, op, || comm.synchronize().expect("synchronize"));
+            (t, spread(world, &calls))
+        };
+        let (pipelined, enqueue) = staged(&comms.pipelined);
+        let (mover, mover_enqueue) = staged(&comms.mover);
+        let one_block = staged(&comms.one_block).0;
+        let whole = staged(&comms.whole).0;
+        let out = Row {
+            bytes,
+            bound,
+            pipelined,
+            whole,
+            manual: t_manual,
+            mpi: t_mpi,
+            enqueue,
+            mover,
+            mover_enqueue,
+            one_block,
+        };
+        if world.rank() == 0 {
+            print_row(&out);
+        }
+        out
+    }
+
+    /// The bound: a device-to-host and a host-to-device copy of `bytes` at once, on two streams.
+    fn copy_bound(setup: &mut Setup, dev: &CudaDevice, bytes: usize, reps: usize) -> f64 {
+        let shape = Copy2d::contiguous(bytes);
+        let (ptr, spare) = (dptr(&mut setup.buf, &setup.stream), dptr(&mut setup.spare, &setup.stream));
+        let (p_in, p_out) = (setup.p_in.ptr, setup.p_out.ptr);
+        let (stream, other) = (&setup.stream, &setup.other);
+        let op = || {
+            // SAFETY: each side holds at least `bytes` bytes and outlives the synchronized
+            // copies; the two copies touch different buffers.
+            unsafe {
+                dev.copy_d2h(stream, p_in, ptr, shape, None).expect("d2h");
+                dev.copy_h2d(other, spare, p_out, shape, None).expect("h2d");
+            }
+        };
+        time_us(&setup.world, reps, op, || sync(stream, other))
+    }
+
+    /// The manual way: synchronize, copy out, `MPI_Allreduce`, copy back, synchronize.
+    fn manual(setup: &mut Setup, dev: &CudaDevice, bytes: usize, reps: usize) -> f64 {
+        let (shape, n) = (Copy2d::contiguous(bytes), bytes / 4);
+        let ptr = dptr(&mut setup.buf, &setup.stream);
+        let Setup { world, stream, other, p_in, p_out, .. } = setup;
+        let op = || {
+            // SAFETY: both sides hold `bytes` bytes; the stream is synchronized before the host
+            // touches the pinned buffers.
+            unsafe { dev.copy_d2h(stream, p_in.ptr, ptr, shape, None) }.expect("d2h");
+            sync(stream, other);
+            let src = p_in.f32s(n).to_vec();
+            world.all_reduce_into(&src[..], p_out.f32s(n), SystemOperation::sum());
+            // SAFETY: as above.
+            unsafe { dev.copy_h2d(stream, ptr, p_out.ptr, shape, None) }.expect("h2d");
+            sync(stream, other);
+        };
+        time_us(world, reps, op, || {})
+    }
+
+    /// The host MPI allreduce of the same bytes, at np >= 2.
+    fn host_mpi(setup: &mut Setup, bytes: usize, reps: usize) -> Option<f64> {
+        let n = bytes / 4;
+        let Setup { world, p_out, .. } = setup;
+        (world.size() > 1).then(|| {
+            let src = vec![1.0f32; n];
+            time_us(world, reps, || world.all_reduce_into(&src[..], p_out.f32s(n), SystemOperation::sum()), || {})
+        })
+    }
+
+    fn dptr(buf: &mut CudaSlice<f32>, stream: &Arc<CudaStream>) -> duralumin::device::DevicePtr {
+        let (p, _sync) = buf.device_ptr(stream);
+        duralumin::device::DevicePtr::new(p)
+    }
+
+    fn sync(stream: &CudaStream, other: &CudaStream) {
+        stream.synchronize().expect("synchronize");
+        other.synchronize().expect("synchronize");
+    }
+
+    /// The timed calls' enqueue times (the warm-up's left out): median and slowest, the slowest
+    /// rank's.
+    fn spread(world: &SimpleCommunicator, calls: &[Duration]) -> (f64, f64) {
+        let mut timed: Vec<f64> = calls[WARM_UP..].iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        timed.sort_by(f64::total_cmp);
+        (max_over(world, timed[timed.len() / 2]), max_over(world, timed[timed.len() - 1]))
+    }
+
+    fn print_row(r: &Row) {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2}x | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            r.bytes,
+            r.bound,
+            r.pipelined,
+            r.bound / r.pipelined,
+            r.whole,
+            r.bound / r.whole,
+            r.whole / r.pipelined,
+            r.manual,
+            r.mpi.map_or("-".into(), |t| format!("{t:.1}")),
+            r.enqueue.0,
+            r.enqueue.1,
+            r.mover,
+            r.bound / r.mover,
+            r.mover_enqueue.0,
+            r.mover_enqueue.1,
+            r.bound / r.one_block,
+        );
+    }
+
+    /// The targets as checks, then what the mover columns say for the defaults (rank 0).
+    fn report(rows: &[Row], dev: &CudaDevice) {
         let mut checks = Vec::new();
-        for bytes in SIZES.into_iter().filter(|&s| s <= max) {
-            let n = bytes / 4;
-            let r = reps(bytes);
-            let shape = Copy2d::contiguous(bytes);
-            // The bound: both directions at once, on two streams.
-            let t_bound = time_us(
-                &world,
-                r,
-                || {
-                    // SAFETY: each side holds at least `bytes` bytes and outlives the
-                    // synchronized copies; the two copies touch different buffers.
-                    unsafe {
-                        dev.copy_d2h(&stream, p_in.ptr, ptr, shape, None).expect("d2h");
-                        dev.copy_h2d(&other, spare_ptr, p_out.ptr, shape, None).expect("h2d");
-                    }
-                },
-                sync,
-            );
-            let mut view = buf.slice_mut(0..n);
-            // An allreduce's time per operation, and each call's enqueue time.
-            let mut staged = |comm: &HostTransferCommunicator<CudaDevice>| {
-                let mut calls = Vec::new();
-                let t = time_us(
-                    &world,
-                    r,
-                    || {
-                        let t = Instant::now();
-                        comm.allreduce_in_place(&mut view, Sum).expect("allreduce");
-                        calls.push(t.elapsed());
-                    },
-                    || comm.synchronize().expect("synchronize"),
-                );
-                (t, calls)
-            };
-            let (t_pipe, enqueue) = staged(&pipelined);
-            let (t_mover, mover_enqueue) = staged(&mover);
-            let (t_one_block, _) = staged(&one_block);
-            let t_whole = time_us(
-                &world,
-                r,
-                || whole.allreduce_in_place(&mut view, Sum).expect("allreduce"),
-                || whole.synchronize().expect("synchronize"),
-            );
-            // The manual way: synchronize, copy out, MPI_Allreduce, copy back, synchronize.
-            let t_manual = time_us(
-                &world,
-                r,
-                || {
-                    // SAFETY: both sides hold `bytes` bytes; the stream is synchronized before
-                    // the host touches the pinned buffers.
-                    unsafe { dev.copy_d2h(&stream, p_in.ptr, ptr, shape, None) }.expect("d2h");
-                    sync();
-                    let src = p_in.f32s(n).to_vec();
-                    world.all_reduce_into(&src[..], p_out.f32s(n), SystemOperation::sum());
-                    // SAFETY: as above.
-                    unsafe { dev.copy_h2d(&stream, ptr, p_out.ptr, shape, None) }.expect("h2d");
-                    sync();
-                },
-                || {},
-            );
-            let t_mpi = (np > 1).then(|| {
-                let src = vec![1.0f32; n];
-                time_us(&world, r, || world.all_reduce_into(&src[..], p_out.f32s(n), SystemOperation::sum()), || {})
-            });
-            // The timed calls' enqueue times (the warm-up's left out): median and slowest.
-            let spread = |calls: &[std::time::Duration]| {
-                let mut timed: Vec<f64> = calls[WARM_UP..].iter().map(|d| d.as_secs_f64() * 1e6).collect();
-                timed.sort_by(f64::total_cmp);
-                (max_over(&world, timed[timed.len() / 2]), max_over(&world, timed[timed.len() - 1]))
-            };
-            let (p50, slowest) = spread(&enqueue);
-            let (mover_p50, mover_slowest) = spread(&mover_enqueue);
-            let frac = t_bound / t_pipe;
-            let bound_both = t_mpi.map_or(t_bound, |m| m.max(t_bound));
-            if me == 0 {
-                println!(
-                    "| {bytes} | {t_bound:.1} | {t_pipe:.1} | {frac:.2} | {t_whole:.1} | {:.2} | {:.2}x | {t_manual:.1} | {} | {p50:.1} | {slowest:.1} | {t_mover:.1} | {:.2} | {mover_p50:.1} | {mover_slowest:.1} | {:.2} |",
-                    t_bound / t_whole,
-                    t_whole / t_pipe,
-                    t_mpi.map_or("-".into(), |t| format!("{t:.1}")),
-                    t_bound / t_mover,
-                    t_bound / t_one_block,
-                );
-            }
-            if bytes == top {
-                let what = format!("pipelined allreduce {} MiB, fraction of min(copy bound, host MPI)", top >> 20);
-                checks.push((what, bound_both / t_pipe, 0.8, true));
-            }
-            if bytes >= 16 << 20 {
-                checks.push((
-                    format!("pipelined speed-up over whole-buffer staging, {bytes} B"),
-                    t_whole / t_pipe,
-                    1.5,
-                    true,
-                ));
-            }
-            checks.push((format!("enqueue time {bytes} B, slowest call, us"), slowest, 10.0, false));
-            checks.push((format!("mover enqueue time {bytes} B, slowest call, us"), mover_slowest, 10.0, false));
+        if let Some(top) = rows.last() {
+            let bound = top.mpi.map_or(top.bound, |m| m.max(top.bound));
+            let what = format!("pipelined allreduce {} MiB, fraction of min(copy bound, host MPI)", top.bytes >> 20);
+            checks.push((what, bound / top.pipelined, 0.8, true));
         }
-        // The copies of the manual row used `p_in`/`p_out`; keep them alive until here.
-        drop((p_in, p_out));
-        drop((pipelined, mover, one_block, whole));
-        if me == 0 {
-            for (what, value, target, at_least) in checks {
-                let ok = if at_least { value >= target } else { value <= target };
-                let cmp = if at_least { ">=" } else { "<=" };
-                println!(
-                    "| check | {what} | {value:.2} | target {cmp} {target} | {} |",
-                    if ok { "met" } else { "MISSED" }
-                );
-            }
+        for r in rows.iter().filter(|r| r.bytes >= 16 << 20) {
+            let what = format!("pipelined speed-up over whole-buffer staging, {} B", r.bytes);
+            checks.push((what, r.whole / r.pipelined, 1.5, true));
+        }
+        for r in rows {
+            checks.push((format!("enqueue time {} B, slowest call, us", r.bytes), r.enqueue.1, 10.0, false));
+            checks.push((
+                format!("mover enqueue time {} B, slowest call, us", r.bytes),
+                r.mover_enqueue.1,
+                10.0,
+                false,
+            ));
+        }
+        for (what, value, target, at_least) in checks {
+            let ok = if at_least { value >= target } else { value <= target };
+            let cmp = if at_least { ">=" } else { "<=" };
+            let verdict = if ok { "met" } else { "MISSED" };
+            println!("| check | {what} | {value:.2} | target {cmp} {target} | {verdict} |");
+        }
+        if dev.has_mover() {
+            mover_verdict(rows);
+        }
+    }
+
+    /// What the mover columns say: from which size on (and so how many chunks) the mover keeps
+    /// up with the copy engines, for the device's `mover_min_chunks`; and whether its blocks
+    /// pay, for `mover_blocks`.
+    fn mover_verdict(rows: &[Row]) {
+        const SLACK: f64 = 1.05;
+        let config = HostTransferConfig::default();
+        // The smallest size from which the mover is within the slack at every larger size too.
+        let from = rows.iter().rposition(|r| r.mover > SLACK * r.pipelined).map_or(0, |i| i + 1);
+        match rows.get(from) {
+            Some(r) => println!(
+                "| verdict | mover_min_chunks | the mover keeps up with the copy engines (within 5 %) from {} B ({} chunks) up: set the device's mover_min_chunks to {} |",
+                r.bytes,
+                config.chunks_for(r.bytes),
+                config.chunks_for(r.bytes)
+            ),
+            None => println!(
+                "| verdict | mover_min_chunks | the mover is slower than the copy engines at the largest size: keep the device off the mover |"
+            ),
+        }
+        let large: Vec<&Row> = rows.iter().filter(|r| r.bytes >= 16 << 20).collect();
+        if !large.is_empty() {
+            let gain = large.iter().map(|r| r.one_block / r.mover).fold(f64::INFINITY, f64::min);
+            println!(
+                "| verdict | mover_blocks | {} blocks against one, from 16 MiB: at least {gain:.2}x |",
+                config.mover_blocks
+            );
         }
     }
 

@@ -8,13 +8,14 @@
 #   bash scripts/gpu.sh run      (on the GPU machine, repo root) runs every binary in gpu-bundle/
 #                                and prints one table of checks and measurements.
 #
-# With the device tool (600 s per command): run(command="bash scripts/gpu.sh run kernels sweep",
-# carry=["gpu-bundle"]), then run(command="bash scripts/gpu.sh run maxconn1 bench", ...), then
-# run(command="bash scripts/gpu.sh run nccl", ...) (or its halves, nccl_sweep and nccl_bench).
-# On a 15-minute lease, one call did nearly everything on an H100 in 408 s (docs/gpu.md):
-# DURALUMIN_GPU_STAGE_CAP=110 DURALUMIN_LAUNCH_TIMEOUT=95 bash scripts/gpu.sh run kernels sweep
-# nccl_sweep bench nccl_bench; a second call reran single trials (trial:cuda_np2 ...).
-# `bash scripts/gpu.sh` alone does both on a machine that has cargo and a GPU.
+# With the device tool (600 s per command), carry=["gpu-bundle"]. On a 15-minute lease (startup
+# included), first the call issue 40 needs, in this order so that a mover that misbehaves on
+# the GPU shows in a trial with its deadline before the bench relies on it:
+#   DURALUMIN_GPU_STAGE_CAP=240 DURALUMIN_LAUNCH_TIMEOUT=200 bash scripts/gpu.sh run kernels trial:cuda_np1 bench
+# then, with the time left, "run mps nccl_sweep" (or "trial:cuda_np2 maxconn1"), and give the
+# machine back. Earlier, on an H100, one call of kernels sweep nccl_sweep bench nccl_bench took
+# 408 s (docs/gpu.md). `bash scripts/gpu.sh` alone does everything on a machine that has cargo
+# and a GPU.
 #
 # What runs:
 # * tests/kernels_gpu.rs: every builtin (element, operator) reduce/reduce3/finish kernel and
@@ -30,7 +31,10 @@
 #   D2H+H2D copy bound measured in the same run, the host MPI allreduce at np 2, enqueue time
 #   (median and slowest), the same allreduce as one mover kernel per operation (its own
 #   columns: the default blocks, and one block), stream-wait release latency of both flag
-#   paths, at np = 1 and 2;
+#   paths, at np = 1 and 2, a table per flag path, each ending in the checks of issue 40's
+#   targets and the verdicts for the GPU's mover_min_chunks and mover_blocks;
+# * mps: the sweep at np = 3 on the Kernels flag path under MPS (nvidia-cuda-mps-control -d),
+#   where the ranks' wait kernels run side by side instead of time-slicing the GPU;
 # * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/device_ranks
 #   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
 #   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels
@@ -180,6 +184,7 @@ nccl_stages() {
         return 0
     fi
     echo "NCCL: $lib"
+    python3 -m pip show nvidia-nccl-cu13 2>/dev/null | sed -n 's/^Version: /NCCL wheel nvidia-nccl-cu13: /p' | tee -a "$log"
     local nccl_env=(env "DURALUMIN_NCCL=$lib" NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0)
     local before
     if [ "$half" != bench ]; then
@@ -227,13 +232,38 @@ nccl_stages() {
     fi
 }
 
+# The sweep at np 3 on the Kernels flag path under MPS. Without MPS the three processes
+# time-slice the GPU, and each rank's spinning wait kernel holds its slice: 260 s on an H100
+# (docs/gpu.md, 2026-11-28). The MPS control daemon is stopped again whatever the stage did.
+mps_stage() {
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        echo "NOT RUN: mps: no nvidia-cuda-mps-control" | tee -a "$log"
+        return 0
+    fi
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/duralumin-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/duralumin-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if ! nvidia-cuda-mps-control -d; then
+        echo "NOT RUN: mps: the MPS control daemon did not start" | tee -a "$log"
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+        return 0
+    fi
+    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true' EXIT
+    stage "cuda sweep np 3, Kernels flag path, under MPS" 360 env DURALUMIN_CUDA_FLAG_PATHS=kernels \
+        "$bundle_dir/bin/device_ranks" --exact cuda_np3 --nocapture
+    if grep -q 'cuda_np3 ... ignored' "$log"; then echo "SKIPPED: the mps stage found no device" >>"$log"; fi
+    echo quit | nvidia-cuda-mps-control || true
+    trap - EXIT
+    tail -n 5 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tee -a "$log" || true
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 run() {
     [ -d "$bundle_dir/bin" ] || [ ! -f "$bundle_dir/bin.tar.xz" ] || tar -C "$bundle_dir" -xJf "$bundle_dir/bin.tar.xz"
     [ -d "$bundle_dir/bin" ] || { echo "gpu.sh: no $bundle_dir/ (run 'bash scripts/gpu.sh bundle' first)"; exit 2; }
     # The stages to run (all by default). The device tool allows 600 s per command, so a call
     # can take a few: e.g. "run kernels sweep", then "run maxconn1 bench"; "trial:cuda_np2"
     # reruns one trial of tests/device_ranks.
-    local stages="${*:-kernels sweep maxconn1 bench nccl}"
+    local stages="${*:-kernels sweep maxconn1 mps bench nccl}"
     # libmpi.so.40 for the binaries: the system's if it has one (with its mpirun), else the wheel's.
     if ! { command -v mpirun >/dev/null && ldconfig -p 2>/dev/null | grep libmpi.so.40 >/dev/null; }; then
         local mpi=/tmp/duralumin-openmpi
@@ -269,7 +299,10 @@ run() {
                 # Every stream on one hardware queue (docs/architecture.md#the-queue-order-rule).
                 stage "cuda sweep np 2, one hardware queue" 300 env CUDA_DEVICE_MAX_CONNECTIONS=1 \
                     "$b/device_ranks" cuda_np2 --nocapture ;;
+            mps)
+                mps_stage ;;
             bench)
+                # Both flag paths, at np 1 and 2.
                 stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 ;;
             nccl | nccl_sweep | nccl_bench)
                 # The NCCL backend's sweep, then its bench, at np 1..3 (see the top).
@@ -277,8 +310,9 @@ run() {
                 nccl_stages /tmp/duralumin-nccl-hostid "${st#nccl_}" ;;
             trial:*)
                 # One trial of tests/device_ranks alone, its failure printed as soon as it ends.
-                stage "${st#trial:}" 360 "$b/device_ranks" --exact "${st#trial:}" --nocapture ;;
-            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, bench, nccl, nccl_sweep, nccl_bench, trial:NAME)"; exit 2 ;;
+                stage "${st#trial:}" 360 "$b/device_ranks" --exact "${st#trial:}" --nocapture
+                if grep -q "${st#trial:} ... ignored" "$log"; then echo "SKIPPED: ${st#trial:} found no device" >>"$log"; fi ;;
+            *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, mps, bench, nccl, nccl_sweep, nccl_bench, trial:NAME)"; exit 2 ;;
         esac
     done
     echo

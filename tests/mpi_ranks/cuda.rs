@@ -85,12 +85,13 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     }
 }
 
-/// The flag paths the group runs on: both, or only the stream memory operations where the
-/// launch says `DURALUMIN_CUDA_FLAG_PATHS=stream-mem-ops` (the simulated clusters: a flag path
-/// is local to a device, and both run on one node).
+/// The flag paths the group runs on: both, or the one the launch names with
+/// `DURALUMIN_CUDA_FLAG_PATHS`: `stream-mem-ops` (the simulated clusters: a flag path is local
+/// to a device, and both run on one node) or `kernels` (`scripts/gpu.sh`'s MPS stage).
 fn flag_paths() -> Vec<FlagPath> {
     match std::env::var("DURALUMIN_CUDA_FLAG_PATHS").as_deref() {
         Ok("stream-mem-ops") => vec![FlagPath::StreamMemOps],
+        Ok("kernels") => vec![FlagPath::Kernels],
         _ => vec![FlagPath::StreamMemOps, FlagPath::Kernels],
     }
 }

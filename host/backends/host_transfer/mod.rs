@@ -173,6 +173,14 @@ impl HostTransferConfig {
         count.div_ceil(self.pipeline_chunks.max(1)).clamp(smallest, full)
     }
 
+    /// Chunks a staged allreduce, reduce or broadcast of `bytes` bytes is cut into under these
+    /// settings: what [`mover_min_chunks`](Self::mover_min_chunks) counts. (Operations of
+    /// several rows per rank divide each chunk among the rows; one on the device buffers
+    /// themselves, [`direct`](Self::direct), is one chunk.)
+    pub fn chunks_for(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.chunk_elems(bytes, 1, 1, false)).max(1)
+    }
+
     /// Bytes of one ring cell: `chunk_bytes` rounded up to a cache line, so every cell starts
     /// aligned for any element.
     fn cell_bytes(&self) -> Option<usize> {
@@ -662,5 +670,12 @@ mod tests {
         assert_eq!(tiny.chunk_elems(2048, sz, 1, false), 1024, "min_chunk_bytes above chunk_bytes");
         assert_eq!(config.chunk_elems(0, sz, 1, false), 256);
         assert_eq!(config.chunk_elems(usize::MAX, 1, 1, false), 4096, "no overflow near usize::MAX");
+        // The same cut in chunks, by bytes.
+        assert_eq!(config.chunks_for(4 << 20), 1024, "large: full chunks");
+        assert_eq!(config.chunks_for(16 << 10), 4, "four full chunks");
+        assert_eq!(config.chunks_for(8 << 10), 4, "two chunks' worth cut into four");
+        assert_eq!(config.chunks_for(1500), 2, "never below min_chunk_bytes");
+        assert_eq!(config.chunks_for(0), 1);
+        assert_eq!(config.chunks_for(usize::MAX), usize::MAX.div_ceil(4096), "no overflow near usize::MAX");
     }
 }
