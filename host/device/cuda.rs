@@ -37,7 +37,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice
 use duralumin_kernels::Element;
 
 pub use super::gpu::FlagPath;
-use super::gpu::{Direction, Driver, Gpu, Home, HostBody, gpu_device};
+use super::gpu::{Direction, Driver, Gpu, Home, HostBody, Shape, gpu_device};
 use super::{DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, sealed};
 use crate::api::error::{Error, Result};
 use crate::device_code::KernelModule;
@@ -369,24 +369,18 @@ impl Driver for Cuda {
         &self,
         stream: &Arc<CudaStream>,
         function: &CudaFunction,
-        blocks: u32,
-        threads: u32,
+        shape: Shape,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { queue_launch(Launcher::Plain, stream, function, (blocks, threads), args) }
-    }
-
-    unsafe fn launch_together(
-        &self,
-        stream: &Arc<CudaStream>,
-        function: &CudaFunction,
-        blocks: u32,
-        threads: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { queue_launch(Launcher::Cooperative, stream, function, (blocks, threads), args) }
+        let (call, name): (unsafe fn(_, _, _, _, _, &mut [*mut c_void]) -> _, _) = if shape.together {
+            (cudarc::driver::result::launch_cooperative_kernel, "cuLaunchCooperativeKernel")
+        } else {
+            (cudarc::driver::result::launch_kernel, "cuLaunchKernel")
+        };
+        let (grid, block) = ((shape.blocks, 1, 1), (shape.threads, 1, 1));
+        // SAFETY: forwarded from the caller; the function is loaded in this context (it holds
+        // its module), which the caller made current.
+        unsafe { call(function.cu_function(), grid, block, 0, stream.cu_stream(), args) }.map_err(driver(name))
     }
 
     unsafe fn host_fn(&self, stream: &Arc<CudaStream>, payload: *mut c_void) -> Result<()> {
@@ -540,31 +534,3 @@ fn simulator_hook() -> Option<RegisterHostKernel> {
 /// The signature of cudasim's `cudasimRegisterHostKernel(name, kind, elem_size, body)`.
 type RegisterHostKernel =
     unsafe extern "C" fn(*const std::ffi::c_char, std::ffi::c_int, usize, *const c_void) -> std::ffi::c_int;
-
-/// How a kernel is launched: plainly, or with every block resident at once.
-#[derive(Clone, Copy)]
-enum Launcher {
-    Plain,
-    Cooperative,
-}
-
-/// Queues `function` on `stream` as `shape` (blocks, threads per block) one-dimensional blocks.
-///
-/// # Safety
-/// As [`Driver::launch`]; the function is loaded in this context (it holds its module), which is
-/// current.
-unsafe fn queue_launch(
-    how: Launcher,
-    stream: &Arc<CudaStream>,
-    function: &CudaFunction,
-    (blocks, threads): (u32, u32),
-    args: &mut [*mut c_void],
-) -> Result<()> {
-    let (call, name): (unsafe fn(_, _, _, _, _, &mut [*mut c_void]) -> _, _) = match how {
-        Launcher::Plain => (cudarc::driver::result::launch_kernel, "cuLaunchKernel"),
-        Launcher::Cooperative => (cudarc::driver::result::launch_cooperative_kernel, "cuLaunchCooperativeKernel"),
-    };
-    // SAFETY: forwarded from the caller.
-    unsafe { call(function.cu_function(), (blocks, 1, 1), (threads, 1, 1), 0, stream.cu_stream(), args) }
-        .map_err(driver(name))
-}

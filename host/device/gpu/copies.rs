@@ -9,7 +9,7 @@ use duralumin_kernels::pack::Segment;
 
 use std::ffi::c_void;
 
-use super::{BLOCK, Direction, Driver, Gpu, arg};
+use super::{BLOCK, Direction, Driver, Gpu, Shape, arg};
 use crate::api::error::Result;
 use crate::device::{Copy2d, DevicePtr, KeepAlive};
 
@@ -120,7 +120,9 @@ impl<R: Driver> Gpu<R> {
         // SAFETY: the pack kernels take `(dst, src, segments, count)`; every segment lies in a
         // piece the caller guarantees valid, the packed side holds `total` bytes, and the list
         // (mapped memory holding `count` segments) is held until the stream has run the kernel.
-        let queued = unsafe { self.driver().launch(stream, &function, self.blocks(total / 16 + 1), BLOCK, &mut args) };
+        let queued = unsafe {
+            self.driver().launch(stream, &function, Shape::blocks(self.blocks(total / 16 + 1), BLOCK), &mut args)
+        };
         keep.push(Arc::new(list));
         let held = self.hold_others(stream, keep);
         queued.and(held)
@@ -167,13 +169,13 @@ impl<R: Driver> Gpu<R> {
         let queued = unsafe {
             let threads = mover::DEVICE_THREADS;
             match self.mover_blocks(blocks) {
-                1 => self.driver().launch(stream, &function, 1, threads, &mut args),
+                1 => self.driver().launch(stream, &function, Shape::blocks(1, threads), &mut args),
                 // A driver or device may refuse a cooperative launch (HIP's is newer than the
                 // ROCm this builds against; a GPU without support for it, or SMs taken by MPS);
                 // a refused launch queued nothing, and one block needs no other resident.
-                n => self.driver().launch_together(stream, &function, n, threads, &mut args).or_else(|e| {
+                n => self.driver().launch(stream, &function, Shape::together(n, threads), &mut args).or_else(|e| {
                     tracing::debug!("a mover of {n} blocks was refused ({e}); launching it as one");
-                    self.driver().launch(stream, &function, 1, threads, &mut args)
+                    self.driver().launch(stream, &function, Shape::blocks(1, threads), &mut args)
                 }),
             }
         };

@@ -2,7 +2,7 @@
 //! allocated and freed in stream order, device-to-device copies, and reductions of one device
 //! buffer into another by the Rust kernels.
 
-use super::{BLOCK, Driver, Gpu, arg};
+use super::{BLOCK, Driver, Gpu, Shape, arg};
 use crate::api::error::Result;
 use crate::device::{DevicePtr, ReduceFns};
 
@@ -64,7 +64,7 @@ impl<R: Driver> Gpu<R> {
         let mut args = [arg(&mut d), arg(&mut s), arg(&mut n)];
         // SAFETY: reduce kernels take `(dst, src, n)` over `n` elements of the operator's type;
         // the ranges are the caller's.
-        unsafe { self.driver().launch(stream, &reduce, self.blocks(len), BLOCK, &mut args) }
+        unsafe { self.driver().launch(stream, &reduce, Shape::blocks(self.blocks(len), BLOCK), &mut args) }
     }
 
     /// Queues `dst[i] = finish(dst[i], op.ranks)` if the operator has a finish.
@@ -86,6 +86,6 @@ impl<R: Driver> Gpu<R> {
         let (mut d, mut n, mut ranks) = (dst.0, len, op.ranks);
         let mut args = [arg(&mut d), arg(&mut n), arg(&mut ranks)];
         // SAFETY: finish kernels take `(dst, n, ranks: u32)`; `dst` holds `len` elements.
-        unsafe { self.driver().launch(stream, &finish, self.blocks(len), BLOCK, &mut args) }
+        unsafe { self.driver().launch(stream, &finish, Shape::blocks(self.blocks(len), BLOCK), &mut args) }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use duralumin_kernels::flag::reached;
 use duralumin_kernels::names::fixed;
 
-use super::{Driver, FlagPath, Gpu, arg};
+use super::{Driver, FlagPath, Gpu, Shape, arg};
 use crate::api::error::Result;
 use crate::device::{Flag, KeepAlive};
 
@@ -63,6 +63,6 @@ impl<R: Driver> Gpu<R> {
         let mut args = [arg(&mut ptr), arg(&mut value)];
         // SAFETY: the flag kernels take `(flag: *u32, value: u32)`; the flag is mapped host
         // memory the caller keeps allocated until the kernel has run.
-        unsafe { self.driver().launch(stream, &function, 1, 1, &mut args) }
+        unsafe { self.driver().launch(stream, &function, Shape::blocks(1, 1), &mut args) }
     }
 }

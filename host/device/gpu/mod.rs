@@ -69,6 +69,29 @@ pub enum FlagPath {
 /// Threads per block of the grid-stride kernels.
 pub(crate) const BLOCK: u32 = 256;
 
+/// How a kernel is launched: `blocks` one-dimensional blocks of `threads` threads, and whether
+/// every block must be resident on the device at once (a cooperative launch), so that its
+/// blocks may wait for each other. Such a launch has at most one block per multiprocessor, and
+/// one block of `threads` fits on each; drivers that cannot launch one block and refuse more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) blocks: u32,
+    pub(crate) threads: u32,
+    pub(crate) together: bool,
+}
+
+impl Shape {
+    /// Blocks that need not run at once.
+    pub(crate) fn blocks(blocks: u32, threads: u32) -> Shape {
+        Shape { blocks, threads, together: false }
+    }
+
+    /// Blocks resident at once (a cooperative launch).
+    pub(crate) fn together(blocks: u32, threads: u32) -> Shape {
+        Shape { blocks, threads, together: true }
+    }
+}
+
 /// Which way a copy goes between pinned host memory and device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Direction {
@@ -200,7 +223,7 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
     /// when `entry` is a user kernel; called before the kernel is first loaded. Real drivers
     /// have no such hook: nothing happens.
     fn offer_host_body(&self, _entry: &str, _body: HostBody) {}
-    /// Queues `function` on `blocks` × `threads` threads.
+    /// Queues `function` as `shape` says.
     ///
     /// # Safety
     /// `args` point to the kernel's parameters in order, each of the parameter's type; the
@@ -209,23 +232,7 @@ pub(crate) trait Driver: Clone + Send + Sync + 'static {
         &self,
         stream: &Self::Stream,
         function: &Self::Function,
-        blocks: u32,
-        threads: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()>;
-    /// Queues `function` as [`Driver::launch`] does, with every block resident on the device at
-    /// once (a cooperative launch), so that its blocks may wait for each other. `blocks` is at
-    /// most the device's multiprocessors, and one block of `threads` fits on each. Drivers that
-    /// cannot launch one block and refuse more.
-    ///
-    /// # Safety
-    /// As [`Driver::launch`].
-    unsafe fn launch_together(
-        &self,
-        stream: &Self::Stream,
-        function: &Self::Function,
-        blocks: u32,
-        threads: u32,
+        shape: Shape,
         args: &mut [*mut c_void],
     ) -> Result<()>;
     /// Queues a host function that calls [`released`] with `payload` when the stream reaches

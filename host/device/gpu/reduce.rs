@@ -1,7 +1,7 @@
 //! Reductions of staged rows into device memory: the first row is copied, the others combined
 //! into it in row order by the reduction kernel, reading them through host-mapped memory.
 
-use super::{BLOCK, Direction, Driver, Gpu, arg};
+use super::{BLOCK, Direction, Driver, Gpu, Shape, arg};
 use crate::api::error::Result;
 use crate::device::{DevicePtr, ReduceFns};
 
@@ -36,13 +36,13 @@ impl<R: Driver> Gpu<R> {
             // SAFETY: reduce kernels take `(dst, src, n)` over `n` elements of the operator's
             // type; row `r` lies in the caller's pinned allocation, read through its mapping,
             // and does not overlap `dst`.
-            unsafe { self.driver().launch(stream, &reduce, blocks, BLOCK, &mut args) }?;
+            unsafe { self.driver().launch(stream, &reduce, Shape::blocks(blocks, BLOCK), &mut args) }?;
         }
         if let Some(finish) = finish {
             let (mut d, mut n, mut ranks) = (dst.0, len, op.ranks);
             let mut args = [arg(&mut d), arg(&mut n), arg(&mut ranks)];
             // SAFETY: finish kernels take `(dst, n, ranks: u32)`; `dst` holds `len` elements.
-            unsafe { self.driver().launch(stream, &finish, blocks, BLOCK, &mut args) }?;
+            unsafe { self.driver().launch(stream, &finish, Shape::blocks(blocks, BLOCK), &mut args) }?;
         }
         Ok(())
     }

@@ -54,7 +54,7 @@ use std::sync::Arc;
 use duralumin_kernels::Element;
 
 pub use super::gpu::FlagPath;
-use super::gpu::{Direction, Driver, Gpu, gpu_device, record};
+use super::gpu::{Direction, Driver, Gpu, Shape, gpu_device, record};
 use super::{DevicePtr, DeviceSlice, DeviceSliceMut, KeepAlive, sealed};
 use crate::api::error::{Error, Result};
 use crate::device_code::KernelModule;
@@ -361,30 +361,17 @@ impl Driver for Hip {
         &self,
         stream: &HipStream,
         function: &Function,
-        blocks: u32,
-        threads: u32,
+        shape: Shape,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { result::module_launch_kernel(function.0, blocks, threads, stream.raw(), args) }
-    }
-
-    unsafe fn launch_together(
-        &self,
-        stream: &HipStream,
-        function: &Function,
-        blocks: u32,
-        threads: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
-        if blocks > 1 {
+        if shape.together && shape.blocks > 1 {
             return Err(Error::Unsupported(
                 "cooperative launches of module kernels (hipModuleLaunchCooperativeKernel is newer than the HIP \
                  this was built against)",
             ));
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.launch(stream, function, blocks, threads, args) }
+        unsafe { result::module_launch_kernel(function.0, shape.blocks, shape.threads, stream.raw(), args) }
     }
 
     unsafe fn host_fn(&self, stream: &HipStream, payload: *mut c_void) -> Result<()> {
