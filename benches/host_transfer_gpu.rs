@@ -51,6 +51,7 @@ mod gpu {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    use cudarc::driver::sys::CUdevice_attribute;
     use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
     use duralumin::Sum;
     use duralumin::device::cuda::{CudaDevice, FlagPath, device_count};
@@ -176,28 +177,31 @@ mod gpu {
         for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
             latency.push((path, max_over(&world, release_latency(&ctx, path))));
         }
-        let base = CudaDevice::new(Arc::clone(&ctx)).expect("CUDA device");
+        let devs: Vec<CudaDevice> = flag_paths()
+            .into_iter()
+            .map(|path| CudaDevice::with_flag_path(Arc::clone(&ctx), path).expect("CUDA device"))
+            .collect();
+        let base = &devs[0];
         let (stream, other) = (ctx.new_stream().expect("stream"), ctx.new_stream().expect("stream"));
         let top = SIZES.into_iter().filter(|&s| s <= max).max().unwrap_or(4 << 10);
         let mut setup = Setup {
             buf: stream.alloc_zeros(top / 4).expect("device buffer"),
             spare: stream.alloc_zeros(top / 4).expect("device buffer"),
-            p_in: Pinned::new(&base, top),
-            p_out: Pinned::new(&base, top),
+            p_in: Pinned::new(base, top),
+            p_out: Pinned::new(base, top),
             world,
             ctx,
             stream,
             other,
             top,
         };
-        for path in flag_paths() {
-            let dev = CudaDevice::with_flag_path(Arc::clone(&setup.ctx), path).expect("CUDA device");
-            header(&setup, &dev, &latency);
-            let comms = Comms::new(&setup, &dev);
+        for dev in &devs {
+            header(&setup, dev, &latency);
+            let comms = Comms::new(&setup, dev);
             let sizes = SIZES.into_iter().filter(|&s| s <= max);
-            let rows: Vec<Row> = sizes.map(|bytes| row(&mut setup, &dev, &comms, bytes)).collect();
+            let rows: Vec<Row> = sizes.map(|bytes| row(&mut setup, dev, &comms, bytes)).collect();
             if setup.world.rank() == 0 {
-                report(&rows, &dev);
+                report(&rows, dev);
             }
         }
     }
@@ -218,7 +222,10 @@ mod gpu {
         }
         if dev.has_mover() {
             let blocks = HostTransferConfig::default().mover_blocks;
-            println!("| mover blocks | {blocks} (at most one per multiprocessor) |");
+            // Without cooperative launches every mover runs as one block.
+            let together = setup.ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH);
+            let together = together.map_or_else(|e| format!("unknown ({e:?})"), |a| (a != 0).to_string());
+            println!("| mover blocks | {blocks} (at most one per multiprocessor; cooperative launch: {together}) |");
         } else {
             println!("| mover | not loaded (the device kernels were not built): its columns time the copy engines |");
         }
@@ -260,40 +267,44 @@ mod gpu {
     fn row(setup: &mut Setup, dev: &CudaDevice, comms: &Comms, bytes: usize) -> Row {
         let r = reps(bytes);
         let bound = copy_bound(setup, dev, bytes, r);
-        let (t_manual, t_mpi) = (manual(setup, dev, bytes, r), host_mpi(setup, bytes, r));
-        let Setup { world, buf, .. } = setup;
-        let mut view = buf.slice_mut(0..bytes / 4);
-        // An allreduce's time per operation, and its calls' enqueue times (median, slowest).
-        let mut staged = |comm: &HostTransferCommunicator<CudaDevice>| {
-            let mut calls = Vec::new();
-            let op = || {
-                let t = Instant::now();
-                comm.allreduce_in_place(&mut view, Sum).expect("allreduce");
-                calls.push(t.elapsed());
-            };
-            let t = time_us(world, r, op, || comm.synchronize().expect("synchronize"));
-            (t, spread(world, &calls))
-        };
-        let (pipelined, enqueue) = staged(&comms.pipelined);
-        let (mover, mover_enqueue) = staged(&comms.mover);
-        let one_block = staged(&comms.one_block).0;
-        let whole = staged(&comms.whole).0;
+        let [(pipelined, enqueue), (mover, mover_enqueue), (one_block, _), (whole, _)] =
+            [&comms.pipelined, &comms.mover, &comms.one_block, &comms.whole].map(|comm| staged(setup, comm, bytes, r));
         let out = Row {
             bytes,
             bound,
             pipelined,
             whole,
-            manual: t_manual,
-            mpi: t_mpi,
+            manual: manual(setup, dev, bytes, r),
+            mpi: host_mpi(setup, bytes, r),
             enqueue,
             mover,
             mover_enqueue,
             one_block,
         };
-        if world.rank() == 0 {
+        if setup.world.rank() == 0 {
             print_row(&out);
         }
         out
+    }
+
+    /// An in-place allreduce of `bytes` on `comm`: its time per operation, and its calls'
+    /// enqueue times (median, slowest).
+    fn staged(
+        setup: &mut Setup,
+        comm: &HostTransferCommunicator<CudaDevice>,
+        bytes: usize,
+        reps: usize,
+    ) -> (f64, (f64, f64)) {
+        let Setup { world, buf, .. } = setup;
+        let mut view = buf.slice_mut(0..bytes / 4);
+        let mut calls = Vec::new();
+        let op = || {
+            let t = Instant::now();
+            comm.allreduce_in_place(&mut view, Sum).expect("allreduce");
+            calls.push(t.elapsed());
+        };
+        let t = time_us(world, reps, op, || comm.synchronize().expect("synchronize"));
+        (t, spread(world, &calls))
     }
 
     /// The bound: a device-to-host and a host-to-device copy of `bytes` at once, on two streams.
@@ -414,23 +425,22 @@ mod gpu {
         }
     }
 
-    /// What the mover columns say: from which size on (and so how many chunks) the mover keeps
-    /// up with the copy engines, for the device's `mover_min_chunks`; and whether its blocks
-    /// pay, for `mover_blocks`.
+    /// What the mover columns say: from how many chunks on the mover keeps up with the copy
+    /// engines (one more than the most chunks of any size where it fell behind), for the
+    /// device's `mover_min_chunks`; and what its blocks gain over one, for `mover_blocks`.
     fn mover_verdict(rows: &[Row]) {
         const SLACK: f64 = 1.05;
         let config = HostTransferConfig::default();
-        // The smallest size from which the mover is within the slack at every larger size too.
-        let from = rows.iter().rposition(|r| r.mover > SLACK * r.pipelined).map_or(0, |i| i + 1);
-        match rows.get(from) {
+        let behind = rows.iter().filter(|r| r.mover > SLACK * r.pipelined).map(|r| config.chunks_for(r.bytes)).max();
+        let min_chunks = behind.map_or(1, |c| c + 1);
+        match rows.iter().find(|r| config.chunks_for(r.bytes) >= min_chunks) {
             Some(r) => println!(
-                "| verdict | mover_min_chunks | the mover keeps up with the copy engines (within 5 %) from {} B ({} chunks) up: set the device's mover_min_chunks to {} |",
-                r.bytes,
-                config.chunks_for(r.bytes),
-                config.chunks_for(r.bytes)
+                "| verdict | mover_min_chunks | the mover keeps up with the copy engines (within 5 %) at every size of at least {min_chunks} chunks (from {} B): set the device's mover_min_chunks to {min_chunks} |",
+                r.bytes
             ),
+            None if rows.is_empty() => {}
             None => println!(
-                "| verdict | mover_min_chunks | the mover is slower than the copy engines at the largest size: keep the device off the mover |"
+                "| verdict | mover_min_chunks | the mover falls behind the copy engines at the largest size: keep the device off the mover |"
             ),
         }
         let large: Vec<&Row> = rows.iter().filter(|r| r.bytes >= 16 << 20).collect();

@@ -11,8 +11,9 @@
 # With the device tool (600 s per command), carry=["gpu-bundle"]. On a 15-minute lease (startup
 # included), first the call issue 40 needs, in this order so that a mover that misbehaves on
 # the GPU shows in a trial with its deadline before the bench relies on it:
-#   DURALUMIN_GPU_STAGE_CAP=240 DURALUMIN_LAUNCH_TIMEOUT=200 bash scripts/gpu.sh run kernels trial:cuda_np1 bench
-# then, with the time left, "run mps nccl_sweep" (or "trial:cuda_np2 maxconn1"), and give the
+#   DURALUMIN_GPU_STAGE_CAP=150 DURALUMIN_LAUNCH_TIMEOUT=140 bash scripts/gpu.sh run kernels trial:cuda_np1 bench
+# (its four stages' limits add up to 570 s, under the command's 600); then, if six minutes
+# are left, "run mps" with the same cap, then "run nccl_sweep" if time remains, and give the
 # machine back. Earlier, on an H100, one call of kernels sweep nccl_sweep bench nccl_bench took
 # 408 s (docs/gpu.md). `bash scripts/gpu.sh` alone does everything on a machine that has cargo
 # and a GPU.
@@ -33,8 +34,9 @@
 #   columns: the default blocks, and one block), stream-wait release latency of both flag
 #   paths, at np = 1 and 2, a table per flag path, each ending in the checks of issue 40's
 #   targets and the verdicts for the GPU's mover_min_chunks and mover_blocks;
-# * mps: the sweep at np = 3 on the Kernels flag path under MPS (nvidia-cuda-mps-control -d),
-#   where the ranks' wait kernels run side by side instead of time-slicing the GPU;
+# * mps: under MPS (nvidia-cuda-mps-control -d), where the ranks' wait kernels run side by side
+#   instead of time-slicing the GPU, the Kernels flag path: the sweep at np = 3 and the bench's
+#   table at np = 1 and 2 (the bench stage runs the stream memory operations' table);
 # * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/device_ranks
 #   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
 #   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels
@@ -184,7 +186,7 @@ nccl_stages() {
         return 0
     fi
     echo "NCCL: $lib"
-    python3 -m pip show nvidia-nccl-cu13 2>/dev/null | sed -n 's/^Version: /NCCL wheel nvidia-nccl-cu13: /p' | tee -a "$log"
+    { python3 -m pip show nvidia-nccl-cu13 2>/dev/null || true; } | sed -n 's/^Version: /NCCL wheel nvidia-nccl-cu13: /p' | tee -a "$log"
     local nccl_env=(env "DURALUMIN_NCCL=$lib" NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0)
     local before
     if [ "$half" != bench ]; then
@@ -232,9 +234,11 @@ nccl_stages() {
     fi
 }
 
-# The sweep at np 3 on the Kernels flag path under MPS. Without MPS the three processes
-# time-slice the GPU, and each rank's spinning wait kernel holds its slice: 260 s on an H100
-# (docs/gpu.md, 2026-11-28). The MPS control daemon is stopped again whatever the stage did.
+# The Kernels flag path with several ranks under MPS: the sweep at np 3, then the bench's
+# Kernels table at np 1 and 2. Without MPS the processes time-slice the GPU, and each rank's
+# spinning wait kernel holds its slice (cuda_np3 took 260 s on an H100, docs/gpu.md,
+# 2026-11-28), so the Kernels table would measure the time-slicing. The MPS control daemon is
+# stopped again whatever the stage did.
 mps_stage() {
     if ! command -v nvidia-cuda-mps-control >/dev/null; then
         echo "NOT RUN: mps: no nvidia-cuda-mps-control" | tee -a "$log"
@@ -242,6 +246,8 @@ mps_stage() {
     fi
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/duralumin-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/duralumin-mps/log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    # One left by an earlier call would make this one refuse to start.
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
     if ! nvidia-cuda-mps-control -d; then
         echo "NOT RUN: mps: the MPS control daemon did not start" | tee -a "$log"
         unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
@@ -250,7 +256,10 @@ mps_stage() {
     trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true' EXIT
     stage "cuda sweep np 3, Kernels flag path, under MPS" 360 env DURALUMIN_CUDA_FLAG_PATHS=kernels \
         "$bundle_dir/bin/device_ranks" --exact cuda_np3 --nocapture
-    if grep -q 'cuda_np3 ... ignored' "$log"; then echo "SKIPPED: the mps stage found no device" >>"$log"; fi
+    # A device the MPS server failed to give the ranks reads as none.
+    if grep -q 'cuda_np3 ... ignored' "$log"; then echo "NOT RUN: mps: the ranks found no device under MPS" >>"$log"; fi
+    stage "host_transfer_gpu bench, Kernels flag path, under MPS" 300 "$bundle_dir/bin/host_transfer_gpu" \
+        --np 1,2 --flag-paths kernels
     echo quit | nvidia-cuda-mps-control || true
     trap - EXIT
     tail -n 5 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tee -a "$log" || true
@@ -302,8 +311,9 @@ run() {
             mps)
                 mps_stage ;;
             bench)
-                # Both flag paths, at np 1 and 2.
-                stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 ;;
+                # The stream memory operations' table at np 1 and 2 (the Kernels flag path's
+                # runs under MPS, in the mps stage).
+                stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 --flag-paths stream-mem-ops ;;
             nccl | nccl_sweep | nccl_bench)
                 # The NCCL backend's sweep, then its bench, at np 1..3 (see the top).
                 hostid_wrappers /tmp/duralumin-nccl-hostid
@@ -311,7 +321,7 @@ run() {
             trial:*)
                 # One trial of tests/device_ranks alone, its failure printed as soon as it ends.
                 stage "${st#trial:}" 360 "$b/device_ranks" --exact "${st#trial:}" --nocapture
-                if grep -q "${st#trial:} ... ignored" "$log"; then echo "SKIPPED: ${st#trial:} found no device" >>"$log"; fi ;;
+                if grep -q "${st#trial:} ... ignored" "$log"; then echo "NOT RUN: ${st#trial:}: found no device" >>"$log"; fi ;;
             *) echo "gpu.sh: unknown stage $st (kernels, sweep, maxconn1, mps, bench, nccl, nccl_sweep, nccl_bench, trial:NAME)"; exit 2 ;;
         esac
     done

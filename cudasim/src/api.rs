@@ -442,6 +442,7 @@ driver! {
             || is(Attr::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)
             || is(Attr::CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS)
             || is(Attr::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)
+            || is(Attr::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)
         {
             1
         } else {

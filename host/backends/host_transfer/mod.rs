@@ -175,8 +175,9 @@ impl HostTransferConfig {
 
     /// Chunks a staged allreduce, reduce or broadcast of `bytes` bytes is cut into under these
     /// settings: what [`mover_min_chunks`](Self::mover_min_chunks) counts. (Operations of
-    /// several rows per rank divide each chunk among the rows; one on the device buffers
-    /// themselves, [`direct`](Self::direct), is one chunk.)
+    /// several rows per rank divide each chunk among the rows; allreduces that reduce on the
+    /// device, [`device_reduce_max_bytes`](Self::device_reduce_max_bytes), take full chunks;
+    /// one on the device buffers themselves, [`direct`](Self::direct), is one chunk.)
     pub fn chunks_for(&self, bytes: usize) -> usize {
         bytes.div_ceil(self.chunk_elems(bytes, 1, 1, false)).max(1)
     }
