@@ -86,23 +86,18 @@ impl HostGrid {
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceGrid;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", target_arch = "amdgpu"))]
 impl Grid for DeviceGrid {
     #[inline(always)]
     fn index(self) -> usize {
-        use core::arch::nvptx::{_block_dim_x, _block_idx_x, _thread_idx_x};
-        // SAFETY: reading the special registers %ctaid.x, %ntid.x and %tid.x has no preconditions
-        // inside a kernel, which is the only place DeviceGrid is used.
-        let (block, dim, thread) = unsafe { (_block_idx_x(), _block_dim_x(), _thread_idx_x()) };
-        block as usize * dim as usize + thread as usize
+        let (thread, dim, block, _) = device_block();
+        block * dim + thread
     }
 
     #[inline(always)]
     fn size(self) -> usize {
-        use core::arch::nvptx::{_block_dim_x, _grid_dim_x};
-        // SAFETY: as in `index`, reading %nctaid.x and %ntid.x has no preconditions.
-        let (blocks, dim) = unsafe { (_grid_dim_x(), _block_dim_x()) };
-        blocks as usize * dim as usize
+        let (_, dim, _, blocks) = device_block();
+        blocks * dim
     }
 }
 
@@ -115,33 +110,14 @@ impl DeviceGrid {
     }
 }
 
-#[cfg(target_arch = "amdgpu")]
-impl Grid for DeviceGrid {
-    #[inline(always)]
-    fn index(self) -> usize {
-        use core::arch::amdgpu::{workgroup_id_x, workitem_id_x};
-        // SAFETY: every gpu-kernel is launched through an hsa_kernel_dispatch_packet_t, valid for
-        // the whole kernel; `workgroup_size_x` is its u16 at byte offset 4 (HSA system
-        // architecture spec 1.2, section 2.9.6), so the read is in bounds and 2-byte aligned.
-        let workgroup_size = unsafe { Self::packet().add(4).cast::<u16>().read() };
-        workgroup_id_x() as usize * workgroup_size as usize + workitem_id_x() as usize
-    }
-
-    #[inline(always)]
-    fn size(self) -> usize {
-        // SAFETY: as in `index`; `grid_size_x` (in work-items) is the packet's u32 at offset 12.
-        unsafe { Self::packet().add(12).cast::<u32>().read() as usize }
-    }
-}
-
 /// The calling GPU thread's block: `(thread in the block, threads per block, block, blocks)` of a
 /// one-dimensional launch (the mover's blocks each run their own share of a schedule).
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]
 pub fn device_block() -> (usize, usize, usize, usize) {
     use core::arch::nvptx::{_block_dim_x, _block_idx_x, _grid_dim_x, _thread_idx_x};
-    // SAFETY: as in `DeviceGrid::index`, reading %tid.x, %ntid.x, %ctaid.x and %nctaid.x has no
-    // preconditions inside a kernel.
+    // SAFETY: reading the special registers %tid.x, %ntid.x, %ctaid.x and %nctaid.x has no
+    // preconditions inside a kernel, the only place this (and DeviceGrid) is used.
     let (thread, dim, block, blocks) = unsafe { (_thread_idx_x(), _block_dim_x(), _block_idx_x(), _grid_dim_x()) };
     (thread as usize, dim as usize, block as usize, blocks as usize)
 }
@@ -152,8 +128,10 @@ pub fn device_block() -> (usize, usize, usize, usize) {
 #[inline(always)]
 pub fn device_block() -> (usize, usize, usize, usize) {
     use core::arch::amdgpu::{workgroup_id_x, workitem_id_x};
-    // SAFETY: as in `DeviceGrid::index`: `workgroup_size_x` is the dispatch packet's u16 at byte
-    // offset 4, `grid_size_x` its u32 at offset 12.
+    // SAFETY: every gpu-kernel is launched through an hsa_kernel_dispatch_packet_t, valid for
+    // the whole kernel; `workgroup_size_x` is its u16 at byte offset 4 and `grid_size_x` (in
+    // work-items) its u32 at offset 12 (HSA system architecture spec 1.2, section 2.9.6), so
+    // both reads are in bounds and aligned.
     let (dim, total) = unsafe {
         let packet = DeviceGrid::packet();
         (packet.add(4).cast::<u16>().read() as usize, packet.add(12).cast::<u32>().read() as usize)
