@@ -416,16 +416,122 @@ impl SegmentCopy {
 }
 
 /// Copies `len` bytes from `src` to `dst` with `lanes` threads side by side, this one being
-/// `lane`: the widest accesses both sides allow, lane `k` taking items `k, k + lanes, ...`.
+/// `lane`: the widest accesses both sides allow. A full group batches its reads
+/// ([`copy_piece_batched`]); the short last group of an odd-sized launch goes item by item, lane
+/// `k` taking items `k, k + lanes, ...`.
 ///
 /// # Safety
 /// `dst` is valid for writes and `src` for reads of `len` bytes.
 #[inline(always)]
 unsafe fn copy_piece(dst: *mut u8, src: *const u8, len: usize, lane: usize, lanes: usize) {
+    if lanes == LANES {
+        // SAFETY: forwarded from the caller; `lane < LANES`.
+        unsafe { copy_piece_batched(dst, src, len, lane) };
+        return;
+    }
     let plan = Plan::new(dst as usize, src as usize, len, 0);
     for item in stride_from(lane, plan.items(), lanes) {
         // SAFETY: `item < items()`; the plan was made for exactly this range.
         unsafe { plan.copy_item(dst, src, item) };
+    }
+}
+
+/// Bytes a lane of a full group reads before it writes them: four 16-byte accesses, or as many
+/// narrower ones as make the same bytes (at most 16 accesses, so byte and 2-byte copies keep
+/// fewer). One access in flight per thread is enough for 16-byte items but leaves 4- and 8-byte
+/// items (source and destination at different offsets modulo 16, as most of a v-collective's
+/// blocks are) at a fraction of the memory's bandwidth: every read waits for the write before it,
+/// which may alias it.
+const IN_FLIGHT: usize = 64;
+
+/// [`copy_piece`] for a full group (`lane < LANES`): the byte head and tail that bring both
+/// sides to the plan's width go one byte per lane (each is shorter than the width, at most 15
+/// bytes, so 30 lanes cover both), then the units in chunks of [`IN_FLIGHT`] bytes per lane, each
+/// chunk read entirely into registers before any of it is written.
+///
+/// # Safety
+/// `dst` is valid for writes and `src` for reads of `len` bytes; `lane < LANES`.
+#[inline(always)]
+unsafe fn copy_piece_batched(dst: *mut u8, src: *const u8, len: usize, lane: usize) {
+    let plan = Plan::new(dst as usize, src as usize, len, 0);
+    let edges = plan.head + plan.tail;
+    if lane < edges {
+        // Head byte `lane`, or tail byte `lane - head`, which is at `len - tail + lane - head`.
+        let at = if lane < plan.head { lane } else { len - edges + lane };
+        // SAFETY: `at` is inside the head or the tail, both inside the `len` bytes.
+        unsafe { dst.add(at).write(src.add(at).read()) };
+    }
+    if plan.units <= lane {
+        return;
+    }
+    // This lane's first unit, in bytes: `lane << log2(width)`, one shift for every width, so that
+    // the compiler does not hoist a `lane * width` pair of addresses per width out of the tile
+    // loop (live through the whole kernel, they took it from 64 registers to 72).
+    let first = plan.head + (lane << plan.width.trailing_zeros());
+    // SAFETY: `lane < units`, so this lane's first unit is inside the units, which start `head`
+    // bytes in, at an address both sides have aligned to the plan's width.
+    unsafe {
+        let (d, s) = (dst.add(first), src.add(first));
+        match plan.width {
+            16 => copy_units::<u128, { IN_FLIGHT / 16 }>(d.cast(), s.cast(), plan.units - lane),
+            8 => copy_units::<u64, { IN_FLIGHT / 8 }>(d.cast(), s.cast(), plan.units - lane),
+            4 => copy_units::<u32, { IN_FLIGHT / 4 }>(d.cast(), s.cast(), plan.units - lane),
+            2 => copy_units::<u16, 16>(d.cast(), s.cast(), plan.units - lane),
+            _ => copy_units::<u8, 16>(d, s, plan.units - lane),
+        }
+    }
+}
+
+/// One lane's share of a full group's copy of aligned units, `dst` and `src` pointing at the
+/// lane's first unit and `units` counting from there: in chunks of `LANES * U` units, the lane
+/// reads units `0, LANES, ..., (U - 1) * LANES` of a chunk (beside its neighbours' reads: each
+/// read of the group is one coalesced transaction) and only then writes them. Whole chunks need
+/// no bounds check; the last, partial one checks each unit. Constant strides keep one address
+/// per chunk, the units at fixed offsets from it.
+///
+/// # Safety
+/// `dst` is valid for writes and `src` for reads of those of the `units` units of `T` that are
+/// this lane's (every `LANES`-th from the first), both aligned for `T`.
+#[inline(always)]
+unsafe fn copy_units<T: Copy + Default, const U: usize>(dst: *mut T, src: *const T, units: usize) {
+    let mut base = 0;
+    while units - base >= LANES * U {
+        let mut values = [T::default(); U];
+        // SAFETY: units `base .. base + LANES * U` are all inside; fixed trip counts keep
+        // `values` in registers.
+        unsafe {
+            let (d, s) = (dst.add(base), src.add(base));
+            #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+            for j in 0..U {
+                values[j] = s.add(j * LANES).read();
+            }
+            #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+            for j in 0..U {
+                d.add(j * LANES).write(values[j]);
+            }
+        }
+        base += LANES * U;
+    }
+    if base == units {
+        return;
+    }
+    let mut values = [T::default(); U];
+    // SAFETY: each unit is read and written only if it is inside.
+    unsafe {
+        #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+        for j in 0..U {
+            let i = base + j * LANES;
+            if i < units {
+                values[j] = src.add(i).read();
+            }
+        }
+        #[allow(clippy::needless_range_loop, reason = "indexed by a constant range: unrolled")]
+        for j in 0..U {
+            let i = base + j * LANES;
+            if i < units {
+                dst.add(i).write(values[j]);
+            }
+        }
     }
 }
 
@@ -465,5 +571,61 @@ mod tests {
         assert_eq!(Plan::new(0, 0, 40, 8), Plan { width: 8, head: 0, units: 5, tail: 0 });
         assert_eq!(Plan::new(1, 2, 5, 0), Plan { width: 1, head: 0, units: 5, tail: 0 });
         assert_eq!(Plan::new(5, 5, 3, 0).items(), 3);
+    }
+
+    /// Every offset of the source and of the destination modulo 16 (so every access width, with
+    /// and without byte heads and tails), pieces of whole and partial chunks and tiles, full
+    /// groups and a short one, both directions, against a byte-by-byte copy.
+    #[test]
+    fn segments_move_at_every_relative_alignment() {
+        use crate::grid::HostGrid;
+        use std::vec::Vec;
+
+        // Under Miri, fewer cases.
+        let (lens, shifts, offsets, threads): (&[usize], &[usize], &[usize], &[usize]) = if cfg!(miri) {
+            (&[0, 1, 17, 100, 4111], &[0, 4, 3], &[0, 4, 3], &[40])
+        } else {
+            (
+                &[0, 1, 15, 17, 31, 100, 2047, 4096, 4111, 9000],
+                &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+                &[0, 4, 8, 12, 3],
+                &[1, 32, 40, 96],
+            )
+        };
+        let total: usize = lens.iter().sum();
+        // Segments `spacing` bytes apart, a multiple of 16, plus a shift that differs per segment.
+        let spacing = (lens.iter().max().unwrap_or(&0) / 16 + 2) * 16;
+        let scattered_len = lens.len() * spacing + 16;
+        for &shift in shifts {
+            let ranges: Vec<core::ops::Range<usize>> = lens
+                .iter()
+                .enumerate()
+                .map(|(k, &len)| {
+                    let at = k * spacing + (shift * (k + 1)) % 16;
+                    at..at + len
+                })
+                .collect();
+            let segments: Vec<Segment> = ranges.iter().map(|r| Segment::new(r.start as u64, r.len() as u64)).collect();
+            // 16-byte aligned storage: offsets into it are offsets modulo 16.
+            let mut words = Vec::from_iter((0..scattered_len / 16 + 1).map(|w| w as u128 * 0x0123_4567_89ab_cdef));
+            let scattered: Vec<u8> = bytemuck::cast_slice::<u128, u8>(&words)[..scattered_len].to_vec();
+            let expected: Vec<u8> = ranges.iter().flat_map(|r| scattered[r.clone()].iter().copied()).collect();
+            for &packed_off in offsets {
+                let mut packed_words = Vec::from_iter((0..(packed_off + total) / 16 + 1).map(|_| 0u128));
+                let packed = &mut bytemuck::cast_slice_mut::<u128, u8>(&mut packed_words)[packed_off..][..total];
+                for &threads in threads {
+                    packed.fill(0);
+                    HostGrid::new(threads).pack_segments(packed, &scattered, &segments);
+                    assert!(*packed == expected[..], "pack shift={shift} packed_off={packed_off} threads={threads}");
+
+                    let back = &mut bytemuck::cast_slice_mut::<u128, u8>(&mut words)[..scattered_len];
+                    back.fill(0);
+                    HostGrid::new(threads).unpack_segments(back, packed, &segments);
+                    for r in &ranges {
+                        assert!(back[r.clone()] == scattered[r.clone()], "unpack shift={shift} threads={threads}");
+                    }
+                }
+            }
+        }
     }
 }
