@@ -21,7 +21,12 @@
 //! mover keeps up with the copy engines, the value for the device's `mover_min_chunks`; and what
 //! the default blocks gain over one, for `mover_blocks`.
 //!
-//! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N --reps N --flag-paths P]`
+//! `--mover-blocks 8,16,32` adds a table per flag path: the mover at each of those block counts,
+//! from 1 MiB (fraction of the bound, enqueue median); `--chunk-bytes 524288,4194304` one of the
+//! copy-engine path at each of those fixed chunk sizes. Before the tables, what each kind of
+//! stream item costs the calling thread to queue, and the stream to run (`item costs`).
+//!
+//! `cargo bench --bench host_transfer_gpu [-- --np 1,2 --max-bytes N --reps N --flag-paths P --mover-blocks L --chunk-bytes L]`
 //! relaunches itself under `mpirun` per rank count (the ranks share GPU 0). Without a CUDA
 //! device it prints `SKIPPED`. On cudasim with `CUDASIM_COPY_GBPS` set the copies take modelled
 //! time, so the fractions say how well the pipeline overlaps. Rows start with `| ` (what
@@ -52,7 +57,7 @@ mod gpu {
     use std::time::{Duration, Instant};
 
     use cudarc::driver::sys::CUdevice_attribute;
-    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
     use duralumin::Sum;
     use duralumin::device::cuda::{CudaDevice, FlagPath, device_count};
     use duralumin::device::pool::Pools;
@@ -76,11 +81,15 @@ mod gpu {
         let max = super::relaunch::flag("--max-bytes").unwrap_or_else(|| (256usize << 20).to_string());
         let reps = super::relaunch::flag("--reps").unwrap_or_default();
         let paths = super::relaunch::flag("--flag-paths").unwrap_or_default();
+        let blocks = super::relaunch::flag("--mover-blocks").unwrap_or_default();
+        let chunks = super::relaunch::flag("--chunk-bytes").unwrap_or_default();
         for np in super::relaunch::rank_counts("1,2") {
             let env = [
                 ("DURALUMIN_BENCH_MAX", max.clone()),
                 ("DURALUMIN_BENCH_REPS", reps.clone()),
                 ("DURALUMIN_BENCH_FLAG_PATHS", paths.clone()),
+                ("DURALUMIN_BENCH_MOVER_BLOCKS", blocks.clone()),
+                ("DURALUMIN_BENCH_CHUNK_BYTES", chunks.clone()),
             ];
             relaunch(np, &env, &[]);
         }
@@ -152,6 +161,8 @@ mod gpu {
         mover: f64,
         mover_enqueue: (f64, f64),
         one_block: f64,
+        /// Enqueue of the one-block mover (a plain launch, not a cooperative one), median.
+        one_block_enqueue: f64,
     }
 
     /// What every table's rows use: the GPU buffers, pinned host memory and two streams.
@@ -177,6 +188,7 @@ mod gpu {
         for path in [FlagPath::StreamMemOps, FlagPath::Kernels] {
             latency.push((path, max_over(&world, release_latency(&ctx, path))));
         }
+        let costs = item_costs(&world, &ctx);
         let devs: Vec<CudaDevice> = flag_paths()
             .into_iter()
             .map(|path| CudaDevice::with_flag_path(Arc::clone(&ctx), path).expect("CUDA device"))
@@ -195,6 +207,12 @@ mod gpu {
             other,
             top,
         };
+        if setup.world.rank() == 0 {
+            println!("\n| item costs ({ITEMS} of a kind on an idle stream) | queue us per item | stream us per item |");
+            for (what, queue, run) in &costs {
+                println!("| {what} | {queue:.2} | {run:.2} |");
+            }
+        }
         for dev in &devs {
             header(&setup, dev, &latency);
             let comms = Comms::new(&setup, dev);
@@ -202,6 +220,58 @@ mod gpu {
             let rows: Vec<Row> = sizes.map(|bytes| row(&mut setup, dev, &comms, bytes)).collect();
             if setup.world.rank() == 0 {
                 report(&rows, dev);
+            }
+            if dev.has_mover() {
+                // The mover at each of `--mover-blocks`' block counts.
+                let mover = |b| HostTransferConfig::default().with_mover_min_chunks(Some(1)).with_mover_blocks(b);
+                scan(&mut setup, dev, &rows, ("DURALUMIN_BENCH_MOVER_BLOCKS", "blocks"), mover);
+            }
+            // The copy engines at each of `--chunk-bytes`' fixed chunk sizes.
+            let fixed = |c| HostTransferConfig::default().with_chunk_bytes(c).with_min_chunk_bytes(c);
+            scan(&mut setup, dev, &rows, ("DURALUMIN_BENCH_CHUNK_BYTES", "B chunks"), fixed);
+        }
+    }
+
+    /// A table of the allreduce under each setting that environment variable `var` lists
+    /// (comma-separated; none by default), `config` making a setting's configuration, from
+    /// 1 MiB: fraction of the bound (each row's as measured in the table) and enqueue median, a
+    /// row per size, beside the table's default pipelined fraction (rank 0). `unit` heads the
+    /// columns.
+    fn scan(
+        setup: &mut Setup,
+        dev: &CudaDevice,
+        rows: &[Row],
+        (var, unit): (&str, &str),
+        config: impl Fn(usize) -> HostTransferConfig,
+    ) {
+        let list = std::env::var(var).unwrap_or_default();
+        let settings: Vec<usize> = list.split(',').filter_map(|b| b.trim().parse().ok()).filter(|&b| b > 0).collect();
+        if settings.is_empty() {
+            return;
+        }
+        let comms: Vec<_> = settings
+            .iter()
+            .map(|&v| {
+                HostTransferCommunicator::with_config(&setup.world, dev.clone(), Arc::clone(&setup.stream), config(v))
+                    .expect("communicator")
+            })
+            .collect();
+        if setup.world.rank() == 0 {
+            let heads: Vec<String> =
+                settings.iter().map(|v| format!("{v} {unit} fraction | {v} {unit} enqueue p50 us")).collect();
+            println!("| bytes | default fraction | {} |", heads.join(" | "));
+        }
+        for row in rows.iter().filter(|r| r.bytes >= 1 << 20) {
+            let r = reps(row.bytes);
+            let cells: Vec<String> = comms
+                .iter()
+                .map(|comm| {
+                    let (t, (p50, _)) = staged(setup, comm, row.bytes, r);
+                    format!("{:.2} | {p50:.1}", row.bound / t)
+                })
+                .collect();
+            if setup.world.rank() == 0 {
+                println!("| {} | {:.2} | {} |", row.bytes, row.bound / row.pipelined, cells.join(" | "));
             }
         }
     }
@@ -230,7 +300,7 @@ mod gpu {
             println!("| mover | not loaded (the device kernels were not built): its columns time the copy engines |");
         }
         println!(
-            "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us | one-block mover fraction |"
+            "| bytes | bound us | pipelined us | fraction of bound | whole-buffer us | its fraction | pipelined/whole | manual us | host MPI us | enqueue p50 us | enqueue max us | mover us | its fraction | mover enqueue p50 us | mover enqueue max us | one-block mover fraction | one-block mover enqueue p50 us |"
         );
     }
 
@@ -267,7 +337,7 @@ mod gpu {
     fn row(setup: &mut Setup, dev: &CudaDevice, comms: &Comms, bytes: usize) -> Row {
         let r = reps(bytes);
         let bound = copy_bound(setup, dev, bytes, r);
-        let [(pipelined, enqueue), (mover, mover_enqueue), (one_block, _), (whole, _)] =
+        let [(pipelined, enqueue), (mover, mover_enqueue), (one_block, one_block_enqueue), (whole, _)] =
             [&comms.pipelined, &comms.mover, &comms.one_block, &comms.whole].map(|comm| staged(setup, comm, bytes, r));
         let out = Row {
             bytes,
@@ -280,6 +350,7 @@ mod gpu {
             mover,
             mover_enqueue,
             one_block,
+            one_block_enqueue: one_block_enqueue.0,
         };
         if setup.world.rank() == 0 {
             print_row(&out);
@@ -373,7 +444,7 @@ mod gpu {
 
     fn print_row(r: &Row) {
         println!(
-            "| {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2}x | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            "| {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2}x | {:.1} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {:.1} |",
             r.bytes,
             r.bound,
             r.pipelined,
@@ -390,6 +461,7 @@ mod gpu {
             r.mover_enqueue.0,
             r.mover_enqueue.1,
             r.bound / r.one_block,
+            r.one_block_enqueue,
         );
     }
 
@@ -451,6 +523,83 @@ mod gpu {
                 config.mover_blocks
             );
         }
+    }
+
+    /// Items of a kind [`item_costs`] queues: few enough that waits and host functions behind
+    /// them fit the device's command queue (200 of each did not fit an H200's: the calling
+    /// thread blocked for room while the waits it had queued waited for it).
+    const ITEMS: u32 = 32;
+
+    /// What the calling thread pays to queue each kind of stream item the staging engine uses,
+    /// and what the stream takes to run it: [`ITEMS`] of a kind queued on an idle stream,
+    /// microseconds per item (the slowest rank's) to queue them, and from the first call until
+    /// the stream has run them all (the waits are released once all are queued, or after 100 ms
+    /// if queueing blocks, which then shows in the queue column; a host function's round trip
+    /// through the driver's thread is what the last column adds).
+    fn item_costs(world: &SimpleCommunicator, ctx: &Arc<CudaContext>) -> Vec<(&'static str, f64, f64)> {
+        let dev = CudaDevice::with_flag_path(Arc::clone(ctx), FlagPath::StreamMemOps).expect("CUDA device");
+        let stream: Arc<CudaStream> = ctx.new_stream().expect("stream");
+        let pools = Pools::new(Arc::new(dev.clone()), 1 << 20);
+        let flag = pools.flag().expect("flag");
+        let keep: duralumin::device::KeepAlive = Arc::new(());
+        let host = Pinned::new(&dev, 4096);
+        let mut buf: CudaSlice<u8> = stream.alloc_zeros(4096).expect("device buffer");
+        let ptr = {
+            let (p, _sync) = buf.device_ptr_mut(&stream);
+            duralumin::device::DevicePtr::new(p)
+        };
+        let shape = Copy2d::contiguous(4096);
+        // The flag, the pinned and the device buffer outlive the stream's synchronization
+        // below; the host raises the waits' values once all are queued.
+        let kinds: [(&'static str, &dyn Fn(u32)); 5] = [
+            ("counter write (cuStreamWriteValue32)", &|v| {
+                // SAFETY: see above.
+                unsafe { dev.write_flag(&stream, flag.flag(), v) }.expect("write")
+            }),
+            ("counter wait (cuStreamWaitValue32)", &|v| {
+                // SAFETY: see above.
+                unsafe { dev.wait_flag(&stream, flag.flag(), v + 1, None) }.expect("wait")
+            }),
+            ("counter wait + keep-alive (a host function behind it)", &|v| {
+                // SAFETY: see above.
+                unsafe { dev.wait_flag(&stream, flag.flag(), v + 1, Some(Arc::clone(&keep))) }.expect("wait")
+            }),
+            ("4 KiB device-to-host copy", &|_| {
+                // SAFETY: see above.
+                unsafe { dev.copy_d2h(&stream, host.ptr, ptr, shape, None) }.expect("d2h")
+            }),
+            ("4 KiB host-to-device copy", &|_| {
+                // SAFETY: see above.
+                unsafe { dev.copy_h2d(&stream, ptr, host.ptr, shape, None) }.expect("h2d")
+            }),
+        ];
+        let mut out = Vec::new();
+        for (what, queue) in kinds {
+            stream.synchronize().expect("synchronize");
+            flag.store(0);
+            let t = Instant::now();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let queued = std::thread::scope(|scope| {
+                // A backstop: the waits pass even if the device's queue fills before all are in.
+                scope.spawn(|| {
+                    while !done.load(std::sync::atomic::Ordering::Acquire) && t.elapsed() < Duration::from_millis(100) {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    flag.raise(ITEMS);
+                });
+                for v in 0..ITEMS {
+                    queue(v);
+                }
+                let queued = t.elapsed();
+                done.store(true, std::sync::atomic::Ordering::Release);
+                queued
+            });
+            stream.synchronize().expect("synchronize");
+            let ran = t.elapsed();
+            let per = |d: Duration| max_over(world, d.as_secs_f64() * 1e6 / f64::from(ITEMS));
+            out.push((what, per(queued), per(ran)));
+        }
+        out
     }
 
     /// Median microseconds from the host raising a flag a stream waits on to the host seeing a

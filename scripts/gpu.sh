@@ -9,13 +9,11 @@
 #                                and prints one table of checks and measurements.
 #
 # With the device tool (600 s per command), carry=["gpu-bundle"]. On a 15-minute lease (startup
-# included), first the call issue 40 needs, in this order so that a mover that misbehaves on
-# the GPU shows in a trial with its deadline before the bench relies on it:
-#   DURALUMIN_GPU_STAGE_CAP=150 DURALUMIN_LAUNCH_TIMEOUT=140 bash scripts/gpu.sh run kernels trial:cuda_np1 bench
-# (its four stages' limits add up to 570 s, under the command's 600); then, if six minutes
-# are left, "run mps" with the same cap, then "run nccl_sweep" if time remains, and give the
-# machine back. Earlier, on an H100, one call of kernels sweep nccl_sweep bench nccl_bench took
-# 408 s (docs/gpu.md). `bash scripts/gpu.sh` alone does everything on a machine that has cargo
+# included), the call issue 40 needs next (docs/gpu.md, "What is left for the next GPU session"):
+#   DURALUMIN_GPU_STAGE_CAP=240 DURALUMIN_LAUNCH_TIMEOUT=230 bash scripts/gpu.sh run bench mps
+# then give the machine back. On an H200 (2026-11-30) one call of kernels, trial:cuda_np1,
+# bench, mps, nccl_sweep and trial:cuda_np2 took 157 s (the bench 33 s, before its item-cost
+# table and scans). `bash scripts/gpu.sh` alone does everything on a machine that has cargo
 # and a GPU.
 #
 # What runs:
@@ -33,10 +31,12 @@
 #   (median and slowest), the same allreduce as one mover kernel per operation (its own
 #   columns: the default blocks, and one block), stream-wait release latency of both flag
 #   paths, at np = 1 and 2, a table per flag path, each ending in the checks of issue 40's
-#   targets and the verdicts for the GPU's mover_min_chunks and mover_blocks;
+#   targets and the verdicts for the GPU's mover_min_chunks and mover_blocks, then the scans
+#   that choose the defaults (the mover at 8..64 blocks, the copy engines at fixed chunk
+#   sizes); first, what each kind of stream item costs to queue and to run;
 # * mps: under MPS (nvidia-cuda-mps-control -d), where the ranks' wait kernels run side by side
-#   instead of time-slicing the GPU, the Kernels flag path: the sweep at np = 3 and the bench's
-#   table at np = 1 and 2 (the bench stage runs the stream memory operations' table);
+#   instead of time-slicing the GPU, the Kernels flag path: the bench's table at np = 1 and 2,
+#   then the sweep at np = 3 (the bench stage runs the stream memory operations' table);
 # * NCCL (stage nccl = nccl_sweep + nccl_bench), with a real libnccl.so.2: tests/device_ranks
 #   (trials nccl_np1..3) runs the whole sweep on the NCCL backend and
 #   examples/06-nccl-custom-kernels.rs (the user's argmin and non-commutative compose kernels
@@ -234,8 +234,8 @@ nccl_stages() {
     fi
 }
 
-# The Kernels flag path with several ranks under MPS: the sweep at np 3, then the bench's
-# Kernels table at np 1 and 2. Without MPS the processes time-slice the GPU, and each rank's
+# The Kernels flag path with several ranks under MPS: the bench's Kernels table at np 1 and 2,
+# then the sweep at np 3. Without MPS the processes time-slice the GPU, and each rank's
 # spinning wait kernel holds its slice (cuda_np3 took 260 s on an H100, docs/gpu.md,
 # 2026-11-28), so the Kernels table would measure the time-slicing. The MPS control daemon is
 # stopped again whatever the stage did.
@@ -254,12 +254,13 @@ mps_stage() {
         return 0
     fi
     trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true' EXIT
+    # The table first: it is what issue 40 measures; the np 3 sweep is a try.
+    stage "host_transfer_gpu bench, Kernels flag path, under MPS" 300 "$bundle_dir/bin/host_transfer_gpu" \
+        --np 1,2 --flag-paths kernels
     stage "cuda sweep np 3, Kernels flag path, under MPS" 360 env DURALUMIN_CUDA_FLAG_PATHS=kernels \
         "$bundle_dir/bin/device_ranks" --exact cuda_np3 --nocapture
     # A device the MPS server failed to give the ranks reads as none.
     if grep -q 'cuda_np3 ... ignored' "$log"; then echo "NOT RUN: mps: the ranks found no device under MPS" >>"$log"; fi
-    stage "host_transfer_gpu bench, Kernels flag path, under MPS" 300 "$bundle_dir/bin/host_transfer_gpu" \
-        --np 1,2 --flag-paths kernels
     echo quit | nvidia-cuda-mps-control || true
     trap - EXIT
     tail -n 5 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tee -a "$log" || true
@@ -313,7 +314,10 @@ run() {
             bench)
                 # The stream memory operations' table at np 1 and 2 (the Kernels flag path's
                 # runs under MPS, in the mps stage).
-                stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 --flag-paths stream-mem-ops ;;
+                # With the scans that choose the defaults: the mover's blocks and the copy
+                # engines' fixed chunk sizes.
+                stage "host_transfer_gpu bench" 560 "$b/host_transfer_gpu" --np 1,2 --flag-paths stream-mem-ops \
+                    --mover-blocks 8,16,32,64 --chunk-bytes 524288,1048576,4194304,8388608 ;;
             nccl | nccl_sweep | nccl_bench)
                 # The NCCL backend's sweep, then its bench, at np 1..3 (see the top).
                 hostid_wrappers /tmp/duralumin-nccl-hostid

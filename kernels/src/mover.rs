@@ -338,7 +338,7 @@ impl Share {
 }
 
 /// The most blocks a mover is launched as (the arrival words a schedule points to).
-pub const MAX_BLOCKS: usize = 32;
+pub const MAX_BLOCKS: usize = 64;
 
 /// One mover thread's view of a schedule.
 struct Mover<'a, G, H> {

@@ -146,7 +146,7 @@ pub struct HostTransferConfig {
     pub mover_min_chunks: Option<usize>,
     /// Blocks a GPU mover is launched as, each copying its share of every chunk, so that
     /// more copies are in flight over the bus (a read of host memory waits a bus round trip);
-    /// from 1 to 32 (`duralumin_kernels::mover::MAX_BLOCKS`). A launch takes at most one block
+    /// from 1 to 64 (`duralumin_kernels::mover::MAX_BLOCKS`). A launch takes at most one block
     /// per multiprocessor, all resident at once (a cooperative launch), and one where the
     /// device refuses a cooperative launch. The host device runs one, as does HIP, whose
     /// cooperative launch of module kernels is newer than the ROCm this builds against
