@@ -526,8 +526,8 @@ mod gpu {
     }
 
     /// Items of a kind [`item_costs`] queues: few enough that waits and host functions behind
-    /// them fit the device's command queue (200 of each did not fit an H200's: the calling
-    /// thread blocked for room while the waits it had queued waited for it).
+    /// them fit the device's command queue (200 of each hung an H200 run, most likely with the
+    /// calling thread waiting for room while the waits it had queued waited for it).
     const ITEMS: u32 = 32;
 
     /// What the calling thread pays to queue each kind of stream item the staging engine uses,
