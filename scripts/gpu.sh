@@ -10,8 +10,9 @@
 #
 # With the device tool (600 s per command), carry=["gpu-bundle"]. On a 15-minute lease (startup
 # included), the call issue 40 needs next (docs/gpu.md, "What is left for the next GPU session"):
-#   DURALUMIN_GPU_STAGE_CAP=240 DURALUMIN_LAUNCH_TIMEOUT=230 bash scripts/gpu.sh run bench mps
-# then give the machine back. On an H200 (2026-11-30) one call of kernels, trial:cuda_np1,
+#   DURALUMIN_GPU_STAGE_CAP=180 DURALUMIN_LAUNCH_TIMEOUT=170 bash scripts/gpu.sh run bench mps
+# (its three stages' limits add up to 540 s, under the command's 600), then give the machine
+# back. On an H200 (2026-11-30) one call of kernels, trial:cuda_np1,
 # bench, mps, nccl_sweep and trial:cuda_np2 took 157 s (the bench 33 s, before its item-cost
 # table and scans). `bash scripts/gpu.sh` alone does everything on a machine that has cargo
 # and a GPU.
