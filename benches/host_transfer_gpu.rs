@@ -57,7 +57,7 @@ mod gpu {
     use std::time::{Duration, Instant};
 
     use cudarc::driver::sys::CUdevice_attribute;
-    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
     use duralumin::Sum;
     use duralumin::device::cuda::{CudaDevice, FlagPath, device_count};
     use duralumin::device::pool::Pools;
@@ -543,11 +543,8 @@ mod gpu {
         let flag = pools.flag().expect("flag");
         let keep: duralumin::device::KeepAlive = Arc::new(());
         let host = Pinned::new(&dev, 4096);
-        let mut buf: CudaSlice<u8> = stream.alloc_zeros(4096).expect("device buffer");
-        let ptr = {
-            let (p, _sync) = buf.device_ptr_mut(&stream);
-            duralumin::device::DevicePtr::new(p)
-        };
+        let mut buf: CudaSlice<f32> = stream.alloc_zeros(1024).expect("device buffer");
+        let ptr = dptr(&mut buf, &stream);
         let shape = Copy2d::contiguous(4096);
         // The flag, the pinned and the device buffer outlive the stream's synchronization
         // below; the host raises the waits' values once all are queued.
