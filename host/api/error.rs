@@ -119,8 +119,9 @@ pub enum Error {
 
     /// Another rank's collective does not match this rank's, found while the operation ran
     /// (without the signature check): a message of another length, a message of another call
-    /// where this rank expects one of its own, or another call in a shared-memory peer's
-    /// header. What arrived was never written past this rank's buffers. As after a timeout, the
+    /// where this rank expects one of its own, another call in a shared-memory peer's header,
+    /// or another call than that of a rank that gave the communicator up in this collective
+    /// before this rank found out (`peer`, whose deadline passed first). What arrived was never written past this rank's buffers. As after a timeout, the
     /// ranks then exchange their flight recorders (`report`, whose lines name the ranks that
     /// differ and what they called) and the job is aborted or, under
     /// [`OnTimeout::Error`](crate::reliability::OnTimeout::Error), the communicator given up:

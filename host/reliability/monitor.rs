@@ -546,6 +546,13 @@ pub(crate) fn fault_poison(
     }
 }
 
+/// The poison of a communicator another rank gave up in because of `reason`, where this rank's
+/// operation `trigger` made another call than that rank's there: the operation gets the
+/// mismatch, with the report; everything else [`Error::Aborted`].
+pub(crate) fn given_up_poison(trigger: Trigger, reason: String, mismatch: Mismatch, report: String) -> Poison {
+    Poison { trigger: Some(trigger), reason, timeout: None, mismatch: Some((mismatch, report)) }
+}
+
 /// The poison of a communicator given up because of `reason` (another rank's timeout or fault).
 pub(crate) fn plain_poison(reason: String) -> Poison {
     Poison { trigger: None, reason, timeout: None, mismatch: None }

@@ -593,21 +593,7 @@ impl Snapshot {
         #[allow(clippy::cast_possible_truncation, reason = "the ring's (at most 4096) and the unfinished ones")]
         w.u32(self.records.len() as u32);
         for r in &self.records {
-            w.u64(r.seq);
-            w.u8(r.kind as u8);
-            w.str(&r.elem);
-            w.u32(r.elem_size);
-            w.str(&r.operator);
-            w.u64(r.count);
-            w.u64(r.digest);
-            w.u64(r.root.map_or(u64::MAX, u64::from));
-            w.str(&r.algorithm);
-            w.u8(u8::from(r.in_place));
-            w.u8(r.state as u8);
-            w.opt_f64(r.enqueued_ago);
-            w.opt_f64(r.started_ago);
-            w.opt_f64(r.ended_ago);
-            w.str(&r.note);
+            r.write(&mut w);
         }
         w.0
     }
@@ -628,25 +614,66 @@ impl Snapshot {
         let n = r.u32()?.min(1 << 16);
         let mut records = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            records.push(RecordView {
-                seq: r.u64()?,
-                kind: OpKind::from_u8(r.u8()?)?,
-                elem: r.str()?,
-                elem_size: r.u32()?,
-                operator: r.str()?,
-                count: r.u64()?,
-                digest: r.u64()?,
-                root: u32::try_from(r.u64()?).ok(),
-                algorithm: r.str()?,
-                in_place: r.u8()? != 0,
-                state: State::from_u8(r.u8()?)?,
-                enqueued_ago: r.opt_f64()?,
-                started_ago: r.opt_f64()?,
-                ended_ago: r.opt_f64()?,
-                note: r.str()?,
-            });
+            records.push(RecordView::read(&mut r)?);
         }
         Some(Snapshot { rank, next_seq, next_p2p, poisoned, idle, waits, records })
+    }
+}
+
+impl RecordView {
+    /// One record alone, versioned like a snapshot: what a rank that gives a communicator up
+    /// tells the others it was in (see the watchdog's `ask`).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut w = wire::Writer(Vec::with_capacity(96));
+        w.u8(WIRE_VERSION);
+        self.write(&mut w);
+        w.0
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<RecordView> {
+        let mut r = wire::Reader(bytes);
+        if r.u8()? != WIRE_VERSION {
+            return None;
+        }
+        RecordView::read(&mut r)
+    }
+
+    fn write(&self, w: &mut wire::Writer) {
+        w.u64(self.seq);
+        w.u8(self.kind as u8);
+        w.str(&self.elem);
+        w.u32(self.elem_size);
+        w.str(&self.operator);
+        w.u64(self.count);
+        w.u64(self.digest);
+        w.u64(self.root.map_or(u64::MAX, u64::from));
+        w.str(&self.algorithm);
+        w.u8(u8::from(self.in_place));
+        w.u8(self.state as u8);
+        w.opt_f64(self.enqueued_ago);
+        w.opt_f64(self.started_ago);
+        w.opt_f64(self.ended_ago);
+        w.str(&self.note);
+    }
+
+    fn read(r: &mut wire::Reader<'_>) -> Option<RecordView> {
+        Some(RecordView {
+            seq: r.u64()?,
+            kind: OpKind::from_u8(r.u8()?)?,
+            elem: r.str()?,
+            elem_size: r.u32()?,
+            operator: r.str()?,
+            count: r.u64()?,
+            digest: r.u64()?,
+            root: u32::try_from(r.u64()?).ok(),
+            algorithm: r.str()?,
+            in_place: r.u8()? != 0,
+            state: State::from_u8(r.u8()?)?,
+            enqueued_ago: r.opt_f64()?,
+            started_ago: r.opt_f64()?,
+            ended_ago: r.opt_f64()?,
+            note: r.str()?,
+        })
     }
 }
 

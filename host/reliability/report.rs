@@ -297,6 +297,31 @@ fn rank_line(r: usize, rec: &RecordView, expected: &RecordView) -> Option<String
     })
 }
 
+/// The report of a rank whose collective #n another rank gave up in (`from`, whose deadline
+/// passed there first, or whose call failed) with a call unlike this rank's (`mine`, `theirs`):
+/// `None` if the calls agree. The rank that gave up wrote the whole report, from every rank's
+/// answer; this one compares the two calls this rank knows.
+pub(crate) fn against_giver(
+    (me, size): (usize, usize),
+    headline: &str,
+    mine: &RecordView,
+    (from, theirs): (usize, &RecordView),
+) -> Option<String> {
+    if key(mine) == key(theirs) {
+        return None;
+    }
+    let what = differences(mine, theirs).join(", ");
+    Some(format!(
+        "desync report, communicator of {size} ranks, seen from rank {me}: {headline}\n  rank {me}: entered #{} as {}, \
+         which differs from rank {from}'s call in {what}\n  rank {from}: entered #{} as {}, and gave the communicator \
+         up (its own report names every rank's call)",
+        mine.seq,
+        call(mine),
+        theirs.seq,
+        call(theirs)
+    ))
+}
+
 /// The signature check's verdict on every rank's call at one point (`views[r]` is rank `r`'s):
 /// `None` when all are valid and alike, else the report.
 pub(crate) fn calls(me: usize, headline: &str, mine: &RecordView, views: &[RecordView]) -> Option<String> {
@@ -423,6 +448,24 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("last completed: none on ranks 0-1"), "{text}");
+    }
+
+    #[test]
+    fn a_rank_told_of_a_give_up_compares_the_giver_s_call_with_its_own() {
+        let mine = view(2, allreduce(8), State::Running);
+        let theirs = RecordView::decode(&view(2, allreduce(7), State::Running).encode()).unwrap();
+        assert!(against_giver((1, 4), "x", &mine, (0, &view(2, allreduce(8), State::Running))).is_none());
+        let text = against_giver((1, 4), "rank 0 gave up", &mine, (0, &theirs)).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "desync report, communicator of 4 ranks, seen from rank 1: rank 0 gave up");
+        assert_eq!(
+            lines[1],
+            "  rank 1: entered #2 as allreduce (f32 sum, count 8), which differs from rank 0's call in count (8; \
+             expected 7)"
+        );
+        assert!(lines[2].starts_with("  rank 0: entered #2 as allreduce (f32 sum, count 7), and gave"), "{text}");
+        assert_eq!(lines.len(), 3);
+        assert!(RecordView::decode(&[0xff]).is_none(), "another build's encoding reads as nothing");
     }
 
     #[test]

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use super::OnTimeout;
 use super::abort::{abort_job, rank_label};
 use super::monitor::{
-    FaultRequest, Monitor, MonitorState, Trigger, fault_poison, interruptible, plain_poison, timeout_poison,
+    FaultRequest, Mismatch, Monitor, MonitorState, Poison, Trigger, fault_poison, given_up_poison, interruptible,
+    plain_poison, timeout_poison,
 };
 use super::recorder::{self, RecordView, Snapshot};
 use super::report::{self, Target};
@@ -194,12 +195,34 @@ fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, o
     let mut st = m.lock();
     let own_report = exchanging || late_op(&st, recorder::now()).is_some();
     if flags & GIVE_UP != 0 && !own_report {
-        let reason = format!("rank {from} gave up on the communicator (#{seq} timed out or failed there)");
-        Monitor::poison_with(&mut st, m, plain_poison(reason));
+        let theirs = msg.get(16..).and_then(RecordView::decode);
+        let poison = given_up(m, &st, (from, seq), theirs.as_ref());
+        Monitor::poison_with(&mut st, m, poison);
     }
     let bytes = m.snapshot(&st).encode();
     drop(st);
     send(rc, from, SNAP, bytes, outgoing);
+}
+
+/// The poison of a communicator rank `from` gave up in its collective #`seq`. Where `theirs`
+/// (its call there) differs from this rank's own #`seq`, that operation gets the mismatch, with
+/// both calls: the two ranks made different calls, and the other rank's deadline passed before
+/// this rank found out (a rank starved of its core finds a mismatch late). Everything else gets
+/// [`Error::Aborted`](crate::Error::Aborted) naming `from`.
+fn given_up(m: &Monitor, st: &MonitorState, (from, seq): (usize, u64), theirs: Option<&RecordView>) -> Poison {
+    let reason = format!("rank {from} gave up on the communicator (#{seq} timed out or failed there)");
+    let now = recorder::now();
+    let mine = st.recorder.iter().find(|r| r.sig.kind.is_collective() && r.seq == seq);
+    let differing = mine.zip(theirs.filter(|t| t.seq == seq)).and_then(|(r, theirs)| {
+        let v = RecordView::of(r, now);
+        let report = report::against_giver((m.rank, m.size), &reason, &v, (from, theirs))?;
+        let what = format!("{reason}, where it called {}", report::describe(theirs));
+        Some((r.id(), Mismatch { op: v.kind.name(), seq, peer: from, what }, report))
+    });
+    match differing {
+        Some((id, mismatch, report)) => given_up_poison(Trigger::Op(id), reason, mismatch, report),
+        None => plain_poison(reason),
+    }
 }
 
 fn send(rc: RawComm, to: usize, tag: c_int, bytes: Vec<u8>, outgoing: &mut Vec<Outgoing>) {
@@ -338,6 +361,11 @@ fn ask(m: &Monitor, rc: RawComm, x: &Exchange, outgoing: &mut Vec<Outgoing>) {
     let give_up = m.on_timeout() == OnTimeout::Error;
     let mut msg = x.seq.to_le_bytes().to_vec();
     msg.extend_from_slice(&(if give_up { GIVE_UP } else { 0 }).to_le_bytes());
+    if let (true, Target::Collective(mine)) = (give_up, &x.target) {
+        // The call this rank gives up in: an answerer that made another call at that point
+        // learns it from its own error (see `given_up`).
+        msg.extend_from_slice(&mine.encode());
+    }
     for r in (0..m.size).filter(|&r| r != m.rank) {
         send(rc, r, ASK, msg.clone(), outgoing);
     }

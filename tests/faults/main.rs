@@ -82,9 +82,12 @@ struct Case {
 
 fn main() {
     if let Ok(program) = std::env::var("DURALUMIN_FAULT_PROGRAM") {
-        match program.strip_prefix("mismatch-") {
-            Some(backend) => mismatch::main(backend),
-            None => rank::main(&program),
+        if let Some(backend) = program.strip_prefix("mismatch-") {
+            mismatch::main(backend);
+        } else if let Some(backend) = program.strip_prefix("given-up-") {
+            mismatch::given_up(backend);
+        } else {
+            rank::main(&program);
         }
         return;
     }
@@ -128,6 +131,10 @@ fn main() {
             None => run_mismatch(backend, 4, Some("2x2")),
         });
         trials.push(trial.with_ignored_flag(cluster.is_some() && !cluster_required));
+    }
+    // A rank told of another's give-up in a call unlike its own (see `mismatch::given_up`).
+    for backend in ["mpi", "host"] {
+        trials.push(Trial::test(format!("given_up_{backend}_np2"), move || run_given_up(backend)));
     }
     // `scripts/test.sh` runs this binary on its own, beside its last stages (its launches
     // mostly wait out deadlines: `docs/testing.md`); inside the workspace's `cargo test` there,
@@ -183,6 +190,48 @@ fn run_mismatch(backend: &str, np: usize, layout: Option<&str>) -> Result<(), Fa
     let retried =
         if alone.is_empty() { String::new() } else { format!("; beyond the bound under load: {}", alone.join(", ")) };
     println!("mismatch {backend} np {np} {}: {tally}{retried}", layout.unwrap_or("one node"));
+    Ok(())
+}
+
+/// Two ranks broadcast, each with the other as the root, and no message can show either the
+/// mismatch: rank 0's deadline passes first and it gives the communicator up. Rank 0 must get
+/// its timeout; rank 1, long before its own deadline, the mismatch, naming both calls.
+fn run_given_up(backend: &str) -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let env = [("DURALUMIN_FAULT_PROGRAM", format!("given-up-{backend}")), ("DURALUMIN_CHECK", "0".to_string())];
+    let l = mpirun::launch(2, &exe, &env, &[], LIMIT)?;
+    let fail = |why: String| -> Failed { l.failure(&format!("given up {backend}: {why}")).into() };
+    if !l.status.is_some_and(|s| s.success()) {
+        return Err(fail(format!("the launch ended with {:?}", l.status)));
+    }
+    let outcome = |r: usize| -> Option<(String, u64)> {
+        l.stdout.lines().find_map(|line| {
+            let (word, ms) = line.strip_prefix(&format!("GIVEN_UP {r} "))?.split_once(' ')?;
+            Some((word.to_string(), ms.trim().parse().ok()?))
+        })
+    };
+    let err = |r: usize| -> String {
+        let prefix = format!("ERR {r}| ");
+        l.stdout.lines().filter_map(|line| line.strip_prefix(&prefix)).collect::<Vec<_>>().join("\n")
+    };
+    let (first, second) = (outcome(0), outcome(1));
+    if first.as_ref().map(|o| o.0.as_str()) != Some("Timeout") {
+        return Err(fail(format!("rank 0 ended {first:?}, not with its timeout")));
+    }
+    let bound = mismatch::GIVE_UP_TIMEOUT + Duration::from_secs(5);
+    match second {
+        Some((word, ms)) if word == "Mismatch" && u128::from(ms) <= bound.as_millis() => {}
+        other => return Err(fail(format!("rank 1 ended {other:?}, not with the mismatch within {bound:?}"))),
+    }
+    let text = err(1);
+    for needle in
+        ["rank 0 gave up on the communicator", "rank 1: entered #", "which differs from rank 0's call in root"]
+    {
+        if !text.contains(needle) {
+            return Err(fail(format!("rank 1's error lacks {needle:?}: {text}")));
+        }
+    }
+    println!("given up {backend}: rank 1 got the mismatch: {}", text.lines().nth(2).unwrap_or_default().trim());
     Ok(())
 }
 
@@ -327,7 +376,9 @@ fn check_case(
     let k = case.faulty;
     // The faulty rank's own deadline may pass first (a broadcast root, released once its
     // data is staged, goes on waiting on the proxy thread): the others then hear that it
-    // gave up, which names it too.
+    // gave up, which names it too. Another rank's may, where the faulty rank (short of a core)
+    // has yet to find the mismatch: the faulty rank's error then sets its call beside that
+    // rank's (see `given_up_*` below), in a line that names it.
     let names = |e: &&str| {
         [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in"), format!("rank {k} gave up")]
             .iter()

@@ -300,6 +300,57 @@ pub fn main(backend: &str) {
     report.write(&format!("DONE {me}\n"));
 }
 
+/// The deadline of the rank that gives up first in [`given_up`]; the other's is
+/// [`WARMUP_TIMEOUT`], far beyond it.
+pub const GIVE_UP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The rank program of the given-up trial (`DURALUMIN_FAULT_PROGRAM=given-up-mpi` or
+/// `given-up-host`, 2 ranks, `OnTimeout::Error`): each rank broadcasts with the other as the
+/// root (chain algorithm), so each waits for the other's data and no message can show either
+/// rank the mismatch. Rank 0's deadline passes first; rank 1 must learn from its give-up that
+/// the calls differ. Prints `GIVEN_UP <rank> <outcome> <ms>` and the error's lines
+/// (`ERR <rank>| ...`).
+pub fn given_up(backend: &str) {
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    let out = match backend {
+        "mpi" => {
+            let mut c = MpiCommunicator::new(&world).expect("communicator");
+            c.set_on_timeout(OnTimeout::Error);
+            give_up_once(&mut c, &world)
+        }
+        "host" => {
+            let dev = HostDevice::new(0);
+            let stream = dev.stream().expect("stream");
+            let mut comm = HostTransferCommunicator::new(&world, dev.clone(), stream).expect("communicator");
+            comm.set_on_timeout(OnTimeout::Error);
+            give_up_once(&mut Ht { dev, comm }, &world)
+        }
+        other => panic!("unknown backend {other}"),
+    };
+    print!("{out}");
+}
+
+/// One broadcast of 1024 elements rooted at the other rank, under this rank's deadline.
+fn give_up_once(c: &mut impl Calls, world: &SimpleCommunicator) -> String {
+    let me = c.rank();
+    c.set_timeout(if me == 0 { GIVE_UP_TIMEOUT } else { WARMUP_TIMEOUT });
+    world.barrier();
+    let start = Instant::now();
+    let (r, _) = c.bcast(&data(me, 1024), 1 - me, BcastAlgorithm::Chain);
+    let ms = start.elapsed().as_millis();
+    match r {
+        Ok(_) => format!("GIVEN_UP {me} ok {ms}\n"),
+        Err(e) => {
+            let mut out = format!("GIVEN_UP {me} {} {ms}\n", kind(&e));
+            for line in e.to_string().lines() {
+                out.push_str(&format!("ERR {me}| {line}\n"));
+            }
+            out
+        }
+    }
+}
+
 /// The variable naming the directory where each rank writes its case lines (`rank<r>`).
 pub const REPORTS: &str = "DURALUMIN_MISMATCH_REPORTS";
 
