@@ -6,8 +6,10 @@
 //! request that would pass it first releases idle blocks of other sizes, then reports that it
 //! must wait ([`Pools::try_take`]) or fails with [`Error::PoolExhausted`] ([`Pools::take`]):
 //! the pool never blocks. Flags come from pinned pages of
-//! [`FLAGS_PER_PAGE`] slots; a slot is zeroed when taken. Both pools count what is in use, so
-//! tests can check that every operation gave everything back.
+//! [`FLAGS_PER_PAGE`] slots; a slot is zeroed when taken. A slot a stream may still wait on when
+//! it is given back goes back only once the stream has said it is past the wait
+//! ([`FlagSlot::reuse_once`]). Both pools count what is in use, so tests can check that every
+//! operation gave everything back.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,6 +25,10 @@ pub const MIN_BLOCK: usize = 4096;
 
 /// Flags per pinned page of the flag pool.
 pub const FLAGS_PER_PAGE: usize = 1024;
+
+/// How long a dropped pool's flag pages wait for the streams still waiting on its slots (see
+/// [`FlagSlot::reuse_once`]) before they leak.
+const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A snapshot of a pool's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,6 +52,9 @@ struct Counters {
     stats: PoolStats,
     flag_pages: Vec<(usize, DevicePtr)>,
     free_flags: Vec<(usize, usize)>,
+    /// Slots given back that go back to `free_flags` once they reach a value (see
+    /// [`FlagSlot::reuse_once`]): page, index, value.
+    pending_flags: Vec<(usize, usize, u32)>,
 }
 
 /// Staging memory and flags of one device.
@@ -71,6 +80,7 @@ impl<D: Device> Pools<D> {
                 stats,
                 flag_pages: Vec::new(),
                 free_flags: Vec::new(),
+                pending_flags: Vec::new(),
             }),
         })
     }
@@ -82,7 +92,9 @@ impl<D: Device> Pools<D> {
 
     /// The counters now.
     pub fn stats(&self) -> PoolStats {
-        self.lock().stats
+        let mut st = self.lock();
+        st.reuse_reached();
+        st.stats
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counters> {
@@ -173,6 +185,7 @@ impl<D: Device> Pools<D> {
     /// A flag slot, set to zero.
     pub fn flag(self: &Arc<Self>) -> Result<FlagSlot<D>> {
         let mut st = self.lock();
+        st.reuse_reached();
         if st.free_flags.is_empty() {
             let bytes = FLAGS_PER_PAGE * size_of::<u32>();
             let host = self.device.alloc_pinned(bytes)?;
@@ -195,11 +208,30 @@ impl<D: Device> Pools<D> {
         let flag = Flag { host, device: device.offset(index * size_of::<u32>()) };
         // SAFETY: the slot belongs to the page just looked up, which lives as long as the pools.
         unsafe { flag.atomic() }.store(0, Ordering::Release);
-        Ok(FlagSlot { pools: Arc::clone(self), flag, page, index })
+        Ok(FlagSlot { pools: Arc::clone(self), flag, page, index, reuse_at: AtomicU32::new(0) })
     }
 }
 
 impl Counters {
+    /// Moves the pending slots that reached their value to the free list.
+    fn reuse_reached(&mut self) {
+        if self.pending_flags.is_empty() {
+            return;
+        }
+        let Counters { pending_flags, free_flags, flag_pages, stats, .. } = self;
+        pending_flags.retain(|&(page, index, value)| {
+            let host = (flag_pages[page].0 + index * size_of::<u32>()) as *const AtomicU32;
+            // SAFETY: the slot belongs to a page the pools hold for their whole life.
+            if reached(unsafe { &*host }.load(Ordering::Acquire), value) {
+                free_flags.push((page, index));
+                stats.flags_in_use -= 1;
+                false
+            } else {
+                true
+            }
+        });
+    }
+
     /// The error for a block of `requested` bytes that the pool cannot hand out.
     fn exhausted(&self, requested: usize) -> Error {
         Error::PoolExhausted { requested, in_use: self.stats.in_use_bytes, cap: self.stats.cap_bytes }
@@ -224,21 +256,53 @@ impl<D: Device> Drop for Pools<D> {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         // Idle blocks are used by nothing (in-use blocks hold the pools alive); every flag slot
-        // holds the pools alive too, so no flag page is in use now.
-        let mut memory: Vec<(usize, usize)> =
+        // holds the pools alive too, so no flag page is in use now, unless a stream may still
+        // wait on a slot given back (see `FlagSlot::reuse_once`): the pages then go once it
+        // got past (a communicator dropped without synchronizing its stream), or leak if it
+        // does not within `PENDING_WAIT` (a stream held up or failed).
+        let blocks: Vec<(usize, usize)> =
             st.free.iter().flat_map(|(&size, list)| list.iter().map(move |&p| (p, size))).collect();
-        memory.extend(st.flag_pages.iter().map(|&(host, _)| (host, FLAGS_PER_PAGE * size_of::<u32>())));
+        st.reuse_reached();
+        let pages: Vec<(usize, usize)> =
+            st.flag_pages.iter().map(|&(host, _)| (host, FLAGS_PER_PAGE * size_of::<u32>())).collect();
+        let pending: Vec<(usize, u32)> = st
+            .pending_flags
+            .iter()
+            .map(|&(page, index, value)| (st.flag_pages[page].0 + index * size_of::<u32>(), value))
+            .collect();
+        let waits = !pending.is_empty();
         let device = Arc::clone(&self.device);
         let free = move || {
-            for (p, size) in memory {
-                // SAFETY: used by nothing (above), allocated by this device, freed once.
-                unsafe { device.free_pinned(p as *mut u8, size) };
+            let free_all = |memory: Vec<(usize, usize)>| {
+                for (p, size) in memory {
+                    // SAFETY: used by nothing (above, and the flag pages once no stream waits on
+                    // them), allocated by this device, freed once.
+                    unsafe { device.free_pinned(p as *mut u8, size) };
+                }
+            };
+            free_all(blocks);
+            let passed = || {
+                pending.iter().all(|&(at, value)| {
+                    // SAFETY: the pages these slots lie in are freed only below, after this.
+                    let word = unsafe { &*(at as *const AtomicU32) };
+                    reached(word.load(Ordering::Acquire), value)
+                })
+            };
+            let deadline = std::time::Instant::now() + PENDING_WAIT;
+            while !passed() {
+                if std::time::Instant::now() >= deadline {
+                    tracing::warn!("a dropped pool's flag is still waited on by a stream; its flag pages leak");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
             }
+            free_all(pages);
         };
         // Freeing pinned memory may wait for the device (CUDA's does), which the proxy thread
-        // must not (docs/architecture.md#the-queue-order-rule): there, the frees run on a thread
-        // of their own. The last operation of a dropped communicator lets its pools go there.
-        if crate::common::progress::on_proxy_thread() {
+        // must not (docs/architecture.md#the-queue-order-rule), and a stream may have a wait to
+        // pass first: then the frees run on a thread of their own. The last operation of a
+        // dropped communicator lets its pools go on the proxy thread.
+        if waits || crate::common::progress::on_proxy_thread() {
             let spawned = std::thread::Builder::new().name("duralumin-pool-free".into()).spawn(free);
             if spawned.is_err() {
                 tracing::warn!("could not start a thread to free a dropped pool's pinned memory; it leaks");
@@ -286,6 +350,8 @@ pub struct FlagSlot<D: Device> {
     flag: Flag,
     page: usize,
     index: usize,
+    /// 0, or the value the flag must reach before the slot is lent again.
+    reuse_at: AtomicU32,
 }
 
 impl<D: Device> std::fmt::Debug for FlagSlot<D> {
@@ -319,6 +385,14 @@ impl<D: Device> FlagSlot<D> {
         self.pools.device.host_wrote_flag();
     }
 
+    /// Lends the slot again, once it is given back, only after the flag has reached `value`
+    /// (nonzero): for a flag a stream waits on and then sets to `value`, so that the slot is
+    /// never reset under a wait the stream has not passed yet, with no host function to hold it.
+    /// A slot that never reaches `value` (its stream failed) is never lent again.
+    pub fn reuse_once(&self, value: u32) {
+        self.reuse_at.store(value, Ordering::Relaxed);
+    }
+
     /// Raises the flag from the host to `value` unless it has already reached it, compared
     /// modulo 2³² as the device compares (flags that count chunks only go up, whichever of two
     /// threads writes last).
@@ -334,9 +408,16 @@ impl<D: Device> FlagSlot<D> {
 
 impl<D: Device> Drop for FlagSlot<D> {
     fn drop(&mut self) {
+        let at = *self.reuse_at.get_mut();
+        let waits = at != 0 && !reached(self.load(), at);
         let mut st = self.pools.lock();
-        st.stats.flags_in_use -= 1;
-        st.free_flags.push((self.page, self.index));
+        if waits {
+            // Still in use, until the stream gets there (see `reuse_once`).
+            st.pending_flags.push((self.page, self.index, at));
+        } else {
+            st.stats.flags_in_use -= 1;
+            st.free_flags.push((self.page, self.index));
+        }
     }
 }
 
@@ -365,5 +446,53 @@ mod tests {
         drop(small);
         drop(pools);
         assert_eq!(dev.pinned_bytes(), 0);
+    }
+
+    #[test]
+    fn a_slot_to_reuse_once_it_reaches_a_value_waits_for_it() {
+        let dev = HostDevice::new(0);
+        let pools = Pools::new(Arc::new(dev.clone()), MIN_BLOCK);
+        let slot = pools.flag().unwrap();
+        let flag = slot.flag();
+        slot.store(1);
+        slot.reuse_once(2);
+        drop(slot);
+        // Given back before the stream got past its wait: still in use, and never lent again
+        // meanwhile (the next slot is another one).
+        assert_eq!(pools.stats().flags_in_use, 1);
+        let other = pools.flag().unwrap();
+        assert_ne!(other.flag().host, flag.host);
+        // SAFETY: the slot's page lives as long as the pools; nothing else writes this slot.
+        unsafe { flag.atomic() }.store(2, std::sync::atomic::Ordering::Release);
+        assert_eq!(pools.stats().flags_in_use, 1, "only `other` is in use once the value is reached");
+        drop(other);
+        // The slot reached its value: lent again, zeroed.
+        let again = [pools.flag().unwrap(), pools.flag().unwrap()];
+        let same = again.iter().find(|s| s.flag().host == flag.host).expect("the slot is lent again");
+        assert_eq!(same.load(), 0);
+        drop(again);
+        assert_eq!(pools.stats().flags_in_use, 0);
+        drop(pools);
+        assert_eq!(dev.pinned_bytes(), 0, "no slot pending: the flag page was freed");
+    }
+
+    #[test]
+    fn a_pool_dropped_with_a_slot_a_stream_may_still_wait_on_frees_its_flag_pages_once_it_passed() {
+        let dev = HostDevice::new(0);
+        let pools = Pools::new(Arc::new(dev.clone()), MIN_BLOCK);
+        let slot = pools.flag().unwrap();
+        let flag = slot.flag();
+        slot.reuse_once(2);
+        drop(slot);
+        drop(pools);
+        assert!(dev.pinned_bytes() > 0, "the flag page outlives the pools while the slot may be waited on");
+        // The stream gets past its wait.
+        // SAFETY: the page is freed only once the slot reads 2, after this store.
+        unsafe { flag.atomic() }.store(2, std::sync::atomic::Ordering::Release);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while dev.pinned_bytes() > 0 {
+            assert!(std::time::Instant::now() < deadline, "the flag page was not freed once its slot passed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }

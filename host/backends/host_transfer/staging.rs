@@ -34,6 +34,10 @@ use crate::reliability::OnTimeout;
 use crate::reliability::monitor::OpId;
 use crate::reliability::recorder::{Signature, State};
 
+/// The value a stream sets an operation's `done` flag to once it is past its wait for it (see
+/// [`HostTransferCommunicator::wait_done`]).
+const PASSED: u32 = 2;
+
 /// An operation queued on a stream and handed to the proxy thread, or run through on the
 /// calling thread.
 pub(crate) struct Queued<D: Device> {
@@ -304,9 +308,8 @@ impl<D: Device> HostTransferCommunicator<D> {
     fn finish_elsewhere(&self, stream: &D::Stream, handed: &HandedOver<D>) {
         let (task, done) = (&handed.task, &handed.done);
         self.engine.submit_now(Arc::clone(task));
-        // SAFETY: the wait keeps `done`'s slot (see `queue_device_work`).
-        let queued =
-            unsafe { self.shared.device.wait_flag(stream, done.flag(), 1, Some(Arc::clone(done) as KeepAlive)) };
+        // SAFETY: `done`'s slot is held until the stream has passed the wait (see `wait_done`).
+        let queued = unsafe { self.wait_done(stream, done) };
         if queued.is_err() {
             // The stream cannot wait for it: it ends before the call returns instead (its
             // error, if any, goes where its errors go).
@@ -381,9 +384,7 @@ impl<D: Device> HostTransferCommunicator<D> {
         let (device, copies) = (&*self.shared.device, &handed.copies);
         let staged = handed.geo.place.is_some();
         // SAFETY: the flags are held by the operation until `done`, the ring by the shared
-        // state it holds. The stream's wait keeps `done`'s slot: the operation's own hold ends
-        // when the proxy thread sees `done`, which may be before this stream does, and a later
-        // operation could then take the slot and reset it to 0 under the stream's wait.
+        // state it holds, and `done`'s slot until the stream has passed its wait (`wait_done`).
         unsafe {
             if staged {
                 device.join(&copies.ins, stream)?;
@@ -393,10 +394,31 @@ impl<D: Device> HostTransferCommunicator<D> {
                 None => copies.queue()?,
             }
             if staged {
-                device.wait_flag(stream, handed.done.flag(), 1, Some(Arc::clone(&handed.done) as KeepAlive))?;
+                self.wait_done(stream, &handed.done)?;
             }
         }
         Ok(())
+    }
+
+    /// Queues `stream`'s wait for the operation's `done` flag, then the stream's note that it
+    /// is past it (`done` set to [`PASSED`]), and holds the slot until then
+    /// ([`FlagSlot::reuse_once`]). The operation's own hold ends when the proxy thread sees
+    /// `done`, which may be before this stream does, and a later operation could then take the
+    /// slot and reset it to 0 under the stream's wait. A host function behind the wait would
+    /// hold it too, but the stream would then wait for a round trip through the driver's thread
+    /// before its next item, and so would the next operation, which starts where the stream is.
+    ///
+    /// # Safety
+    /// As [`Device::wait_flag`].
+    unsafe fn wait_done(&self, stream: &D::Stream, done: &FlagSlot<D>) -> Result<()> {
+        let device = &*self.shared.device;
+        // SAFETY: the slot is held until the stream has written `PASSED`, after its wait (if
+        // that write cannot be queued, for ever: the stream may still wait).
+        unsafe {
+            device.wait_flag(stream, done.flag(), 1, None)?;
+            done.reuse_once(PASSED);
+            device.write_flag(stream, done.flag(), PASSED)
+        }
     }
 
     /// The operation's schedule if it is queued as one mover: a staged operation of at least
