@@ -310,7 +310,9 @@ pub(crate) fn against_giver(
     if key(mine) == key(theirs) {
         return None;
     }
-    let what = differences(mine, theirs).join(", ");
+    // Neither call is known to be the odd one: name the other rank where a report names the
+    // majority's call (`count (8; rank 0's 7)`).
+    let what = differences(mine, theirs).join(", ").replace("expected ", &format!("rank {from}'s "));
     Some(format!(
         "desync report, communicator of {size} ranks, seen from rank {me}: {headline}\n  rank {me}: entered #{} as {}, \
          which differs from rank {from}'s call in {what}\n  rank {from}: entered #{} as {}, and gave the communicator \
@@ -461,7 +463,7 @@ mod tests {
         assert_eq!(
             lines[1],
             "  rank 1: entered #2 as allreduce (f32 sum, count 8), which differs from rank 0's call in count (8; \
-             expected 7)"
+             rank 0's 7)"
         );
         assert!(lines[2].starts_with("  rank 0: entered #2 as allreduce (f32 sum, count 7), and gave"), "{text}");
         assert_eq!(lines.len(), 3);

@@ -224,9 +224,11 @@ fn run_given_up(backend: &str) -> Result<(), Failed> {
         other => return Err(fail(format!("rank 1 ended {other:?}, not with the mismatch within {bound:?}"))),
     }
     let text = err(1);
-    for needle in
-        ["rank 0 gave up on the communicator", "rank 1: entered #", "which differs from rank 0's call in root"]
-    {
+    for needle in [
+        "rank 0 gave up on the communicator",
+        "rank 1: entered #",
+        "which differs from rank 0's call in root (0; rank 0's 1)",
+    ] {
         if !text.contains(needle) {
             return Err(fail(format!("rank 1's error lacks {needle:?}: {text}")));
         }
