@@ -119,25 +119,31 @@ pub enum Error {
 
     /// Another rank's collective does not match this rank's, found while the operation ran
     /// (without the signature check): a message of another length, a message of another call
-    /// where this rank expects one of its own, another call in a shared-memory peer's header,
-    /// or another call than that of a rank that gave the communicator up in this collective
-    /// before this rank found out (`peer`, whose deadline passed first). What arrived was never written past this rank's buffers. As after a timeout, the
+    /// where this rank expects one of its own, or another call in a shared-memory peer's
+    /// header. What arrived was never written past this rank's buffers. As after a timeout, the
     /// ranks then exchange their flight recorders (`report`, whose lines name the ranks that
     /// differ and what they called) and the job is aborted or, under
     /// [`OnTimeout::Error`](crate::reliability::OnTimeout::Error), the communicator given up:
     /// its later calls, here and on the other ranks, fail with [`Error::Aborted`]. Why this is
     /// not [`Error::SignatureMismatch`]: `docs/reliability.md`.
+    ///
+    /// Also, under `OnTimeout::Error`, the error of an operation still in flight when another
+    /// rank (`peer`) gave the communicator up in a collective of the same number that is
+    /// another call than this one (its deadline passed, or it failed, before this rank found
+    /// the difference): then `report` sets the two calls side by side, and the report of every
+    /// rank's call is the one `peer` printed.
     #[error("{op} #{seq}: {what}\n{report}")]
     Mismatch {
         /// This rank's operation (`"allreduce"`).
         op: &'static str,
         /// Its number on the communicator (collectives are numbered from 1).
         seq: u64,
-        /// The rank whose message or header differs.
+        /// The rank whose message or header differs (or that gave the communicator up).
         peer: usize,
         /// What was found (`"rank 3 sent 8 elements where this rank expects 7"`).
         what: String,
-        /// The desync report of the exchange that followed.
+        /// The desync report of the exchange that followed (or the two calls, where `peer`
+        /// gave the communicator up).
         report: String,
     },
 

@@ -49,8 +49,9 @@ pub(crate) struct Poison {
     pub(crate) reason: String,
     /// The timeout itself, for the operation (or waits) that ran past the deadline.
     timeout: Option<(&'static str, u64, Duration, String)>,
-    /// The mismatch this rank found, for the operation that found it (and whole-communicator
-    /// waits), with the report.
+    /// The mismatch this rank found (or learned of from a rank that gave up in another call:
+    /// [`given_up_poison`]), for the operation that found it (and whole-communicator waits),
+    /// with the report.
     mismatch: Option<(Mismatch, String)>,
 }
 
@@ -547,8 +548,9 @@ pub(crate) fn fault_poison(
 }
 
 /// The poison of a communicator another rank gave up in because of `reason`, where this rank's
-/// operation `trigger` made another call than that rank's there: the operation gets the
-/// mismatch, with the report; everything else [`Error::Aborted`].
+/// operation `trigger` made another call than that rank's there: the operation and the threads
+/// waiting on the communicator get the mismatch, with the report; everything else
+/// [`Error::Aborted`].
 pub(crate) fn given_up_poison(trigger: Trigger, reason: String, mismatch: Mismatch, report: String) -> Poison {
     Poison { trigger: Some(trigger), reason, timeout: None, mismatch: Some((mismatch, report)) }
 }

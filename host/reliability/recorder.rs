@@ -571,7 +571,8 @@ mod wire {
     }
 }
 
-/// Snapshot encoding version (first byte), so a mismatch between builds reads as "no answer"
+/// Encoding version (first byte) of a snapshot and of a record sent alone
+/// ([`RecordView::encode`]), so a mismatch between builds reads as "no answer" (or no record)
 /// rather than garbage.
 const WIRE_VERSION: u8 = 1;
 

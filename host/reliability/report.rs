@@ -118,39 +118,37 @@ fn key(r: &RecordView) -> (u64, OpKind, &str, u32, &str, &str, Option<u32>, Opti
     )
 }
 
-/// The fields in which `r` differs from `expected`.
-fn differences(r: &RecordView, expected: &RecordView) -> Vec<String> {
+/// The fields in which `r` differs from `expected`, whose values are called `label`'s
+/// (`"expected"`, or another rank's).
+fn differences(r: &RecordView, expected: &RecordView, label: &str) -> Vec<String> {
     let mut d = Vec::new();
     if r.seq != expected.seq {
-        d.push(format!(
-            "number (#{}; expected #{}: an earlier collective ran on some ranks only)",
-            r.seq, expected.seq
-        ));
+        d.push(format!("number (#{}; {label} #{}: an earlier collective ran on some ranks only)", r.seq, expected.seq));
     }
     if r.kind != expected.kind {
-        d.push(format!("op (expected {})", expected.kind.name()));
+        d.push(format!("op ({label} {})", expected.kind.name()));
         return d;
     }
     if r.elem != expected.elem || r.elem_size != expected.elem_size {
         d.push(format!(
-            "element ({}, {} bytes; expected {}, {} bytes)",
+            "element ({}, {} bytes; {label} {}, {} bytes)",
             r.elem, r.elem_size, expected.elem, expected.elem_size
         ));
     }
     if r.operator != expected.operator {
-        d.push(format!("operator ({}; expected {})", r.operator, expected.operator));
+        d.push(format!("operator ({}; {label} {})", r.operator, expected.operator));
     }
     if r.kind.has_root() && r.root != expected.root {
         let show = |x: Option<u32>| x.map_or("none".to_string(), |v| v.to_string());
-        d.push(format!("root ({}; expected {})", show(r.root), show(expected.root)));
+        d.push(format!("root ({}; {label} {})", show(r.root), show(expected.root)));
     }
     if r.kind.common_count() && r.count != expected.count {
-        d.push(format!("count ({}; expected {})", r.count, expected.count));
+        d.push(format!("count ({}; {label} {})", r.count, expected.count));
     } else if key(r).8 != key(expected).8 {
         d.push("per-rank counts".into());
     }
     if r.algorithm != expected.algorithm {
-        d.push(format!("algorithm ({}; expected {})", r.algorithm, expected.algorithm));
+        d.push(format!("algorithm ({}; {label} {})", r.algorithm, expected.algorithm));
     }
     d
 }
@@ -285,7 +283,7 @@ fn rank_line(r: usize, rec: &RecordView, expected: &RecordView) -> Option<String
         return Some(format!("rank {r}: refused its arguments for {}: {}", describe(rec), rec.note));
     }
     if key(rec) != key(expected) {
-        let what = differences(rec, expected).join(", ");
+        let what = differences(rec, expected, "expected").join(", ");
         return Some(format!("rank {r}: entered #{} as {}, which differs in {what}", expected.seq, call(rec)));
     }
     (rec.state == State::Queued).then(|| {
@@ -310,9 +308,9 @@ pub(crate) fn against_giver(
     if key(mine) == key(theirs) {
         return None;
     }
-    // Neither call is known to be the odd one: name the other rank where a report names the
-    // majority's call (`count (8; rank 0's 7)`).
-    let what = differences(mine, theirs).join(", ").replace("expected ", &format!("rank {from}'s "));
+    // Neither call is known to be the odd one: the other rank's values are named as its own
+    // (`count (8; rank 0's 7)`), not as the expected ones.
+    let what = differences(mine, theirs, &format!("rank {from}'s")).join(", ");
     Some(format!(
         "desync report, communicator of {size} ranks, seen from rank {me}: {headline}\n  rank {me}: entered #{} as {}, \
          which differs from rank {from}'s call in {what}\n  rank {from}: entered #{} as {}, and gave the communicator \
@@ -468,6 +466,8 @@ mod tests {
         assert!(lines[2].starts_with("  rank 0: entered #2 as allreduce (f32 sum, count 7), and gave"), "{text}");
         assert_eq!(lines.len(), 3);
         assert!(RecordView::decode(&[0xff]).is_none(), "another build's encoding reads as nothing");
+        let bytes = theirs.encode();
+        assert!((0..bytes.len()).all(|n| RecordView::decode(&bytes[..n]).is_none()), "a cut record reads as nothing");
     }
 
     #[test]

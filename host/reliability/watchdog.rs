@@ -26,7 +26,7 @@ use super::monitor::{
     FaultRequest, Mismatch, Monitor, MonitorState, Poison, Trigger, fault_poison, given_up_poison, interruptible,
     plain_poison, timeout_poison,
 };
-use super::recorder::{self, RecordView, Snapshot};
+use super::recorder::{self, RecordView, Snapshot, State};
 use super::report::{self, Target};
 use crate::ffi::{self, RawComm, RawDatatype, RawRequest, p2p, sys};
 
@@ -204,20 +204,26 @@ fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, o
     send(rc, from, SNAP, bytes, outgoing);
 }
 
-/// The poison of a communicator rank `from` gave up in its collective #`seq`. Where `theirs`
-/// (its call there) differs from this rank's own #`seq`, that operation gets the mismatch, with
-/// both calls: the two ranks made different calls, and the other rank's deadline passed before
-/// this rank found out (a rank starved of its core finds a mismatch late). Everything else gets
-/// [`Error::Aborted`](crate::Error::Aborted) naming `from`.
+/// The poison of a communicator rank `from` gave up in (its operation #`seq` timed out or
+/// failed there). Where `theirs`, the collective `from` was in, differs from this rank's call
+/// at the same number, and this rank is in that call (its stream has queued, reached or failed
+/// it, but not completed it: a call that returned is not reopened) with no finding of its own
+/// on the way to the watchdog (which names the difference better), the two ranks made different
+/// calls and `from`'s deadline passed before this rank found out (a rank short of a core finds a
+/// mismatch late): that operation, and the threads waiting on the communicator, get the
+/// mismatch with both calls. Everything else gets [`Error::Aborted`](crate::Error::Aborted)
+/// naming `from`.
 fn given_up(m: &Monitor, st: &MonitorState, (from, seq): (usize, u64), theirs: Option<&RecordView>) -> Poison {
     let reason = format!("rank {from} gave up on the communicator (#{seq} timed out or failed there)");
     let now = recorder::now();
-    let mine = st.recorder.iter().find(|r| r.sig.kind.is_collective() && r.seq == seq);
-    let differing = mine.zip(theirs.filter(|t| t.seq == seq)).and_then(|(r, theirs)| {
-        let v = RecordView::of(r, now);
+    let theirs = theirs.filter(|t| t.kind.is_collective() && st.fault.is_none());
+    let differing = theirs.and_then(|theirs| {
+        let open = |r: &&recorder::Record| matches!(r.state, State::Queued | State::Running | State::Failed);
+        let mine = st.recorder.iter().filter(open).find(|r| r.sig.kind.is_collective() && r.seq == theirs.seq)?;
+        let v = RecordView::of(mine, now);
         let report = report::against_giver((m.rank, m.size), &reason, &v, (from, theirs))?;
         let what = format!("{reason}, where it called {}", report::describe(theirs));
-        Some((r.id(), Mismatch { op: v.kind.name(), seq, peer: from, what }, report))
+        Some((mine.id(), Mismatch { op: v.kind.name(), seq: v.seq, peer: from, what }, report))
     });
     match differing {
         Some((id, mismatch, report)) => given_up_poison(Trigger::Op(id), reason, mismatch, report),

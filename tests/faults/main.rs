@@ -198,8 +198,19 @@ fn run_mismatch(backend: &str, np: usize, layout: Option<&str>) -> Result<(), Fa
 /// its timeout; rank 1, long before its own deadline, the mismatch, naming both calls.
 fn run_given_up(backend: &str) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let env = [("DURALUMIN_FAULT_PROGRAM", format!("given-up-{backend}")), ("DURALUMIN_CHECK", "0".to_string())];
-    let l = mpirun::launch(2, &exe, &env, &[], LIMIT)?;
+    // The ranks' lines go to a file each (see `launch_mismatch`).
+    let reports = std::env::temp_dir().join(format!("duralumin-given-up-{}-{backend}", std::process::id()));
+    std::fs::create_dir_all(&reports).map_err(|e| format!("{}: {e}", reports.display()))?;
+    let env = [
+        ("DURALUMIN_FAULT_PROGRAM", format!("given-up-{backend}")),
+        ("DURALUMIN_CHECK", "0".to_string()),
+        (mismatch::REPORTS, reports.display().to_string()),
+    ];
+    let launched = mpirun::launch(2, &exe, &env, &[], LIMIT);
+    let lines: String = (0..2).filter_map(|r| std::fs::read_to_string(reports.join(format!("rank{r}"))).ok()).collect();
+    let _ = std::fs::remove_dir_all(&reports);
+    let mut l = launched?;
+    l.stdout = format!("{lines}{}", l.stdout);
     let fail = |why: String| -> Failed { l.failure(&format!("given up {backend}: {why}")).into() };
     if !l.status.is_some_and(|s| s.success()) {
         return Err(fail(format!("the launch ended with {:?}", l.status)));
@@ -380,7 +391,7 @@ fn check_case(
     // data is staged, goes on waiting on the proxy thread): the others then hear that it
     // gave up, which names it too. Another rank's may, where the faulty rank (short of a core)
     // has yet to find the mismatch: the faulty rank's error then sets its call beside that
-    // rank's (see `given_up_*` below), in a line that names it.
+    // rank's (as in `run_given_up`), in a line that names it.
     let names = |e: &&str| {
         [format!("rank {k}:"), format!("rank {k} sent"), format!("rank {k} is in"), format!("rank {k} gave up")]
             .iter()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use duralumin::backends::host_transfer::{HostTransferCommunicator, HostTransferConfig};
 use duralumin::device::cpu::HostDevice;
 use duralumin::mpi::topology::SimpleCommunicator;
-use duralumin::mpi::traits::CommunicatorCollectives as _;
+use duralumin::mpi::traits::{Communicator as _, CommunicatorCollectives as _};
 use duralumin::reliability::OnTimeout;
 use duralumin::{AllreduceAlgorithm, BcastAlgorithm, Error, MpiCommunicator, Result, Sum};
 
@@ -308,27 +308,30 @@ pub const GIVE_UP_TIMEOUT: Duration = Duration::from_millis(500);
 /// `given-up-host`, 2 ranks, `OnTimeout::Error`): each rank broadcasts with the other as the
 /// root (chain algorithm), so each waits for the other's data and no message can show either
 /// rank the mismatch. Rank 0's deadline passes first; rank 1 must learn from its give-up that
-/// the calls differ. Prints `GIVEN_UP <rank> <outcome> <ms>` and the error's lines
-/// (`ERR <rank>| ...`).
+/// the calls differ. Writes `GIVEN_UP <rank> <outcome> <ms>` and the error's lines
+/// (`ERR <rank>| ...`) where [`Report`] says.
 pub fn given_up(backend: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let out = match backend {
+    let mut report = Report::open(usize::try_from(world.rank()).expect("a rank is never negative"));
+    // Every rank is done with its call (and its lines) before either drops its communicator.
+    match backend {
         "mpi" => {
             let mut c = MpiCommunicator::new(&world).expect("communicator");
             c.set_on_timeout(OnTimeout::Error);
-            give_up_once(&mut c, &world)
+            report.write(&give_up_once(&mut c, &world));
+            world.barrier();
         }
         "host" => {
             let dev = HostDevice::new(0);
             let stream = dev.stream().expect("stream");
             let mut comm = HostTransferCommunicator::new(&world, dev.clone(), stream).expect("communicator");
             comm.set_on_timeout(OnTimeout::Error);
-            give_up_once(&mut Ht { dev, comm }, &world)
+            report.write(&give_up_once(&mut Ht { dev, comm }, &world));
+            world.barrier();
         }
         other => panic!("unknown backend {other}"),
-    };
-    print!("{out}");
+    }
 }
 
 /// One broadcast of 1024 elements rooted at the other rank, under this rank's deadline.
