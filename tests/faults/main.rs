@@ -199,29 +199,13 @@ fn run_mismatch(backend: &str, np: usize, layout: Option<&str>) -> Result<(), Fa
 /// its timeout; rank 1, long before its own deadline, the mismatch, naming both calls.
 fn run_given_up(backend: &str) -> Result<(), Failed> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    // The ranks' lines go to a file each (see `launch_mismatch`).
-    let reports = std::env::temp_dir().join(format!("duralumin-given-up-{}-{backend}", std::process::id()));
-    std::fs::create_dir_all(&reports).map_err(|e| format!("{}: {e}", reports.display()))?;
-    let env = [
-        ("DURALUMIN_FAULT_PROGRAM", format!("given-up-{backend}")),
-        ("DURALUMIN_CHECK", "0".to_string()),
-        (mismatch::REPORTS, reports.display().to_string()),
-    ];
-    let launched = mpirun::launch(2, &exe, &env, &[], LIMIT);
-    let lines: String = (0..2).filter_map(|r| std::fs::read_to_string(reports.join(format!("rank{r}"))).ok()).collect();
-    let _ = std::fs::remove_dir_all(&reports);
-    let mut l = launched?;
-    l.stdout = format!("{lines}{}", l.stdout);
+    let env = vec![("DURALUMIN_FAULT_PROGRAM", format!("given-up-{backend}")), ("DURALUMIN_CHECK", "0".to_string())];
+    let l = with_reports(2, &format!("given-up-{backend}"), env, |env| mpirun::launch(2, &exe, env, &[], LIMIT))?;
     let fail = |why: String| -> Failed { l.failure(&format!("given up {backend}: {why}")).into() };
     if !l.status.is_some_and(|s| s.success()) {
         return Err(fail(format!("the launch ended with {:?}", l.status)));
     }
-    let outcome = |r: usize| -> Option<(String, u64)> {
-        l.stdout.lines().find_map(|line| {
-            let (word, ms) = line.strip_prefix(&format!("GIVEN_UP {r} "))?.split_once(' ')?;
-            Some((word.to_string(), ms.trim().parse().ok()?))
-        })
-    };
+    let outcome = |r: usize| outcome_line(&l.stdout, &format!("GIVEN_UP {r} "));
     let err = |r: usize| -> String {
         let prefix = format!("ERR {r}| ");
         l.stdout.lines().filter_map(|line| line.strip_prefix(&prefix)).collect::<Vec<_>>().join("\n")
@@ -266,29 +250,42 @@ fn launch_mismatch(
     if let Some(i) = only {
         env.push(("MISMATCH_CASE", i.to_string()));
     }
-    // Each rank writes its case lines to a file of its own: the launcher forwards the ranks'
-    // stdout in pieces that need not end at a line's end, and interleaves them.
-    let reports = std::env::temp_dir().join(format!(
-        "duralumin-mismatch-{}-{backend}-{np}-{}-{}",
-        std::process::id(),
+    let tag = format!(
+        "mismatch-{backend}-{np}-{}-{}",
         layout.unwrap_or("node"),
         only.map_or("all".into(), |i| i.to_string())
-    ));
+    );
+    if let Some(layout) = layout {
+        env.push(("DURALUMIN_CLUSTER", layout.to_string()));
+    }
+    with_reports(np, &tag, env, |env| match layout {
+        None => mpirun::launch(np, &exe, env, &[], MISMATCH_LIMIT),
+        Some(_) => {
+            let mpirun = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-mpirun");
+            mpirun::launch_with(&mpirun.display().to_string(), np, &exe, env, &[], MISMATCH_LIMIT)
+        }
+    })
+}
+
+/// Runs `launch` with `env` and [`mismatch::REPORTS`] naming a directory of its own (`tag`
+/// tells it apart), where each of the `np` ranks writes its lines to a file: the launcher
+/// forwards the ranks' stdout in pieces that need not end at a line's end, and interleaves
+/// them. The launch's stdout is then the ranks' lines, in rank order, before what the ranks
+/// printed (a panic's message).
+fn with_reports(
+    np: usize,
+    tag: &str,
+    mut env: Vec<(&'static str, String)>,
+    launch: impl FnOnce(&[(&str, String)]) -> Result<mpirun::Launch, String>,
+) -> Result<mpirun::Launch, Failed> {
+    let reports = std::env::temp_dir().join(format!("duralumin-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&reports).map_err(|e| format!("{}: {e}", reports.display()))?;
     env.push((mismatch::REPORTS, reports.display().to_string()));
-    let launched = match layout {
-        None => mpirun::launch(np, &exe, &env, &[], MISMATCH_LIMIT),
-        Some(layout) => {
-            env.push(("DURALUMIN_CLUSTER", layout.to_string()));
-            let mpirun = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster-mpirun");
-            mpirun::launch_with(&mpirun.display().to_string(), np, &exe, &env, &[], MISMATCH_LIMIT)
-        }
-    };
+    let launched = launch(&env);
     let lines: String =
         (0..np).filter_map(|r| std::fs::read_to_string(reports.join(format!("rank{r}"))).ok()).collect();
     let _ = std::fs::remove_dir_all(&reports);
     let mut l = launched?;
-    // The case lines first, then what the ranks printed (a panic's message).
     l.stdout = format!("{lines}{}", l.stdout);
     Ok(l)
 }
@@ -304,11 +301,21 @@ struct Slow {
     why: String,
 }
 
-/// How one case broke its guarantees.
-enum CaseFailure {
+/// How a mismatch case (`S` = [`Slow`]) or a fault trial's launch (`S` = the reason) broke
+/// its guarantees.
+enum CaseFailure<S = Slow> {
     /// Only the time bound.
-    Slow(Slow),
+    Slow(S),
     Broken(String),
+}
+
+/// The outcome word and milliseconds of the first line of `stdout` that reads
+/// `<prefix><word> <ms>`.
+fn outcome_line(stdout: &str, prefix: &str) -> Option<(String, u64)> {
+    stdout.lines().find_map(|line| {
+        let (word, ms) = line.strip_prefix(prefix)?.split_once(' ')?;
+        Some((word.to_string(), ms.trim().parse().ok()?))
+    })
 }
 
 /// Holds every case of a mismatch launch to the guarantees (see [`check_case`]). Returns a
@@ -360,13 +367,7 @@ fn check_case(
     l: &mpirun::Launch,
 ) -> Result<(String, u64), CaseFailure> {
     let broken = |why: String| CaseFailure::Broken(format!("case {i} ({case:?}): {why}"));
-    let of = |r: usize| -> Option<(String, u64)> {
-        l.stdout.lines().find_map(|line| {
-            let rest = line.strip_prefix(&format!("CASE {i} {r} "))?;
-            let (word, ms) = rest.split_once(' ')?;
-            Some((word.to_string(), ms.trim().parse().ok()?))
-        })
-    };
+    let of = |r: usize| outcome_line(&l.stdout, &format!("CASE {i} {r} "));
     if let Some(w) = l.stdout.lines().find(|line| line.starts_with(&format!("WARMUP {i} "))) {
         return Err(broken(format!("the correct call before it failed: {w}")));
     }
@@ -452,8 +453,8 @@ fn run(case: Case, sim: Option<&std::path::Path>) -> Result<(), Failed> {
     let launch = mpirun::launch(case.np, &exe, &env, &[], LIMIT)?;
     match check(case, &launch) {
         Ok(()) => Ok(()),
-        Err(TrialFailure::Broken(why)) => Err(launch.failure(&format!("{case:?}: {why}")).into()),
-        Err(TrialFailure::Slow(why)) => {
+        Err(CaseFailure::Broken(why)) => Err(launch.failure(&format!("{case:?}: {why}")).into()),
+        Err(CaseFailure::Slow(why)) => {
             // Everything held but the time bound: the trial must keep it when run again.
             let again = mpirun::launch(case.np, &exe, &env, &[], LIMIT)?;
             match check(case, &again) {
@@ -461,7 +462,7 @@ fn run(case: Case, sim: Option<&std::path::Path>) -> Result<(), Failed> {
                     println!("{case:?}: beyond the bound under load ({why}); within it run again");
                     Ok(())
                 }
-                Err(TrialFailure::Broken(w) | TrialFailure::Slow(w)) => {
+                Err(CaseFailure::Broken(w) | CaseFailure::Slow(w)) => {
                     Err(again.failure(&format!("{case:?}: {why} (and run again: {w})")).into())
                 }
             }
@@ -469,17 +470,10 @@ fn run(case: Case, sim: Option<&std::path::Path>) -> Result<(), Failed> {
     }
 }
 
-/// How a fault trial's launch broke its guarantees: in what the library did, or only in the
-/// time bound, which is also about the machine (see [`Slow`]).
-enum TrialFailure {
-    Broken(String),
-    Slow(String),
-}
-
 /// The three assertions of a trial (see the module docs); the time bound's last, so that a
 /// launch that broke only it is told apart.
-fn check(case: Case, l: &mpirun::Launch) -> Result<(), TrialFailure> {
-    let broken = TrialFailure::Broken;
+fn check(case: Case, l: &mpirun::Launch) -> Result<(), CaseFailure<String>> {
+    let broken = CaseFailure::Broken;
     let Some(status) = l.status else {
         return Err(broken(format!("still running after {LIMIT:?}: killed")));
     };
@@ -497,7 +491,7 @@ fn check(case: Case, l: &mpirun::Launch) -> Result<(), TrialFailure> {
     let grace = if matches!(case.fault, Fault::DropOrder | Fault::DropEarly) { 5.0 } else { 0.0 };
     let bound = Duration::from_secs_f64(TIMEOUT_S + 5.0 + grace);
     if after > bound {
-        return Err(TrialFailure::Slow(format!("the ranks ended {after:?} after the fault, more than {bound:?}")));
+        return Err(CaseFailure::Slow(format!("the ranks ended {after:?} after the fault, more than {bound:?}")));
     }
     Ok(())
 }

@@ -346,9 +346,7 @@ fn give_up_once(c: &mut impl Calls, world: &SimpleCommunicator) -> String {
         Ok(_) => format!("GIVEN_UP {me} ok {ms}\n"),
         Err(e) => {
             let mut out = format!("GIVEN_UP {me} {} {ms}\n", kind(&e));
-            for line in e.to_string().lines() {
-                out.push_str(&format!("ERR {me}| {line}\n"));
-            }
+            push_error(&mut out, &format!("ERR {me}"), &e);
             out
         }
     }
@@ -404,14 +402,19 @@ fn one(i: usize, case: &Case, c: &mut impl Calls, world: &SimpleCommunicator) ->
     let ms = start.elapsed().as_millis();
     let mut out = format!("CASE {i} {me} {word} {ms}\n");
     if let Some(e) = err {
-        for line in e.to_string().lines() {
-            out.push_str(&format!("ERR {i} {me}| {line}\n"));
-        }
+        push_error(&mut out, &format!("ERR {i} {me}"), &e);
     }
     if !held {
         out.push_str(&format!("CANARY {i} {me}\n"));
     }
     out
+}
+
+/// Every line of `e`, each after `prefix` and `| `.
+fn push_error(out: &mut String, prefix: &str, e: &Error) {
+    for line in e.to_string().lines() {
+        out.push_str(&format!("{prefix}| {line}\n"));
+    }
 }
 
 /// How long a case may take on a rank: the deadline plus 5 s.
