@@ -351,3 +351,24 @@ impl Drop for Records {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// How long a rank waits for what must come without any other rank's help (a send-only
+/// request's release, the pool's return of an operation's flags) before it calls it missing.
+/// Generous on purpose: what it catches never comes at all, and a loaded CI machine was seen to
+/// stop every rank of a launch for 10–20 s (`docs/testing.md`, "Bounds in the tests").
+pub const SURELY: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Polls `done` (sleeping a millisecond in between, which leaves the core to the threads that
+/// make it true) until it holds, or for [`SURELY`]; whether it held.
+pub fn comes_surely(mut done: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + SURELY;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}

@@ -17,7 +17,7 @@ use duralumin::*;
 use duralumin::{HostTransferCommunicator, HostTransferConfig};
 
 use crate::backend::{HostTransfer, TestDevice, small_chunks};
-use crate::mpirun::rank_case::within;
+use crate::mpirun::rank_case::{comes_surely, within};
 
 pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     // The sweep twice: staged through pinned memory in small chunks (what a GPU does), and
@@ -41,11 +41,7 @@ pub fn run(_: &MpiCommunicator, world: &SimpleCommunicator) {
     // Dropping the communicators frees their pools: no pinned memory or flag page stays
     // allocated.
     drop(ht);
-    let start = std::time::Instant::now();
-    while dev.pinned_bytes() != 0 {
-        assert!(start.elapsed().as_secs() < 10, "{} pinned bytes leaked", dev.pinned_bytes());
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    assert!(comes_surely(|| dev.pinned_bytes() == 0), "{} pinned bytes leaked", dev.pinned_bytes());
 }
 
 /// A small operation that starts on the calling thread (`HostTransferConfig::inline_max_bytes`)
@@ -116,19 +112,19 @@ const RING_BLOCKS: usize = 2;
 pub fn assert_idle<D: Device>(c: &HostTransferCommunicator<D>, when: &str) {
     // The proxy thread returns an operation's flags right after the stream's last copy; give
     // it a moment to see that.
-    let start = std::time::Instant::now();
-    loop {
-        let stats = c.pool_stats();
-        if stats.blocks_in_use == RING_BLOCKS && stats.flags_in_use == RING_FLAGS {
-            assert!(
-                stats.high_water_bytes == stats.in_use_bytes && stats.held_bytes == stats.in_use_bytes,
-                "{when}: the pool lent more than the ring: {stats:?}"
-            );
-            return;
-        }
-        assert!(start.elapsed().as_secs() < 10, "{when}: the pool still lends {stats:?}");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    let idle = |s: &duralumin::device::PoolStats| s.blocks_in_use == RING_BLOCKS && s.flags_in_use == RING_FLAGS;
+    let mut stats = c.pool_stats();
+    assert!(
+        comes_surely(|| {
+            stats = c.pool_stats();
+            idle(&stats)
+        }),
+        "{when}: the pool still lends {stats:?}"
+    );
+    assert!(
+        stats.high_water_bytes == stats.in_use_bytes && stats.held_bytes == stats.in_use_bytes,
+        "{when}: the pool lent more than the ring: {stats:?}"
+    );
 }
 
 /// An allreduce sees what a "kernel" queued before it wrote, and a kernel queued after it
@@ -339,11 +335,7 @@ fn early_release<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream:
     let len = config.chunk_bytes / size_of::<u32>();
     let data: Vec<u32> = (0..len as u32).map(|i| i ^ 0x5a5a).collect();
     let released = |mut r: duralumin::backends::host_transfer::DeviceRequest<'_, D>, what: &str| {
-        let start = std::time::Instant::now();
-        while !r.test().unwrap() {
-            assert!(start.elapsed().as_secs() < 20, "{what}: the sender's stream waits for the receivers");
-            std::thread::yield_now();
-        }
+        assert!(comes_surely(|| r.test().unwrap()), "{what}: the sender's stream waits for the receivers");
     };
     let mut buf = dev.up(&s, &if me == 0 { data.clone() } else { vec![0; len] });
     if me == 0 {
