@@ -6,8 +6,6 @@
 # target directory (`docs/cluster.md`, "Which MPIs are tested").
 #
 # Usage: scripts/mpi-cut.sh mpich|openmpi5 PREFIX [TARGET_DIR]
-#   (with DURALUMIN_CUT_BUILD_ONLY=1, only the builds: scripts/test.sh runs MPICH's beside the
-#   ULFM trials)
 #   mpich     PREFIX holds MPICH (bin/mpicc, bin/mpiexec, lib/): the PyPI `mpich` wheel's data
 #   openmpi5  PREFIX holds Open MPI 5 (bin/mpicc, bin/mpirun, lib/), relocated (OPAL_PREFIX)
 set -euo pipefail
@@ -40,7 +38,6 @@ cargo_() {
 }
 cargo_ build -q --example 01-allreduce --example 02-custom-op --example 04-host-transfer
 cargo_ test -q --no-run --test mpi_ranks --test argcheck --test faults --test examples
-[ "${DURALUMIN_CUT_BUILD_ONLY:-}" != 1 ] || exit 0
 export DURALUMIN_MPIRUN=$mpirun DURALUMIN_LAUNCH_TIMEOUT=600
 echo "== mpi-cut.sh: $name ($("$mpirun" --version 2>&1 | grep -m1 -iE 'version|open mpi|prte' | tr -s ' '))"
 DURALUMIN_RANK_GROUPS=sweep+p2p+bad_input+engine+topology cargo_ test -q --test mpi_ranks -- mpi_np --skip mpi_np5

@@ -14,7 +14,6 @@ step() {
 summary() {
     # A stage failed while the fault trials ran beside it: stop them (each launch has a limit).
     [ -z "${faults:-}" ] || kill "$faults" 2>/dev/null || true
-    [ -z "${mpich_build:-}" ] || kill "$mpich_build" 2>/dev/null || true
     echo "== test.sh: stage wall times (total ${SECONDS} s)" >&2
     printf '   %s\n' "${stages[@]}" >&2
 }
@@ -94,11 +93,6 @@ ulfm=${DURALUMIN_ULFM_DIR:-/opt/duralumin/openmpi5}
 OPAL_PREFIX=$ulfm PATH="$ulfm/bin:$PATH" MPICC=$ulfm/bin/mpicc DURALUMIN_SKIP_KERNELS=1 \
     CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=line-tables-only \
     cargo build --example 03-survive-rank-loss --example 07-elastic-training --target-dir target/ulfm
-# The MPICH cut's build (below) meanwhile: the recovery trials mostly wait for failures to be
-# detected, and have no bound tighter than their launch's limit (60-120 s).
-mpich=${DURALUMIN_MPICH_DIR:-/opt/duralumin/mpich}
-DURALUMIN_CUT_BUILD_ONLY=1 bash scripts/mpi-cut.sh mpich "$mpich" > target/mpich-build.log 2>&1 &
-mpich_build=$!
 DURALUMIN_ULFM_PREFIX=$ulfm DURALUMIN_ULFM_EXAMPLE=$PWD/target/ulfm/debug/examples/03-survive-rank-loss \
     DURALUMIN_ELASTIC_EXAMPLE=$PWD/target/ulfm/debug/examples/07-elastic-training \
     DURALUMIN_REQUIRE_ULFM=1 cargo test --workspace --release "${hip[@]}" --test ulfm --test elastic
@@ -107,9 +101,7 @@ step "ulfm and elastic"
 # Open MPI 5 (in the ULFM builds' target directory) and MPICH (MPICH's ABI: MVAPICH2, Cray
 # MPICH, Intel MPI), both installed by setup.sh.
 bash scripts/mpi-cut.sh openmpi5 "$ulfm" target/ulfm
-finish "the MPICH cut's build" "$mpich_build" target/mpich-build.log
-mpich_build=
-bash scripts/mpi-cut.sh mpich "$mpich"
+bash scripts/mpi-cut.sh mpich "${DURALUMIN_MPICH_DIR:-/opt/duralumin/mpich}"
 step "Open MPI 5 and MPICH"
 # The GPU benchmark programs must run to their end on the simulator (the multi-rank tests linked it
 # as target/release/cudasim/libcuda.so). The HostTransfer one runs to 256 MiB (where a pinned
