@@ -73,13 +73,13 @@ fn train<G: Group>(mut comm: G, backend: &str) -> Result<()> {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
         let grad = vec![gradient(me, step); LEN];
-        let (ok, sum) = match comm.sum(&grad) {
-            Ok(sum) => (true, sum),
+        let (ok, sum, why) = match comm.sum(&grad) {
+            Ok(sum) => (true, sum, None),
             // A rank died (or another rank revoked the communicator after seeing it die).
-            Err(Error::ProcessFailed { .. } | Error::Revoked | Error::Aborted { .. }) => {
+            Err(e @ (Error::ProcessFailed { .. } | Error::Revoked | Error::Aborted { .. })) => {
                 // Every rank still waiting in this step's allreduce stops waiting.
                 comm.revoke()?;
-                (false, Vec::new())
+                (false, Vec::new(), Some(e))
             }
             Err(e) => return Err(e),
         };
@@ -97,7 +97,8 @@ fn train<G: Group>(mut comm: G, backend: &str) -> Result<()> {
         comm = comm.shrink()?;
         alive = comm.members(me)?;
         recoveries += 1;
-        println!("rank {me}: lost a rank at step {step}; carrying on with ranks {alive:?}");
+        let why = why.map_or_else(|| "another rank's allreduce failed".to_string(), |e| e.to_string());
+        println!("rank {me}: lost a rank at step {step} ({why}); carrying on with ranks {alive:?}");
     }
     println!(
         "RESULT rank {me}: {STEPS} steps done on {} ranks after {recoveries} recoveries, every sum exact ({backend})",

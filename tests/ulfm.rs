@@ -117,6 +117,12 @@ fn run(backend: Backend, rank: usize, step: usize) -> Result<(), Failed> {
     if !l.stdout.contains(&format!("rank {rank}: killing myself at step {step}")) {
         return fail("the rank to kill never got there");
     }
+    // The rank that found the failure first names it (the others may find the communicator
+    // revoked instead).
+    let failures: Vec<&str> = l.stdout.lines().filter(|s| s.contains("processes failed")).collect();
+    if failures.is_empty() || failures.iter().any(|s| !s.contains(&format!("ranks [{rank}] of the communicator"))) {
+        return fail(&format!("no survivor's error named rank {rank} as the failed process"));
+    }
     for r in (0..NP).filter(|&r| r != rank) {
         let done = format!(
             "RESULT rank {r}: {STEPS} steps done on {} ranks after 1 recoveries, every sum exact {tag}",

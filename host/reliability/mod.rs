@@ -201,6 +201,7 @@ pub(crate) fn prepare<P>(
 #[inline(never)]
 fn agree(m: &Monitor, op: OpId, sig: &Signature, pairs: Option<Pairs>, local: Result<()>) -> Result<()> {
     let ready = if m.checks(sig) { crosscheck::run(m, op, sig, pairs, local) } else { local };
+    let ready = ready.map_err(|e| m.named(op, e));
     if let Err(e) = &ready {
         if m.poisoned().is_none() {
             m.set(op, State::Rejected, Some(e.to_string()));

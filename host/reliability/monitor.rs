@@ -367,16 +367,24 @@ impl Monitor {
         self.lock().spans.get(op.rec.id())
     }
 
-    /// Records the end of an operation and turns its error into what the caller gets: a
-    /// process failure names the failed ranks; MPI's revocation after a poisoning is the
-    /// poison's error; a collective that failed in a way that leaves the other ranks waiting
+    /// Records the end of an operation and turns its error into what the caller gets (see
+    /// [`Monitor::named`]); a collective that failed in a way that leaves the other ranks waiting
     /// is a fault (see [`Monitor::fault`]).
     pub(crate) fn end(&self, op: OpId, result: Result<()>) -> Result<()> {
         let Err(e) = result else {
             self.set(op, State::Done, None);
             return Ok(());
         };
-        let e = match e {
+        let e = self.named(op, e);
+        let state = if self.poisoned().is_some() { State::Abandoned } else { State::Failed };
+        self.set(op, state, Some(e.to_string()));
+        Err(self.fault(op, e))
+    }
+
+    /// `op`'s error as the caller gets it: a process failure names the failed ranks (MPI's
+    /// error names none); MPI's revocation after a poisoning is the poison's error.
+    pub(crate) fn named(&self, op: OpId, e: Error) -> Error {
+        match e {
             Error::ProcessFailed { ranks } if ranks.is_empty() => {
                 Error::ProcessFailed { ranks: ffi::ulfm::failed_ranks(self.data[0]).unwrap_or_default() }
             }
@@ -385,10 +393,7 @@ impl Monitor {
                 None => Error::Revoked,
             },
             e => e,
-        };
-        let state = if self.poisoned().is_some() { State::Abandoned } else { State::Failed };
-        self.set(op, state, Some(e.to_string()));
-        Err(self.fault(op, e))
+        }
     }
 
     /// A collective failed with an error that may leave the other ranks waiting (an MPI error
