@@ -507,9 +507,12 @@ pub(crate) mod p2p {
         Ok(Some((status.MPI_SOURCE, status.MPI_TAG, bytes)))
     }
 
-    /// `MPI_Recv` of a message `probe_any` found (so it does not block), as bytes.
+    /// `MPI_Recv` of a message `probe_any` found (so it does not block), as bytes. Its length
+    /// is the sender's: memory for it that cannot be had is an error, not the process's end.
     pub(crate) fn recv_bytes(comm: RawComm, source: c_int, tag: c_int, bytes: usize) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; bytes];
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(bytes).map_err(|_| Error::OutOfMemory { what: "a message received", bytes })?;
+        buf.resize(bytes, 0u8);
         let count =
             c_int::try_from(bytes).map_err(|_| Error::CountOverflow { what: "message", value: bytes as u128 })?;
         let mut status = empty_status();

@@ -215,11 +215,22 @@ fn verdict(
     got: &[Vec<u8>],
     numbered: bool,
 ) -> Result<Option<RecordView>> {
-    let (own, all) = (&got[0], &got[1]);
+    judge(m.rank, op.seq, sig, note, (&got[0], &got[1]), numbered)
+}
+
+/// [`verdict`] as rank `me`, on operation number `seq`.
+fn judge(
+    me: usize,
+    seq: u64,
+    sig: &Signature,
+    note: Option<&str>,
+    (own, all): (&[u8], &[u8]),
+    numbered: bool,
+) -> Result<Option<RecordView>> {
     if all.chunks_exact(RECORD).all(|theirs| agrees(sig.kind, own, theirs, numbered)) {
         return Ok(None);
     }
-    let mine = report_view(op.seq, sig, note);
+    let mine = report_view(seq, sig, note);
     let views: Vec<RecordView> = all
         .chunks_exact(RECORD)
         .map(|b| {
@@ -228,12 +239,31 @@ fn verdict(
         })
         .collect();
     let headline = format!("{}: the signature check found ranks that differ", report::describe(&mine));
-    if let Some(text) = report::calls(m.rank, &headline, &mine, &views) {
-        if note.is_none() {
-            return Err(Error::SignatureMismatch { op: sig.kind.name(), seq: op.seq, report: text });
-        }
+    // Records that differ in their bytes but not once decoded (a kind this build does not know,
+    // names that are not UTF-8: a rank of another build, or a damaged record) differ all the
+    // same: the collective never runs on them.
+    let text = report::calls(me, &headline, &mine, &views).unwrap_or_else(|| {
+        let differing: Vec<String> = all
+            .chunks_exact(RECORD)
+            .enumerate()
+            .filter(|(_, theirs)| !agrees(sig.kind, own, theirs, numbered))
+            .map(|(r, _)| r.to_string())
+            .collect();
+        undecodable(&headline, &differing)
+    });
+    if note.is_none() {
+        return Err(Error::SignatureMismatch { op: sig.kind.name(), seq, report: text });
     }
     Ok(Some(mine))
+}
+
+/// The report on records whose difference does not survive decoding, from ranks `differing`.
+fn undecodable(headline: &str, differing: &[String]) -> String {
+    format!(
+        "{headline}: ranks {} sent records that differ from this rank's in bytes that do not decode (a rank \
+         of another build, or a damaged record)",
+        differing.join(", ")
+    )
 }
 
 /// Whether two encoded records agree in every byte the report compares (`report::key`, which
@@ -343,5 +373,24 @@ mod tests {
         assert_eq!((p.send_to, p.recv_from), (vec![5, 0, 0], vec![0, 0, 0]));
         let p = Pairs::scatterv(3, 0, 0, 1, &[1, 2, 3]);
         assert_eq!((p.send_to, p.recv_from), (vec![1, 2, 3], vec![0, 0, 0]));
+    }
+
+    /// A record whose difference is lost in decoding (an operation kind this build does not
+    /// know reads as this rank's) is still a mismatch, never a pass.
+    #[test]
+    fn records_that_differ_only_in_undecodable_bytes_still_differ() {
+        let sig = Signature::new(OpKind::Allreduce).reduce::<f32, crate::Sum>().count(4);
+        let own = encode(2, &sig, None);
+        let judged = |theirs: &[u8]| judge(0, 2, &sig, None, (&own, &[own.as_slice(), theirs].concat()), true);
+        assert!(matches!(judged(&own), Ok(None)), "alike records pass");
+        let report = |theirs: &[u8]| match judged(theirs) {
+            Err(Error::SignatureMismatch { report, .. }) => report,
+            other => panic!("a record that differs passed the check: {other:?}"),
+        };
+        let mut unknown_kind = own.clone();
+        unknown_kind[8] = 250;
+        assert!(report(&unknown_kind).contains("ranks 1 sent records that differ"));
+        let other_kind = encode(2, &Signature { kind: OpKind::Reduce, ..sig }, None);
+        assert!(!report(&other_kind).contains("do not decode"), "a known difference is reported as itself");
     }
 }

@@ -568,6 +568,12 @@ mod wire {
             let n = usize::from(self.u8()?);
             self.take(n).map(|b| String::from_utf8_lossy(b).into_owned())
         }
+        /// A count of items of at least `min_bytes` each: `None` above `max`, or above what
+        /// the bytes left can hold (so a short message never sizes a large allocation).
+        pub(super) fn count(&mut self, max: usize, min_bytes: usize) -> Option<usize> {
+            let n = usize::try_from(self.u32()?).ok()?;
+            (n <= max && n.saturating_mul(min_bytes) <= self.0.len()).then_some(n)
+        }
     }
 }
 
@@ -575,6 +581,22 @@ mod wire {
 /// ([`RecordView::encode`]), so a mismatch between builds reads as "no answer" (or no record)
 /// rather than garbage.
 const WIRE_VERSION: u8 = 1;
+
+/// The most waits a snapshot carries (one per thread blocked on the communicator).
+const MAX_WAITS: usize = 1024;
+
+/// The most records a snapshot carries (the ring's, at most 4096, and the unfinished ones).
+const MAX_RECORDS: usize = 1 << 16;
+
+impl WaitView {
+    /// The fewest bytes one takes on the wire: an empty name and its time.
+    const MIN_BYTES: usize = 1 + 8;
+}
+
+impl RecordView {
+    /// The fewest bytes one takes on the wire: its numbers, with empty names and no times.
+    const MIN_BYTES: usize = 8 + 1 + 1 + 4 + 1 + 8 + 8 + 8 + 1 + 1 + 1 + 3 * 8 + 1;
+}
 
 impl Snapshot {
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -585,15 +607,16 @@ impl Snapshot {
         w.u64(self.next_p2p);
         w.u8(u8::from(self.poisoned));
         w.f64(self.idle);
-        #[allow(clippy::cast_possible_truncation, reason = "one per thread blocked on the communicator")]
-        w.u32(self.waits.len() as u32);
-        for wait in &self.waits {
+        // At most what `decode` takes: a snapshot beyond it says less, never something else.
+        let waits = &self.waits[..self.waits.len().min(MAX_WAITS)];
+        w.u32(u32::try_from(waits.len()).unwrap_or(0));
+        for wait in waits {
             w.str(&wait.what);
             w.f64(wait.ago);
         }
-        #[allow(clippy::cast_possible_truncation, reason = "the ring's (at most 4096) and the unfinished ones")]
-        w.u32(self.records.len() as u32);
-        for r in &self.records {
+        let records = &self.records[..self.records.len().min(MAX_RECORDS)];
+        w.u32(u32::try_from(records.len()).unwrap_or(0));
+        for r in records {
             r.write(&mut w);
         }
         w.0
@@ -609,15 +632,15 @@ impl Snapshot {
         let next_p2p = r.u64()?;
         let poisoned = r.u8()? != 0;
         let idle = r.f64()?;
-        let waits = (0..r.u32()?.min(1024))
+        let waits = (0..r.count(MAX_WAITS, WaitView::MIN_BYTES)?)
             .map(|_| Some(WaitView { what: r.str()?, ago: r.f64()? }))
             .collect::<Option<Vec<_>>>()?;
-        let n = r.u32()?.min(1 << 16);
-        let mut records = Vec::with_capacity(n as usize);
+        let n = r.count(MAX_RECORDS, RecordView::MIN_BYTES)?;
+        let mut records = Vec::with_capacity(n);
         for _ in 0..n {
             records.push(RecordView::read(&mut r)?);
         }
-        Some(Snapshot { rank, next_seq, next_p2p, poisoned, idle, waits, records })
+        r.0.is_empty().then_some(Snapshot { rank, next_seq, next_p2p, poisoned, idle, waits, records })
     }
 }
 
@@ -636,7 +659,7 @@ impl RecordView {
         if r.u8()? != WIRE_VERSION {
             return None;
         }
-        RecordView::read(&mut r)
+        RecordView::read(&mut r).filter(|_| r.0.is_empty())
     }
 
     fn write(&self, w: &mut wire::Writer) {
@@ -780,6 +803,48 @@ mod tests {
         let bytes = snap.encode();
         assert!(Snapshot::decode(&bytes[..bytes.len() - 1]).is_none(), "a cut snapshot is refused");
         assert!(Snapshot::decode(&[9]).is_none(), "another version is refused");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Snapshot::decode(&longer).is_none(), "a snapshot with bytes after it is refused");
+        let one = snap.records[0].encode();
+        assert_eq!(RecordView::decode(&one).as_ref(), Some(&snap.records[0]));
+        assert!(
+            RecordView::decode(&[one.as_slice(), &[0]].concat()).is_none(),
+            "a record with bytes after it is refused"
+        );
+    }
+
+    /// A count beyond what a snapshot carries, or beyond what its bytes can hold, is refused
+    /// rather than read on into the next field or allowed to size an allocation.
+    #[test]
+    fn snapshot_counts_are_checked_against_their_bounds_and_bytes() {
+        let empty = Snapshot {
+            rank: 0,
+            next_seq: 0,
+            next_p2p: 0,
+            poisoned: false,
+            idle: 0.0,
+            waits: Vec::new(),
+            records: Vec::new(),
+        };
+        let bytes = empty.encode();
+        // The waits' count, then the records' count, are the last 8 bytes of an empty snapshot.
+        let with_counts = |waits: u32, records: u32| {
+            let mut b = bytes[..bytes.len() - 8].to_vec();
+            b.extend_from_slice(&waits.to_le_bytes());
+            b.extend_from_slice(&records.to_le_bytes());
+            b
+        };
+        assert_eq!(Snapshot::decode(&with_counts(0, 0)), Some(empty.clone()));
+        assert!(Snapshot::decode(&with_counts(1025, 0)).is_none(), "more waits than a snapshot carries");
+        assert!(Snapshot::decode(&with_counts(0, 1 << 16)).is_none(), "65,536 records in no bytes");
+        assert!(Snapshot::decode(&with_counts(0, u32::MAX)).is_none());
+        // A snapshot of more waits than a snapshot carries says fewer, and still decodes.
+        let many = Snapshot {
+            waits: (0..MAX_WAITS + 5).map(|_| WaitView { what: "wait".into(), ago: 1.0 }).collect(),
+            ..empty
+        };
+        assert_eq!(Snapshot::decode(&many.encode()).map(|s| s.waits.len()), Some(MAX_WAITS));
     }
 
     #[test]

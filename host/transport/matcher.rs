@@ -260,7 +260,7 @@ impl State {
                 continue;
             };
             let elements = p2p::received_elements(&status, slot.dt)?;
-            if elements == usize::try_from(slot.count).ok() {
+            if elements.is_some() && elements == usize::try_from(slot.count).ok() {
                 // SAFETY: the slot's buffer holds `count` elements of `dt` and is reserved for
                 // this receive until it is collected (`expect`'s contract); the message has
                 // exactly that length.
