@@ -153,8 +153,9 @@ fn tick(m: &Monitor, outgoing: &mut Vec<Outgoing>) {
         match tag {
             ASK => answer(m, rc, from, &msg, exchange.is_some(), outgoing),
             SNAP => {
-                if let Some(x) = exchange.as_mut().filter(|_| from < m.size) {
-                    x.replies[from] = Snapshot::decode(&msg);
+                // A reply that does not decode never hides one that did.
+                if let (Some(x), Some(snap)) = (exchange.as_mut().filter(|_| from < m.size), Snapshot::decode(&msg)) {
+                    x.replies[from] = Some(snap);
                 }
             }
             _ => {}

@@ -96,6 +96,7 @@ pub fn stream_ordered<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_st
     within("early_release", || early_release(world, dev, &new_stream));
     within("bad_input", || bad_input(&ht));
     within("proxy_error", || proxy_error(&ht));
+    within("chunk_boundaries", || chunk_boundaries(world, dev, &new_stream));
     assert_idle(&ht.comm, "at the end");
 }
 
@@ -635,6 +636,47 @@ fn algorithms<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &i
     crate::sweep::non_commutative(&ht);
     ht.comm.synchronize().expect("synchronize after the algorithms");
     assert_idle(&ht.comm, "after the algorithms");
+}
+
+/// Messages that differ from their receive by whole chunks: a receive of a whole number of
+/// chunks meeting one element more, a whole chunk fewer, or a chunk and an element more. The
+/// pair's chunks part in one whose messages differ in length, so each is a count error at the
+/// receiver (never a silent pass, with the sender's last chunk left for a later receive, nor a
+/// receive waiting for a chunk that never comes); equal lengths of whole chunks pass with their
+/// data, and the communicator works on.
+fn chunk_boundaries<D: TestDevice>(world: &SimpleCommunicator, dev: &D, new_stream: &impl Fn() -> D::Stream) {
+    const CHUNK: usize = 64;
+    let config = HostTransferConfig::default().with_chunk_bytes(CHUNK).with_direct(false);
+    let c = HostTransferCommunicator::with_config(world, dev.clone(), new_stream(), config).unwrap();
+    let (me, n, s) = (c.rank(), c.size(), c.stream().clone());
+    let partner = me ^ 1;
+    // (elements sent, elements expected), of one-byte elements: CHUNK per chunk.
+    let cases = [(CHUNK + 1, CHUNK), (CHUNK, 2 * CHUNK), (2 * CHUNK + 1, 2 * CHUNK), (2 * CHUNK, 2 * CHUNK), (0, 0)];
+    if partner < n {
+        for (i, &(sent, expected)) in cases.iter().enumerate() {
+            let (tag, fill) = (40 + i as i32, 1 + i as u8);
+            if me < partner {
+                c.send(&dev.up(&s, &vec![fill; sent]), partner, tag).unwrap();
+                c.synchronize().unwrap_or_else(|e| panic!("case {i}: the sender: {e}"));
+                continue;
+            }
+            let mut b = dev.up(&s, &vec![0u8; expected]);
+            c.recv(&mut b, partner, tag).unwrap();
+            match c.synchronize() {
+                Ok(()) if sent == expected => assert_eq!(dev.down(&s, &b), vec![fill; expected], "case {i}"),
+                Ok(()) => panic!("case {i}: a receive of {expected} elements met {sent} and passed"),
+                Err(e) if sent != expected => {
+                    assert!(matches!(e, Error::CountMismatch { .. }), "case {i}: {e}")
+                }
+                Err(e) => panic!("case {i}: equal lengths failed: {e}"),
+            }
+        }
+    }
+    let mut x = dev.up(&s, &[1u32]);
+    c.allreduce_in_place(&mut x, Sum).unwrap();
+    c.synchronize().unwrap();
+    assert_eq!(dev.down(&s, &x), [n as u32], "after the mismatches");
+    assert_idle(&c, "after the chunk boundaries");
 }
 
 /// A receive shorter than the message fails inside MPI on the proxy thread: the stream is

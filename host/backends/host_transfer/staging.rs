@@ -23,7 +23,7 @@ use duralumin_kernels::mover::Schedule;
 
 use super::HostTransferCommunicator;
 use super::copies::{Copies, Geometry};
-use super::plans::{ChunkFn, Plan};
+use super::plans::{ChunkFn, Plan, chunks_of};
 use super::proxy::{ChunkAt, HostPart, InFlight, chunk_job};
 use crate::api::error::{Error, Result};
 use crate::api::request::ErrorSlot;
@@ -163,7 +163,7 @@ impl<D: Device> HostTransferCommunicator<D> {
                 self.config.chunk_elems(plan.count, sz, plan.width, fixed)
             }
         };
-        let chunks = plan.count.div_ceil(chunk_elems).max(1);
+        let chunks = chunks_of(plan.count, chunk_elems, plan.exchange);
         let last_flag =
             u32::try_from(chunks).map_err(|_| Error::CountOverflow { what: "chunks", value: chunks as u128 })?;
         let mut geo = Geometry {

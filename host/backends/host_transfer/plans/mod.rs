@@ -53,12 +53,23 @@ pub(crate) fn cut(len: usize, k: usize, chunk_elems: usize) -> usize {
     chunk_elems.min(len.saturating_sub(k.saturating_mul(chunk_elems)))
 }
 
-/// Whether chunk `k` carries a message for a `len`-element piece: every chunk with elements of
-/// it, and chunk 0 always (an empty piece is one empty message, so both sides of a pair agree
-/// on the number of messages, and an empty message meeting a non-empty receive is a count
-/// error rather than a receive waiting forever).
+/// Whether chunk `k` carries a message for a `len`-element piece: every chunk from the first
+/// through the one the piece ends in, which is an empty message where the piece ends at a
+/// chunk's boundary (an empty piece is one empty message). So each pair's last message is
+/// shorter than a chunk, and two lengths that differ part in a message of the same chunk whose
+/// lengths differ: a count error at the receiver, where a receive of a whole number of chunks
+/// would otherwise complete silently before the sender's extra chunks, or wait for ever for
+/// chunks a shorter sender never sends.
 fn carries(len: usize, k: usize, chunk_elems: usize) -> bool {
-    k == 0 || cut(len, k, chunk_elems) > 0
+    k.saturating_mul(chunk_elems) <= len
+}
+
+/// Chunks of an operation whose longest row or piece has `count` elements, cut at `chunk_elems`
+/// per chunk: enough for every piece's messages (see [`carries`]) where the ranks exchange
+/// their chunks pair by pair (`exchange`), at least one otherwise.
+pub(crate) fn chunks_of(count: usize, chunk_elems: usize, exchange: bool) -> usize {
+    let chunk_elems = chunk_elems.max(1);
+    if exchange { count / chunk_elems + 1 } else { count.div_ceil(chunk_elems).max(1) }
 }
 
 /// Device data of an operation: rows (cut into chunks), or a list of pieces `(address,
