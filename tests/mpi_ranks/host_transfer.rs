@@ -581,6 +581,16 @@ fn bad_input<D: TestDevice>(ht: &HostTransfer<D>) {
     expect_err!(works, c.reduce_scatter(&a, &mut b, Sum), Error::BufferLength { .. });
     expect_err!(works, c.send(&a, n, 0), Error::RankOutOfRange { .. });
     expect_err!(works, c.recv(&mut b, c.rank(), 0), Error::SelfMessage { .. });
+    if n > 1 {
+        // A message to itself whose receive is from another rank (and the other way round).
+        let other = (c.rank() + 1) % n;
+        let mut c4 = dev.up(s, &[0.0f32; 4]);
+        expect_err!(works, c.sendrecv(&a, c.rank(), &mut c4, other, 0), Error::SelfMessage { .. });
+        expect_err!(works, c.sendrecv(&a, other, &mut c4, c.rank(), 0), Error::SelfMessage { .. });
+        let sends = [(&a, c.rank()), (&a, other)];
+        let mut recvs = [(&mut c4, other)];
+        expect_err!(works, c.multi_sendrecv(&sends, &mut recvs, 0), Error::SelfMessage { .. });
+    }
     expect_err!(works, c.send(&a, 0, -1), Error::InvalidTag { .. });
     if 5 % n != 0 {
         expect_err!(works, c.allgather_in_place(&mut b), Error::BufferLength { .. });

@@ -9,14 +9,16 @@
 //! allreduces reduce on the device
 //! ([`HostTransferConfig::device_reduce_max_bytes`](super::HostTransferConfig::device_reduce_max_bytes))
 //! only under `Auto`; a broadcast's root does not wait for the other ranks' copies back. A
-//! send to this rank itself is refused ([`Error::SelfMessage`](crate::Error::SelfMessage)): the
-//! stream would wait forever. A point-to-point message longer than one chunk travels as one MPI
-//! message per chunk, cut the same way by every point-to-point call (so a `multi_sendrecv`
-//! message meets a `recv`, one pack launch per chunk and direction). The lengths must match,
-//! as MPI requires: a shorter message is reported by the receive
-//! ([`Error::CountMismatch`](crate::Error::CountMismatch)) and a longer one as MPI's truncation
-//! error, but the sender of a message longer than the receive by a whole chunk or more is left
-//! waiting for a receiver of its last chunks.
+//! send to this rank itself without its receive in the same call is refused
+//! ([`Error::SelfMessage`](crate::Error::SelfMessage)): the stream would wait forever. A
+//! point-to-point message travels as one MPI message per chunk and one shorter than a chunk to
+//! end it (empty where it ends at a chunk's boundary), cut the same way by every point-to-point
+//! call (so a `multi_sendrecv` message meets a `recv`, one pack launch per chunk and
+//! direction). The lengths must match, as MPI requires: a message shorter or longer than its
+//! receive is reported by the receive
+//! ([`Error::CountMismatch`](crate::Error::CountMismatch)) at the first chunk where the two
+//! differ, but the sender of a message longer than the receive by more than a chunk is left
+//! waiting for a receiver of its chunks after that one.
 
 use std::sync::Arc;
 

@@ -115,6 +115,9 @@ impl<D: Device> HostTransferCommunicator<D> {
         op: (OpId, Signature),
         errors: Arc<ErrorSlot>,
     ) -> Result<Queued<D>> {
+        // The ring's next place before this operation took its chunks: given back if it is
+        // refused before anything is queued, since no one would release those chunks.
+        let ring_before = self.ring_next.get();
         let geo = self.cut_into_chunks(&plan)?;
         if self.may_start_here(stream, &geo)? {
             let Some(started) = self.start_here(&mut plan, &geo, op, &errors) else {
@@ -134,7 +137,7 @@ impl<D: Device> HostTransferCommunicator<D> {
             self.shared.device.release(stream, &handed.keeps)?;
             return Ok(Queued { pending: Some((handed.done, handed.task)), errors });
         }
-        let set_up = self.set_up(stream, &mut plan, geo)?;
+        let set_up = self.set_up(stream, &mut plan, geo).inspect_err(|_| self.ring_next.set(ring_before))?;
         let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), None);
         if let Err(error) = self.queue_device_work(stream, &handed) {
             return Err(self.abandon_queueing(stream, handed, error));
@@ -166,13 +169,19 @@ impl<D: Device> HostTransferCommunicator<D> {
         let chunks = chunks_of(plan.count, chunk_elems, plan.exchange);
         let last_flag =
             u32::try_from(chunks).map_err(|_| Error::CountOverflow { what: "chunks", value: chunks as u128 })?;
+        // A chunk's staging, which its copies and its MPI part are bounded by: checked here, so
+        // that no later product wraps.
+        let parts = plan.send_parts.saturating_add(plan.recv_parts);
+        let slot_elems = parts.checked_mul(chunk_elems.min(plan.count)).filter(|e| e.checked_mul(sz).is_some()).ok_or(
+            Error::CountOverflow { what: "a chunk's staging bytes", value: parts as u128 * chunk_elems as u128 },
+        )?;
         let mut geo = Geometry {
             sz,
             chunk_elems,
             count: plan.count,
             chunks,
             last_flag,
-            slot_elems: (plan.send_parts + plan.recv_parts) * chunk_elems.min(plan.count),
+            slot_elems,
             send_parts: plan.send_parts,
             place: None,
             direct,

@@ -29,8 +29,9 @@ impl<D: Device> HostTransferCommunicator<D> {
             send.as_ref().map(|s| s.0),
             recv.as_ref().map(|r| &*r.0),
         )?;
-        let to_self = send.as_ref().is_some_and(|s| s.1 == me) || recv.as_ref().is_some_and(|r| r.1 == me);
-        if to_self && (send.is_none() || recv.is_none()) {
+        // A message to this rank itself needs its receive in the same call (else the stream
+        // waits for itself), as in `check_multi`.
+        if (dest == Some(me)) != (source == Some(me)) {
             return Err(Error::SelfMessage { op: name });
         }
         let send_len = send.as_ref().map_or(0, |s| s.0.len());
@@ -132,8 +133,8 @@ impl<D: Device> HostTransferCommunicator<D> {
             .output((!recvs.is_empty()).then_some(output)))
     }
 
-    /// Checks a `multi_sendrecv`'s tag, peers and buffers; messages to this rank itself need
-    /// both lists.
+    /// Checks a `multi_sendrecv`'s tag, peers and buffers; every message to this rank itself
+    /// needs its receive in the same call (as many receives from itself as sends to itself).
     fn check_multi<S: DeviceSlice<D>, R: DeviceSlice<D>>(
         &self,
         sends: &[(&S, usize)],
@@ -144,13 +145,8 @@ impl<D: Device> HostTransferCommunicator<D> {
         check_peers(tag, self.shared.max_tag, sends.iter().map(|s| s.1), recvs.iter().map(|r| r.1), self.ranks())?;
         sends.iter().try_for_each(|(b, _)| self.check_buffer("send buffer", *b))?;
         recvs.iter().try_for_each(|(b, _)| self.check_buffer("receive buffer", *b))?;
-        let only_self = |peers: &mut dyn Iterator<Item = usize>| {
-            let v: Vec<usize> = peers.collect();
-            !v.is_empty() && v.iter().all(|&p| p == me)
-        };
-        if (sends.is_empty() || recvs.is_empty())
-            && (only_self(&mut sends.iter().map(|s| s.1)) || only_self(&mut recvs.iter().map(|r| r.1)))
-        {
+        let to_self = sends.iter().filter(|s| s.1 == me).count();
+        if to_self != recvs.iter().filter(|r| r.1 == me).count() {
             return Err(Error::SelfMessage { op: "multi_sendrecv" });
         }
         Ok(())
