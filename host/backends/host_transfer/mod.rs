@@ -324,7 +324,7 @@ impl<D: Device> HostTransferCommunicator<D> {
         // Room for the ring and its movers' arrival words (one smallest block).
         let pools_bytes = ring_bytes.checked_next_power_of_two().unwrap_or(ring_bytes);
         let pools = Pools::new(Arc::clone(&device), pools_bytes.saturating_add(crate::device::pool::MIN_BLOCK));
-        let ring = ring::Ring::new(&pools, config.ring_cells, cell_bytes)?;
+        let ring = ring::Ring::new(&pools, config.ring_cells, cell_bytes, mpi.sends_left_flag())?;
         Ok(HostTransferCommunicator {
             shared: Arc::new(Shared {
                 mpi: Mutex::new(mpi),
@@ -678,5 +678,17 @@ mod tests {
         assert_eq!(config.chunks_for(1500), 2, "never below min_chunk_bytes");
         assert_eq!(config.chunks_for(0), 1);
         assert_eq!(config.chunks_for(usize::MAX), usize::MAX.div_ceil(4096), "no overflow near usize::MAX");
+    }
+
+    /// Operations whose ranks exchange their chunks pair by pair take a chunk more where their
+    /// longest piece ends at a chunk's boundary: its pairs' last messages are empty.
+    #[test]
+    fn exchanged_chunks_end_below_a_chunk() {
+        use super::plans::chunks_of;
+        for (count, collective, exchanged) in [(0, 1, 1), (1, 1, 1), (64, 1, 2), (65, 2, 2), (128, 2, 3), (129, 3, 3)] {
+            assert_eq!(chunks_of(count, 64, false), collective, "{count} elements, cut alike");
+            assert_eq!(chunks_of(count, 64, true), exchanged, "{count} elements, exchanged");
+        }
+        assert_eq!(chunks_of(usize::MAX, 1, true), usize::MAX, "no overflow");
     }
 }

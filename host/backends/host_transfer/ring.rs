@@ -66,6 +66,9 @@ pub(crate) struct Ring<D: Device> {
     releases: Mutex<VecDeque<Release>>,
     /// An operation was abandoned while MPI may still use the ring: it is never freed.
     leaked: AtomicBool,
+    /// Set by the MPI side when a failed chunk left sends in flight for MPI to finish
+    /// (`transport::OnError::Abandon`): they may read the ring's cells, so it is never freed.
+    sends_left: Arc<AtomicBool>,
 }
 
 /// Bytes of a ring's arrival words: [`mover::MAX_BLOCKS`] 8-byte words for a mover's input
@@ -106,7 +109,13 @@ impl<D: Device> Ring<D> {
 
     /// A ring of `cells` cells of `cell_bytes` (`cells` a power of two), taken from `pools`
     /// (contents unspecified: nothing reads a cell before the device or MPI wrote it).
-    pub(crate) fn new(pools: &Arc<Pools<D>>, cells: usize, cell_bytes: usize) -> Result<Ring<D>> {
+    /// `sends_left` is the flag the MPI side sets when it leaves sends in flight.
+    pub(crate) fn new(
+        pools: &Arc<Pools<D>>,
+        cells: usize,
+        cell_bytes: usize,
+        sends_left: Arc<AtomicBool>,
+    ) -> Result<Ring<D>> {
         let bytes = cells
             .checked_mul(cell_bytes)
             .ok_or(Error::CountOverflow { what: "staging ring bytes", value: cells as u128 * cell_bytes as u128 })?;
@@ -130,6 +139,7 @@ impl<D: Device> Ring<D> {
             arrivals: Some(arrivals),
             releases: Mutex::default(),
             leaked: AtomicBool::new(false),
+            sends_left,
         })
     }
 
@@ -198,9 +208,32 @@ impl<D: Device> Ring<D> {
 
 impl<D: Device> Drop for Ring<D> {
     fn drop(&mut self) {
-        if self.leaked.load(Ordering::Acquire) {
+        if self.leaked.load(Ordering::Acquire) || self.sends_left.load(Ordering::Acquire) {
             std::mem::forget(self.block.take());
             std::mem::forget(self.arrivals.take());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::HostDevice;
+
+    /// A ring whose MPI side left sends in flight keeps its memory when it is dropped; one
+    /// without gives it back.
+    #[test]
+    fn a_ring_under_sends_left_in_flight_is_never_freed() {
+        let pools = Pools::new(Arc::new(HostDevice::new(0)), 1 << 20);
+        for left in [false, true] {
+            let before = pools.stats().blocks_in_use;
+            let flag = Arc::new(AtomicBool::new(false));
+            let ring = Ring::new(&pools, 4, 1024, Arc::clone(&flag)).expect("a ring");
+            assert_eq!(pools.stats().blocks_in_use, before + 2, "its cells and its arrival words");
+            flag.store(left, Ordering::Release);
+            drop(ring);
+            let kept = if left { 2 } else { 0 };
+            assert_eq!(pools.stats().blocks_in_use, before + kept, "sends left in flight: {left}");
         }
     }
 }

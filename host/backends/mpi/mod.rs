@@ -25,6 +25,7 @@ use std::cell::{Cell, OnceCell};
 use std::ffi::c_int;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::api::error::{Error, Result};
@@ -548,6 +549,12 @@ impl MpiCommunicator {
     /// The communicator's monitor (shared with the HostTransfer communicator built on it).
     pub(crate) fn monitor(&self) -> &Arc<Monitor> {
         &self.core.monitor
+    }
+
+    /// The flag a failed operation sets when it leaves sends in flight for MPI to finish
+    /// ([`OnError::Abandon`]): memory they may read must not be freed once it is set.
+    pub(crate) fn sends_left_flag(&self) -> Arc<AtomicBool> {
+        self.core.scratch.leak_flag()
     }
 
     /// Operations of this communicator in flight (started and not yet completed).

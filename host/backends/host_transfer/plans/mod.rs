@@ -69,7 +69,7 @@ fn carries(len: usize, k: usize, chunk_elems: usize) -> bool {
 /// their chunks pair by pair (`exchange`), at least one otherwise.
 pub(crate) fn chunks_of(count: usize, chunk_elems: usize, exchange: bool) -> usize {
     let chunk_elems = chunk_elems.max(1);
-    if exchange { count / chunk_elems + 1 } else { count.div_ceil(chunk_elems).max(1) }
+    if exchange { (count / chunk_elems).saturating_add(1) } else { count.div_ceil(chunk_elems).max(1) }
 }
 
 /// Device data of an operation: rows (cut into chunks), or a list of pieces `(address,
