@@ -333,23 +333,8 @@ fn check_pairs(m: &Monitor, op: OpId, sig: &Signature, mine: &RecordView, p: Pai
 }
 
 fn report_view(seq: u64, sig: &Signature, note: Option<&str>) -> RecordView {
-    RecordView {
-        seq,
-        kind: sig.kind,
-        elem: sig.elem.into(),
-        elem_size: sig.elem_size,
-        operator: sig.operator.into(),
-        count: sig.count,
-        digest: sig.digest,
-        root: sig.root,
-        algorithm: sig.algorithm.into(),
-        in_place: sig.in_place,
-        state: if note.is_some() { State::Rejected } else { State::Running },
-        enqueued_ago: None,
-        started_ago: None,
-        ended_ago: None,
-        note: note.unwrap_or("").into(),
-    }
+    let state = if note.is_some() { State::Rejected } else { State::Running };
+    RecordView { state, note: note.unwrap_or("").into(), ..RecordView::of_call(seq, sig) }
 }
 
 /// A record that matches the local one survives its trip through the fixed-size encoding.

@@ -53,6 +53,9 @@ pub(crate) struct Poison {
     /// [`given_up_poison`]), for the operation that found it (and whole-communicator waits),
     /// with the report.
     mismatch: Option<(Mismatch, String)>,
+    /// The rank that gave the communicator up, with the collective it was in, where this rank
+    /// had not entered that collective yet: the call that does is compared with it.
+    giver: Option<(usize, RecordView)>,
 }
 
 /// What [`Error::Mismatch`] says, but its report.
@@ -93,6 +96,27 @@ impl Poison {
                 Error::Mismatch { op: m.op, seq: m.seq, peer: m.peer, what: m.what.clone(), report: report.clone() }
             }
             _ => Error::Aborted { reason: self.reason.clone() },
+        }
+    }
+
+    /// The error of a call made after the poisoning, as number `seq` (of its kind) of this
+    /// rank `(me, size)`: where it is the collective the giving rank gave up in and it differs
+    /// from that rank's call there, the mismatch with both calls (a rank short of a core may
+    /// enter the collective only after the other's deadline passed); else [`Error::Aborted`].
+    pub(crate) fn error_for_new(&self, sig: &Signature, seq: u64, (me, size): (usize, usize)) -> Error {
+        let Some((from, theirs)) = self.giver.as_ref().filter(|(_, t)| sig.kind.is_collective() && t.seq == seq) else {
+            return self.error(Asker::New);
+        };
+        let mine = RecordView::of_call(seq, sig);
+        match super::report::against_giver((me, size), &self.reason, &mine, (*from, theirs)) {
+            Some(report) => Error::Mismatch {
+                op: sig.kind.name(),
+                seq,
+                peer: *from,
+                what: format!("{}, where it called {}", self.reason, super::report::describe(theirs)),
+                report,
+            },
+            None => self.error(Asker::New),
         }
     }
 }
@@ -330,7 +354,8 @@ impl Monitor {
         let now = recorder::now();
         let mut st = self.lock();
         if let Some(p) = &st.poison {
-            return Err(p.error(Asker::New));
+            let next = if sig.kind.is_collective() { st.next_seq } else { st.next_p2p };
+            return Err(p.error_for_new(&sig, next, (self.rank, self.size)));
         }
         let seq = if sig.kind.is_collective() {
             st.next_seq += 1;
@@ -532,6 +557,7 @@ pub(crate) fn timeout_poison(
         reason: format!("rank {me}: {op} #{seq} timed out after {elapsed:.1?}"),
         timeout: Some((op, seq, elapsed, report)),
         mismatch: None,
+        giver: None,
     }
 }
 
@@ -549,6 +575,7 @@ pub(crate) fn fault_poison(
         reason: format!("rank {me}: {op} failed (see its report)"),
         timeout: None,
         mismatch: mismatch.map(|m| (m, report)),
+        giver: None,
     }
 }
 
@@ -557,10 +584,37 @@ pub(crate) fn fault_poison(
 /// waiting on the communicator get the mismatch, with the report; everything else
 /// [`Error::Aborted`].
 pub(crate) fn given_up_poison(trigger: Trigger, reason: String, mismatch: Mismatch, report: String) -> Poison {
-    Poison { trigger: Some(trigger), reason, timeout: None, mismatch: Some((mismatch, report)) }
+    Poison { trigger: Some(trigger), reason, timeout: None, mismatch: Some((mismatch, report)), giver: None }
 }
 
-/// The poison of a communicator given up because of `reason` (another rank's timeout or fault).
-pub(crate) fn plain_poison(reason: String) -> Poison {
-    Poison { trigger: None, reason, timeout: None, mismatch: None }
+/// The poison of a communicator given up because of `reason` (another rank's timeout or fault,
+/// or a revocation); `giver`, the rank that gave it up with the collective it was in, where
+/// this rank had not entered that collective (see [`Poison::error_for_new`]).
+pub(crate) fn plain_poison(reason: String, giver: Option<(usize, RecordView)>) -> Poison {
+    Poison { trigger: None, reason, timeout: None, mismatch: None, giver }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rank that enters the collective another rank gave up in only after the give-up came
+    /// learns whether its call differs from the giver's there: a mismatch naming the giver, or
+    /// (the same call, another number, another kind of call) the plain abort.
+    #[test]
+    fn a_call_entered_after_a_give_up_is_compared_with_the_givers() {
+        let bcast = |count| Signature::new(OpKind::Bcast).elem::<f32>().count(count).root(0);
+        let theirs = RecordView::of_call(2, &bcast(1024));
+        let p = plain_poison("rank 0 gave up".into(), Some((0, theirs)));
+        match p.error_for_new(&bcast(2048), 2, (1, 4)) {
+            Error::Mismatch { peer: 0, seq: 2, report, .. } => assert!(report.contains("count"), "{report}"),
+            other => panic!("a differing call at the giver's number: {other}"),
+        }
+        assert!(matches!(p.error_for_new(&bcast(1024), 2, (1, 4)), Error::Aborted { .. }), "the same call");
+        assert!(matches!(p.error_for_new(&bcast(2048), 3, (1, 4)), Error::Aborted { .. }), "another number");
+        let p2p = Signature::new(OpKind::Send).elem::<f32>().count(2048).root(0);
+        assert!(matches!(p.error_for_new(&p2p, 2, (1, 4)), Error::Aborted { .. }), "not a collective");
+        let plain = plain_poison("revoked".into(), None);
+        assert!(matches!(plain.error_for_new(&bcast(2048), 2, (1, 4)), Error::Aborted { .. }));
+    }
 }

@@ -645,6 +645,27 @@ impl Snapshot {
 }
 
 impl RecordView {
+    /// Call `seq` of signature `sig`, as a report shows a call being made (running, no times).
+    pub(crate) fn of_call(seq: u64, sig: &Signature) -> RecordView {
+        RecordView {
+            seq,
+            kind: sig.kind,
+            elem: sig.elem.into(),
+            elem_size: sig.elem_size,
+            operator: sig.operator.into(),
+            count: sig.count,
+            digest: sig.digest,
+            root: sig.root,
+            algorithm: sig.algorithm.into(),
+            in_place: sig.in_place,
+            state: State::Running,
+            enqueued_ago: None,
+            started_ago: None,
+            ended_ago: None,
+            note: String::new(),
+        }
+    }
+
     /// One record alone, versioned like a snapshot: what a rank that gives a communicator up
     /// tells the others it was in (see the watchdog's `ask`).
     pub(crate) fn encode(&self) -> Vec<u8> {

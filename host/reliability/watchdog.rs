@@ -212,8 +212,9 @@ fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, o
 /// on the way to the watchdog (which names the difference better), the two ranks made different
 /// calls and `from`'s deadline passed before this rank found out (a rank short of a core finds a
 /// mismatch late): that operation, and the threads waiting on the communicator, get the
-/// mismatch with both calls. Everything else gets [`Error::Aborted`](crate::Error::Aborted)
-/// naming `from`.
+/// mismatch with both calls; where this rank has not entered that call yet, the call that
+/// enters it is compared in the same way ([`Poison::error_for_new`]). Everything else gets
+/// [`Error::Aborted`](crate::Error::Aborted) naming `from`.
 fn given_up(m: &Monitor, st: &MonitorState, (from, seq): (usize, u64), theirs: Option<&RecordView>) -> Poison {
     let reason = format!("rank {from} gave up on the communicator (#{seq} timed out or failed there)");
     let now = recorder::now();
@@ -228,7 +229,8 @@ fn given_up(m: &Monitor, st: &MonitorState, (from, seq): (usize, u64), theirs: O
     });
     match differing {
         Some((id, mismatch, report)) => given_up_poison(Trigger::Op(id), reason, mismatch, report),
-        None => plain_poison(reason),
+        // Not in that call yet (short of a core, say): the call that enters it is compared.
+        None => plain_poison(reason, theirs.filter(|t| st.next_seq <= t.seq).map(|t| (from, t.clone()))),
     }
 }
 

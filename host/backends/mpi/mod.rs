@@ -574,7 +574,7 @@ impl MpiCommunicator {
             ffi::ulfm::revoke(c)?;
         }
         let mut st = self.core.monitor.lock();
-        let poison = crate::reliability::monitor::plain_poison("revoked".into());
+        let poison = crate::reliability::monitor::plain_poison("revoked".into(), None);
         Monitor::poison_with(&mut st, &self.core.monitor, poison);
         Ok(())
     }
