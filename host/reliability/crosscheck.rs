@@ -239,9 +239,9 @@ fn judge(
         })
         .collect();
     let headline = format!("{}: the signature check found ranks that differ", report::describe(&mine));
-    // Records that differ in their bytes but not once decoded (a kind this build does not know,
-    // names that are not UTF-8: a rank of another build, or a damaged record) differ all the
-    // same: the collective never runs on them.
+    // Records that differ in their bytes but not once decoded (an operation kind this build
+    // does not know, which decodes as this rank's: a rank of another build, or a damaged
+    // record) differ all the same: the collective never runs on them.
     let text = report::calls(me, &headline, &mine, &views).unwrap_or_else(|| {
         let differing: Vec<String> = all
             .chunks_exact(RECORD)

@@ -107,18 +107,25 @@ impl Poison {
         let Some((from, theirs)) = self.giver.as_ref().filter(|(_, t)| sig.kind.is_collective() && t.seq == seq) else {
             return self.error(Asker::New);
         };
-        let mine = RecordView::of_call(seq, sig);
-        match super::report::against_giver((me, size), &self.reason, &mine, (*from, theirs)) {
-            Some(report) => Error::Mismatch {
-                op: sig.kind.name(),
-                seq,
-                peer: *from,
-                what: format!("{}, where it called {}", self.reason, super::report::describe(theirs)),
-                report,
-            },
+        match giver_mismatch((me, size), &self.reason, &RecordView::of_call(seq, sig), (*from, theirs)) {
+            Some((m, report)) => Error::Mismatch { op: m.op, seq: m.seq, peer: m.peer, what: m.what, report },
             None => self.error(Asker::New),
         }
     }
+}
+
+/// Where this rank's call `mine` differs from `theirs`, the call rank `from` gave the
+/// communicator up in (because of `reason`): the mismatch, with the report setting the two
+/// calls side by side.
+pub(crate) fn giver_mismatch(
+    (me, size): (usize, usize),
+    reason: &str,
+    mine: &RecordView,
+    (from, theirs): (usize, &RecordView),
+) -> Option<(Mismatch, String)> {
+    let report = super::report::against_giver((me, size), reason, mine, (from, theirs))?;
+    let what = format!("{reason}, where it called {}", super::report::describe(theirs));
+    Some((Mismatch { op: mine.kind.name(), seq: mine.seq, peer: from, what }, report))
 }
 
 /// A fault an operation's thread hands to the watchdog: the exchange runs now, and the thread

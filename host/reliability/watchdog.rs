@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::OnTimeout;
 use super::abort::{abort_job, rank_label};
 use super::monitor::{
-    FaultRequest, Mismatch, Monitor, MonitorState, Poison, Trigger, fault_poison, given_up_poison, interruptible,
+    FaultRequest, Monitor, MonitorState, Poison, Trigger, fault_poison, given_up_poison, giver_mismatch, interruptible,
     plain_poison, timeout_poison,
 };
 use super::recorder::{self, RecordView, Snapshot, State};
@@ -222,10 +222,8 @@ fn given_up(m: &Monitor, st: &MonitorState, (from, seq): (usize, u64), theirs: O
     let differing = theirs.and_then(|theirs| {
         let open = |r: &&recorder::Record| matches!(r.state, State::Queued | State::Running | State::Failed);
         let mine = st.recorder.iter().filter(open).find(|r| r.sig.kind.is_collective() && r.seq == theirs.seq)?;
-        let v = RecordView::of(mine, now);
-        let report = report::against_giver((m.rank, m.size), &reason, &v, (from, theirs))?;
-        let what = format!("{reason}, where it called {}", report::describe(theirs));
-        Some((mine.id(), Mismatch { op: v.kind.name(), seq: v.seq, peer: from, what }, report))
+        let (mismatch, report) = giver_mismatch((m.rank, m.size), &reason, &RecordView::of(mine, now), (from, theirs))?;
+        Some((mine.id(), mismatch, report))
     });
     match differing {
         Some((id, mismatch, report)) => given_up_poison(Trigger::Op(id), reason, mismatch, report),
