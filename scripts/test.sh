@@ -30,6 +30,11 @@ finish() {
 }
 bash scripts/setup.sh
 step setup
+# The release profile without its cross-unit (thin local) LTO, for every build of this run: the
+# two largest test binaries, the CI's longest builds, then compile in 213 s and 253 s instead of
+# 368 s and 353 s (docs/testing.md). What the tests check does not depend on it; the published
+# benchmark numbers are taken with the profile as it is.
+export CARGO_PROFILE_RELEASE_LTO=off
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The device kernels and ptxas are installed by setup.sh: their checks may not skip here.
 export DURALUMIN_REQUIRE_KERNELS=1

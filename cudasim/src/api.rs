@@ -50,16 +50,31 @@ fn trace() -> bool {
 
 /// Whether `CUDASIM_FAIL_CALLS` (call names separated by commas) names the call `name`: it then
 /// fails with `CUDA_ERROR_UNKNOWN` without doing anything, so tests can reach their callers'
-/// failure paths (a host function that cannot be queued, a synchronize that fails).
+/// failure paths (a host function that cannot be queued, a synchronize that fails). With
+/// `CUDASIM_FAIL_RANK=R`, only in the process the MPI launcher started as rank R (a device
+/// that fails on one rank of a job).
 fn injected_failure(name: &str) -> bool {
     static NAMES: OnceLock<Vec<String>> = OnceLock::new();
     NAMES
         .get_or_init(|| {
+            if !on_failing_rank() {
+                return Vec::new();
+            }
             let list = std::env::var("CUDASIM_FAIL_CALLS").unwrap_or_default();
             list.split(',').map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned).collect()
         })
         .iter()
         .any(|n| n == name)
+}
+
+/// Whether this process is the rank `CUDASIM_FAIL_RANK` names (every process when it is unset),
+/// by the rank its MPI launcher gave it (Open MPI's, PMIx's or PMI's variable).
+fn on_failing_rank() -> bool {
+    let Ok(wanted) = std::env::var("CUDASIM_FAIL_RANK") else { return true };
+    ["OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .is_some_and(|rank| rank.trim() == wanted.trim())
 }
 
 /// Objects handed out as handles: the handle is the object's address, looked up before use.

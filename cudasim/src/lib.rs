@@ -37,7 +37,7 @@
 //!
 //! `CUDASIM_TRACE=1` prints every call on stderr. `CUDASIM_FAIL_CALLS=cuLaunchHostFunc,...`
 //! makes the named calls fail (`CUDA_ERROR_UNKNOWN`, doing nothing), for tests of what their
-//! callers do then.
+//! callers do then; with `CUDASIM_FAIL_RANK=R`, only in the rank R of an MPI job.
 //!
 //! # ncclsim
 //!

@@ -429,9 +429,11 @@ impl Monitor {
     }
 
     /// A collective failed with an error that may leave the other ranks waiting (an MPI error
-    /// inside it, a count mismatch): the watchdog runs the report exchange now, then, under
-    /// [`OnTimeout::Abort`], ends the job; under [`OnTimeout::Error`] the communicator is given
-    /// up and the error returned. A process failure under `Abort` ends the job too.
+    /// inside it, a count mismatch, memory for a message, a panic): the watchdog runs the
+    /// report exchange now, then, under [`OnTimeout::Abort`], ends the job; under
+    /// [`OnTimeout::Error`] the communicator is given up and the error returned. A process
+    /// failure under `Abort` ends the job too. So no collective that failed with sends in
+    /// flight leaves the communicator in use: its staging may still be MPI's.
     pub(crate) fn fault(&self, op: OpId, e: Error) -> Error {
         let abort = self.on_timeout() == OnTimeout::Abort;
         match &e {
@@ -441,10 +443,28 @@ impl Monitor {
                 op.kind.name(),
                 op.seq
             )),
-            Error::Mpi { .. } | Error::CountMismatch { .. } | Error::Mismatch { .. }
+            Error::Mpi { .. }
+            | Error::CountMismatch { .. }
+            | Error::Mismatch { .. }
+            | Error::OutOfMemory { .. }
+            | Error::Progress(_)
                 if op.kind.is_collective() && self.size > 1 => {}
             _ => return e,
         }
+        self.report_fault(op, e)
+    }
+
+    /// A collective this rank recorded but could not queue, for a reason of its own (its
+    /// device failed, no flag was left): the other ranks may be in it already, waiting for
+    /// this one, so it is a fault (see [`fault`](Self::fault)) whatever the error.
+    pub(crate) fn failed_to_queue(&self, op: OpId, e: Error) -> Error {
+        self.set(op, State::Failed, Some(e.to_string()));
+        if op.kind.is_collective() && self.size > 1 { self.report_fault(op, e) } else { e }
+    }
+
+    /// Has the watchdog run the report exchange for `op`'s failure `e`, then end the job or
+    /// give the communicator up; the error for the caller.
+    fn report_fault(&self, op: OpId, e: Error) -> Error {
         let mut st = self.lock();
         if let Some(p) = &st.poison {
             return p.error(Asker::Op(op));

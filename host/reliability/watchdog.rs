@@ -196,6 +196,15 @@ fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, o
     let mut st = m.lock();
     let own_report = exchanging || late_op(&st, recorder::now()).is_some();
     if flags & GIVE_UP != 0 && !own_report {
+        if m.on_timeout() == OnTimeout::Abort {
+            // Giving up here would hand the caller back buffers that MPI may still read
+            // (`transport::OnError::Abandon`); under `Abort` a failure ends the job instead.
+            drop(st);
+            abort_job(&format!(
+                "rank {from} gave up on the communicator (#{seq} timed out or failed there, under \
+                 OnTimeout::Error), aborting the job (OnTimeout::Abort here: give every rank the same OnTimeout)"
+            ));
+        }
         let theirs = msg.get(16..).and_then(RecordView::decode);
         let poison = given_up(m, &st, (from, seq), theirs.as_ref());
         Monitor::poison_with(&mut st, m, poison);

@@ -114,7 +114,35 @@ pub(crate) enum OnError {
     /// ([`OnTimeout::Abort`](crate::reliability::OnTimeout::Abort)) or the operation's buffers
     /// belong to the library: its shadow copies and staging are leaked with the operation, and
     /// `leaked`, once set, makes the communicator's scratch memory never return to the heap.
+    /// With ULFM they are revoked and waited for instead ([`OnError::disposal`]).
     Abandon { leaked: Arc<AtomicBool> },
+}
+
+/// What a dropped set of messages does with its sends still in flight.
+#[derive(Debug, PartialEq, Eq)]
+enum Disposal {
+    /// Wait for them.
+    Wait,
+    /// Revoke the communicator (its pending requests then complete soon), then wait.
+    RevokeThenWait,
+    /// Hand them to MPI (`MPI_Request_free`) and set the leak flag.
+    Free,
+}
+
+impl OnError {
+    /// What becomes of the sends, `ulfm` saying whether the MPI library can revoke. Abandoned
+    /// sends may read the caller's own buffers (under `OnTimeout::Abort`, whose failures end
+    /// the job): where a revoke can complete them, as it can after the program's own `revoke`,
+    /// which is how a communicator under `Abort` is given up, they are waited for, so that the
+    /// caller never gets back a buffer MPI still reads (`docs/reliability.md`).
+    fn disposal(&self, ulfm: bool) -> Disposal {
+        match self {
+            OnError::Wait => Disposal::Wait,
+            OnError::Revoke => Disposal::RevokeThenWait,
+            OnError::Abandon { .. } if ulfm => Disposal::RevokeThenWait,
+            OnError::Abandon { .. } => Disposal::Free,
+        }
+    }
 }
 
 /// MPI point-to-point on a communicator reserved for Duralumin's algorithms, one tag per
@@ -411,19 +439,20 @@ impl Drop for MpiPending {
         if self.recvs.is_empty() && self.sends.is_empty() {
             return;
         }
-        if matches!(self.on_error, OnError::Revoke) {
+        let disposal = self.on_error.disposal(crate::ffi::ulfm::available());
+        if disposal == Disposal::RevokeThenWait {
             let _ = crate::ffi::ulfm::revoke(self.comm);
         }
         self.matcher.release(&self.recvs);
         for req in &mut self.sends {
-            match &self.on_error {
-                OnError::Abandon { leaked } => {
+            match (&disposal, &self.on_error) {
+                (Disposal::Free, OnError::Abandon { leaked }) => {
                     leaked.store(true, Ordering::Release);
                     // SAFETY: the operation's failure ends the job, or its buffers are the
                     // library's and never freed once `leaked` is set (see `OnError::Abandon`).
                     unsafe { p2p::request_free(req) };
                 }
-                OnError::Wait | OnError::Revoke => p2p::cancel_and_wait(req),
+                _ => p2p::cancel_and_wait(req),
             }
         }
     }
@@ -432,6 +461,19 @@ impl Drop for MpiPending {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sends abandoned with their operation are only handed to MPI where no revoke can
+    /// complete them; every other way waits for them.
+    #[test]
+    fn abandoned_sends_are_waited_for_wherever_a_revoke_completes_them() {
+        let abandon = OnError::Abandon { leaked: Arc::default() };
+        assert_eq!(abandon.disposal(true), Disposal::RevokeThenWait);
+        assert_eq!(abandon.disposal(false), Disposal::Free);
+        for ulfm in [false, true] {
+            assert_eq!(OnError::Wait.disposal(ulfm), Disposal::Wait);
+            assert_eq!(OnError::Revoke.disposal(ulfm), Disposal::RevokeThenWait);
+        }
+    }
 
     fn transport(rank: usize, max_count: usize, leaders: &[usize], net: usize) -> MpiTransport {
         let topology = Arc::new(Topology::from_leaders(leaders));

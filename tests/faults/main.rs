@@ -87,6 +87,9 @@ fn main() {
             mismatch::main(backend);
         } else if let Some(backend) = program.strip_prefix("given-up-") {
             mismatch::given_up(backend);
+        } else if program == "queue-failure" {
+            #[cfg(feature = "cuda")]
+            rank::queue_failure();
         } else {
             rank::main(&program);
         }
@@ -136,6 +139,14 @@ fn main() {
     // A rank told of another's give-up in a call unlike its own (see `mismatch::given_up`).
     for backend in ["mpi", "host"] {
         trials.push(Trial::test(format!("given_up_{backend}_np2"), move || run_given_up(backend)));
+        trials.push(Trial::test(format!("given_up_abort_{backend}_np2"), move || run_given_up_abort(backend)));
+    }
+    // A collective one rank's device cannot queue, on cudasim.
+    #[cfg(feature = "cuda")]
+    {
+        let dir = sim.clone();
+        let trial = Trial::test("queue_failure_cudasim_np2", move || run_queue_failure(dir.as_deref()));
+        trials.push(trial.with_ignored_flag(sim.is_none() && !sim_required));
     }
     // `scripts/test.sh` runs this binary on its own, beside its last stages (its launches
     // mostly wait out deadlines: `docs/testing.md`); inside the workspace's `cargo test` there,
@@ -230,6 +241,72 @@ fn run_given_up(backend: &str) -> Result<(), Failed> {
         }
     }
     println!("given up {backend}: rank 1 got the mismatch: {}", text.lines().nth(2).unwrap_or_default().trim());
+    Ok(())
+}
+
+/// As [`run_given_up`], with rank 1 under `OnTimeout::Abort`: rank 0's give-up must end the
+/// job from rank 1 (which, given up, would hand back buffers MPI may still read), saying why.
+fn run_given_up_abort(backend: &str) -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let program = format!("given-up-abort-{backend}");
+    let env = vec![("DURALUMIN_FAULT_PROGRAM", program.clone()), ("DURALUMIN_CHECK", "0".to_string())];
+    let l = with_reports(2, &program, env, |env| mpirun::launch(2, &exe, env, &[], LIMIT))?;
+    let fail = |why: String| -> Failed { l.failure(&format!("given up, abort {backend}: {why}")).into() };
+    match l.status {
+        None => return Err(fail(format!("still running after {LIMIT:?}: killed"))),
+        Some(s) if s.success() => return Err(fail("the job did not end".into())),
+        Some(_) => {}
+    }
+    let needle = "rank 1: rank 0 gave up on the communicator";
+    let Some(line) = l.stderr.lines().find(|line| line.contains(needle)) else {
+        return Err(fail(format!("no line says {needle:?}")));
+    };
+    if !line.contains("aborting the job (OnTimeout::Abort here") {
+        return Err(fail(format!("rank 1's line does not say it ends the job: {line}")));
+    }
+    if outcome_line(&l.stdout, "GIVEN_UP 1 ").is_some() {
+        return Err(fail("rank 1's call returned".into()));
+    }
+    println!("given up, abort {backend}: rank 1 ended the job: {line}");
+    Ok(())
+}
+
+/// Rank 1's device fails to queue an allreduce rank 0 is already in (see
+/// [`rank::queue_failure`]): rank 1 must get its device's error, and rank 0, within seconds
+/// rather than at its deadline, the communicator given up by rank 1.
+#[cfg(feature = "cuda")]
+fn run_queue_failure(sim: Option<&std::path::Path>) -> Result<(), Failed> {
+    let dir = sim.ok_or("the CUDA driver simulator is not built: cargo build --release -p duralumin-cudasim")?;
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let env = [
+        ("DURALUMIN_FAULT_PROGRAM", "queue-failure".to_string()),
+        ("DURALUMIN_CHECK", "0".to_string()),
+        ("CUDASIM_FAIL_CALLS", "cuMemcpyDtoHAsync_v2".to_string()),
+        ("CUDASIM_FAIL_RANK", "1".to_string()),
+        ("LD_LIBRARY_PATH", mpirun::library_path_with(dir)),
+    ];
+    let l = mpirun::launch(2, &exe, &env, &[], LIMIT)?;
+    let fail = |why: String| -> Failed { l.failure(&format!("queue failure: {why}")).into() };
+    if !l.status.is_some_and(|s| s.success()) {
+        return Err(fail(format!("the launch ended with {:?}", l.status)));
+    }
+    let errors = |r: usize| -> String {
+        let prefix = format!("ERROR {r}| ");
+        l.stdout.lines().filter_map(|line| line.strip_prefix(&prefix)).collect::<Vec<_>>().join("\n")
+    };
+    match outcome_line(&l.stdout, "QUEUED 1 ") {
+        Some((word, _)) if word == "Device" && errors(1).contains("cuMemcpyDtoHAsync") => {}
+        other => return Err(fail(format!("rank 1 ended {other:?}, not with its device's error: {}", errors(1)))),
+    }
+    let bound = rank::QUEUE_FAILURE_TIMEOUT / 2;
+    match outcome_line(&l.stdout, "QUEUED 0 ") {
+        Some((word, ms)) if word == "Aborted" && u128::from(ms) < bound.as_millis() => {}
+        other => return Err(fail(format!("rank 0 ended {other:?}, not given up within {bound:?}"))),
+    }
+    if !errors(0).contains("rank 1 gave up on the communicator") {
+        return Err(fail(format!("rank 0's error does not name rank 1: {}", errors(0))));
+    }
+    println!("queue failure: rank 0 got {}", errors(0).lines().next().unwrap_or_default());
     Ok(())
 }
 

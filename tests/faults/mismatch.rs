@@ -310,15 +310,24 @@ pub const GIVE_UP_TIMEOUT: Duration = Duration::from_millis(500);
 /// rank the mismatch. Rank 0's deadline passes first; rank 1 must learn from its give-up that
 /// the calls differ. Writes `GIVEN_UP <rank> <outcome> <ms>` and the error's lines
 /// (`ERR <rank>| ...`) where [`Report`] says.
+///
+/// `abort-<backend>`: rank 1 runs under `OnTimeout::Abort`, where the give-up must end the
+/// job (its operations may run on the caller's buffers, which MPI may still read).
 pub fn given_up(backend: &str) {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let mut report = Report::open(usize::try_from(world.rank()).expect("a rank is never negative"));
+    let me = usize::try_from(world.rank()).expect("a rank is never negative");
+    let mut report = Report::open(me);
+    let (abort, backend) = match backend.strip_prefix("abort-") {
+        Some(b) => (me == 1, b),
+        None => (false, backend),
+    };
+    let on_timeout = if abort { OnTimeout::Abort } else { OnTimeout::Error };
     // Every rank is done with its call (and its lines) before either drops its communicator.
     match backend {
         "mpi" => {
             let mut c = MpiCommunicator::new(&world).expect("communicator");
-            c.set_on_timeout(OnTimeout::Error);
+            c.set_on_timeout(on_timeout);
             report.write(&give_up_once(&mut c, &world));
             world.barrier();
         }
@@ -326,7 +335,7 @@ pub fn given_up(backend: &str) {
             let dev = HostDevice::new(0);
             let stream = dev.stream().expect("stream");
             let mut comm = HostTransferCommunicator::new(&world, dev.clone(), stream).expect("communicator");
-            comm.set_on_timeout(OnTimeout::Error);
+            comm.set_on_timeout(on_timeout);
             report.write(&give_up_once(&mut Ht { dev, comm }, &world));
             world.barrier();
         }

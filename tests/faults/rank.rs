@@ -211,6 +211,39 @@ pub fn main(backend: &str) {
     }
 }
 
+/// The deadline of [`queue_failure`]: the rank already in the collective must hear of the
+/// other's failure long before it.
+#[cfg(feature = "cuda")]
+pub const QUEUE_FAILURE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One allreduce on cudasim that rank 1 cannot queue (the launcher makes its device's copies
+/// fail: `CUDASIM_FAIL_RANK`), under `OnTimeout::Error`: rank 0, already in it, must get the
+/// communicator given up by rank 1 at once, not its own timeout. `QUEUED <rank> <kind> <ms>`.
+#[cfg(feature = "cuda")]
+pub fn queue_failure() {
+    use duralumin::mpi::traits::CommunicatorCollectives as _;
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    let ctx = duralumin::cudarc::driver::CudaContext::new(0).expect("CUDA context (the simulator)");
+    let stream = ctx.new_stream().expect("stream");
+    let mut h = ht(&world, duralumin::device::cuda::CudaDevice::new(ctx).expect("device"), stream);
+    h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Error);
+    h.comm.set_timeout(Some(QUEUE_FAILURE_TIMEOUT));
+    let me = h.rank();
+    world.barrier();
+    let start = std::time::Instant::now();
+    let r = h.allreduce(&vec![1.0; 4096], 4096);
+    let ms = start.elapsed().as_millis();
+    match r {
+        Ok(_) => println!("QUEUED {me} ok {ms}"),
+        Err(e) => {
+            println!("QUEUED {me} {} {ms}", kind(&e));
+            report(me, 1, &e);
+        }
+    }
+    world.barrier();
+}
+
 fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
     // Staged in small chunks, as on a GPU.
     let config = HostTransferConfig::default().with_chunk_bytes(1 << 20);
@@ -228,6 +261,7 @@ fn kind(e: &Error) -> &'static str {
         Error::BufferLength { .. } => "BufferLength",
         Error::Mpi { .. } => "Mpi",
         Error::CountMismatch { .. } => "CountMismatch",
+        Error::Device { .. } => "Device",
         _ => "other",
     }
 }

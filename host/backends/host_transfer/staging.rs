@@ -90,9 +90,12 @@ impl<D: Device> HostTransferCommunicator<D> {
     ///
     /// `(id, sig)` is the operation's record and signature: the proxy thread marks it running
     /// when the stream reaches the operation, and done or failed when its MPI part ends (whose
-    /// messages carry the signature); a failure to queue marks it failed. Errors of the MPI part go to `errors`: the request's or the
-    /// communicator's (a failure to queue is returned here, and later errors then go to the
-    /// communicator).
+    /// messages carry the signature). A refusal of its arguments (its chunks cannot be
+    /// counted, or one does not fit in the ring) marks it failed on this rank; a failure to
+    /// queue after that is a fault, which gives the communicator up on every rank or ends the
+    /// job (`Monitor::failed_to_queue`). Errors of the MPI part go to `errors`: the request's
+    /// or the communicator's (a failure to queue is returned here, and later errors then go to
+    /// the communicator).
     pub(crate) fn enqueue<T: Element>(
         &self,
         stream: &D::Stream,
@@ -100,25 +103,38 @@ impl<D: Device> HostTransferCommunicator<D> {
         (id, sig): (OpId, Signature),
         errors: Arc<ErrorSlot>,
     ) -> Result<Queued<D>> {
-        let queued = self.enqueue_recorded(stream, plan, (id, sig), Arc::clone(&errors));
-        if let Err(e) = &queued {
-            self.shared.monitor.set(id, State::Failed, Some(e.to_string()));
+        // The ring's next place before this operation took its chunks: given back if it is
+        // refused before anything is queued, since no one would release those chunks.
+        let ring_before = self.ring_next.get();
+        let m = &self.shared.monitor;
+        let queued = match self.cut_into_chunks(&plan) {
+            // Refused for its arguments, as every rank that made the same call refuses it.
+            Err(e) => {
+                m.set(id, State::Failed, Some(e.to_string()));
+                Err(e)
+            }
+            // The device's failure, or no flag left, on this rank alone: the others may be in
+            // the operation already (see `Monitor::failed_to_queue`).
+            Ok(geo) => self
+                .enqueue_cut(stream, plan, geo, (id, sig), Arc::clone(&errors), ring_before)
+                .map_err(|e| m.failed_to_queue(id, e)),
+        };
+        if queued.is_err() {
             errors.let_go();
         }
         queued
     }
 
-    fn enqueue_recorded<T: Element>(
+    /// Queues an operation cut into chunks (`ring_before`: the ring's next place before it).
+    fn enqueue_cut<T: Element>(
         &self,
         stream: &D::Stream,
         mut plan: Plan<T>,
+        geo: Geometry,
         op: (OpId, Signature),
         errors: Arc<ErrorSlot>,
+        ring_before: (u64, u64),
     ) -> Result<Queued<D>> {
-        // The ring's next place before this operation took its chunks: given back if it is
-        // refused before anything is queued, since no one would release those chunks.
-        let ring_before = self.ring_next.get();
-        let geo = self.cut_into_chunks(&plan)?;
         if self.may_start_here(stream, &geo)? {
             let Some(started) = self.start_here(&mut plan, &geo, op, &errors) else {
                 return Ok(Queued { pending: None, errors });
