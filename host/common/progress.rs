@@ -115,14 +115,33 @@ pub(crate) fn help_until(
 /// `fut`, unless `give_up` says otherwise first: its output, or `give_up`'s error. A future
 /// given up on is leaked, not dropped: it may hold MPI requests that will never complete
 /// (dropping it would wait for them) on memory that must then never be freed.
-pub(crate) async fn unless(fut: OpFuture, mut give_up: impl FnMut() -> Option<Error>) -> Result<Result<()>> {
+pub(crate) async fn unless(fut: OpFuture, give_up: impl FnMut() -> Option<Error>) -> Result<Result<()>> {
+    unless_or_finish(fut, give_up, || false).await
+}
+
+/// As [`unless`], but a future given up on while `finish()` holds is polled on to its end
+/// rather than leaked, then the give-up's error returned: for MPI requests on the caller's own
+/// memory after the program revoked the communicator, which completes them soon.
+pub(crate) async fn unless_or_finish(
+    fut: OpFuture,
+    mut give_up: impl FnMut() -> Option<Error>,
+    finish: impl Fn() -> bool,
+) -> Result<Result<()>> {
     let mut fut = Some(fut);
+    let mut given: Option<Error> = None;
     std::future::poll_fn(move |cx| {
         let Some(f) = fut.as_mut() else { return Poll::Ready(Err(Error::Progress("polled after giving up"))) };
         if let Poll::Ready(r) = f.as_mut().poll(cx) {
-            return Poll::Ready(Ok(r));
+            return Poll::Ready(given.take().map_or(Ok(r), Err));
+        }
+        if given.is_some() {
+            return Poll::Pending;
         }
         match give_up() {
+            Some(e) if finish() => {
+                given = Some(e);
+                Poll::Pending
+            }
             Some(e) => {
                 std::mem::forget(fut.take());
                 Poll::Ready(Err(e))
@@ -551,6 +570,40 @@ mod tests {
             }
             Poll::Pending
         })
+    }
+
+    /// A future given up on is leaked where `finish` says no, polled on to its end (then the
+    /// give-up's error) where it says yes; one that completes first is never given up.
+    #[test]
+    #[cfg_attr(miri, ignore = "leaks the future given up on, which Miri's leak check reports")]
+    fn a_future_given_up_on_is_leaked_or_run_to_its_end() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+        use super::{OpFuture, block_on, unless_or_finish};
+        use crate::api::error::Error;
+
+        let counted = |polls: &Arc<AtomicU32>, ended: &Arc<AtomicBool>| -> OpFuture {
+            let (polls, ended) = (Arc::clone(polls), Arc::clone(ended));
+            Box::pin(std::future::poll_fn(move |_| {
+                if polls.fetch_add(1, Ordering::Relaxed) < 5 {
+                    return Poll::Pending;
+                }
+                ended.store(true, Ordering::Relaxed);
+                Poll::Ready(Ok(()))
+            }))
+        };
+        let given_up = || Some(Error::Revoked);
+        for finish in [false, true] {
+            let (polls, ended) = (Arc::default(), Arc::default());
+            let out = block_on(unless_or_finish(counted(&polls, &ended), given_up, || finish));
+            assert!(matches!(out, Err(Error::Revoked)), "finish {finish}: {out:?}");
+            assert_eq!(ended.load(Ordering::Relaxed), finish, "finish {finish}: ran to its end");
+            assert_eq!(polls.load(Ordering::Relaxed), if finish { 6 } else { 1 });
+        }
+        let (polls, ended) = (Arc::default(), Arc::default());
+        let out = block_on(unless_or_finish(counted(&polls, &ended), || None, || true));
+        assert!(matches!(out, Ok(Ok(()))) && ended.load(Ordering::Relaxed));
     }
 
     #[test]

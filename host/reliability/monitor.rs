@@ -187,6 +187,9 @@ pub(crate) struct Monitor {
     pub(crate) comm_id: u64,
     settings: Settings,
     poisoned: AtomicBool,
+    /// Set once the program revoked the communicator (ULFM): MPI requests pending on it then
+    /// complete soon, so they may be waited for (see `transport::OnError::Abandon`).
+    revoked: Arc<AtomicBool>,
     state: Mutex<MonitorState>,
     /// Signals a concluded fault exchange to the waiting operation thread.
     pub(crate) concluded: Condvar,
@@ -248,6 +251,7 @@ impl Monitor {
                 check: AtomicBool::new(env.check),
             },
             poisoned: AtomicBool::new(false),
+            revoked: Arc::default(),
             state: Mutex::new(MonitorState {
                 recorder: Recorder::new(env.recorder_ops),
                 next_seq: 1,
@@ -337,6 +341,21 @@ impl Monitor {
     pub(crate) fn answer_window(&self) -> Duration {
         let t = self.timeout().unwrap_or(DEFAULT_TIMEOUT);
         (t / 2).clamp(Duration::from_secs(1), Duration::from_secs(10))
+    }
+
+    /// The flag set once the program revoked the communicator.
+    pub(crate) fn revoked_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.revoked)
+    }
+
+    /// Records that the program revoked the communicator (every one of its MPI communicators).
+    pub(crate) fn mark_revoked(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+
+    /// Whether the program revoked the communicator.
+    pub(crate) fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     /// Whether the communicator was given up.
@@ -429,7 +448,7 @@ impl Monitor {
     }
 
     /// A collective failed with an error that may leave the other ranks waiting (an MPI error
-    /// inside it, a count mismatch, memory for a message, a panic): the watchdog runs the
+    /// inside it, a count mismatch, memory for a message, an internal error): the watchdog runs the
     /// report exchange now, then, under [`OnTimeout::Abort`], ends the job; under
     /// [`OnTimeout::Error`] the communicator is given up and the error returned. A process
     /// failure under `Abort` ends the job too. So no collective that failed with sends in

@@ -196,9 +196,10 @@ fn answer(m: &Monitor, rc: RawComm, from: usize, msg: &[u8], exchanging: bool, o
     let mut st = m.lock();
     let own_report = exchanging || late_op(&st, recorder::now()).is_some();
     if flags & GIVE_UP != 0 && !own_report {
-        if m.on_timeout() == OnTimeout::Abort {
+        if m.on_timeout() == OnTimeout::Abort && st.poison.is_none() {
             // Giving up here would hand the caller back buffers that MPI may still read
-            // (`transport::OnError::Abandon`); under `Abort` a failure ends the job instead.
+            // (`transport::OnError::Abandon`); under `Abort` a failure ends the job instead
+            // (unless the program revoked the communicator already).
             drop(st);
             abort_job(&format!(
                 "rank {from} gave up on the communicator (#{seq} timed out or failed there, under \

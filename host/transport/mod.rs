@@ -114,8 +114,10 @@ pub(crate) enum OnError {
     /// ([`OnTimeout::Abort`](crate::reliability::OnTimeout::Abort)) or the operation's buffers
     /// belong to the library: its shadow copies and staging are leaked with the operation, and
     /// `leaked`, once set, makes the communicator's scratch memory never return to the heap.
-    /// With ULFM they are revoked and waited for instead ([`OnError::disposal`]).
-    Abandon { leaked: Arc<AtomicBool> },
+    /// Once `revoked` is set (the program revoked the communicator, under `Abort` too, whose
+    /// operations may read the caller's own buffers) they are waited for instead
+    /// ([`OnError::disposal`]).
+    Abandon { leaked: Arc<AtomicBool>, revoked: Arc<AtomicBool> },
 }
 
 /// What a dropped set of messages does with its sends still in flight.
@@ -130,16 +132,16 @@ enum Disposal {
 }
 
 impl OnError {
-    /// What becomes of the sends, `ulfm` saying whether the MPI library can revoke. Abandoned
-    /// sends may read the caller's own buffers (under `OnTimeout::Abort`, whose failures end
-    /// the job): where a revoke can complete them, as it can after the program's own `revoke`,
-    /// which is how a communicator under `Abort` is given up, they are waited for, so that the
-    /// caller never gets back a buffer MPI still reads (`docs/reliability.md`).
-    fn disposal(&self, ulfm: bool) -> Disposal {
+    /// What becomes of the sends. Abandoned sends may read the caller's own buffers (under
+    /// `OnTimeout::Abort`, whose failures end the job before the caller has them back): after
+    /// the program's own `revoke`, the one way a communicator under `Abort` is given up and
+    /// the job goes on, they complete soon and are waited for, so that the caller never gets
+    /// back a buffer MPI still reads (`docs/reliability.md`).
+    fn disposal(&self) -> Disposal {
         match self {
             OnError::Wait => Disposal::Wait,
             OnError::Revoke => Disposal::RevokeThenWait,
-            OnError::Abandon { .. } if ulfm => Disposal::RevokeThenWait,
+            OnError::Abandon { revoked, .. } if revoked.load(Ordering::Acquire) => Disposal::Wait,
             OnError::Abandon { .. } => Disposal::Free,
         }
     }
@@ -439,14 +441,14 @@ impl Drop for MpiPending {
         if self.recvs.is_empty() && self.sends.is_empty() {
             return;
         }
-        let disposal = self.on_error.disposal(crate::ffi::ulfm::available());
+        let disposal = self.on_error.disposal();
         if disposal == Disposal::RevokeThenWait {
             let _ = crate::ffi::ulfm::revoke(self.comm);
         }
         self.matcher.release(&self.recvs);
         for req in &mut self.sends {
             match (&disposal, &self.on_error) {
-                (Disposal::Free, OnError::Abandon { leaked }) => {
+                (Disposal::Free, OnError::Abandon { leaked, .. }) => {
                     leaked.store(true, Ordering::Release);
                     // SAFETY: the operation's failure ends the job, or its buffers are the
                     // library's and never freed once `leaked` is set (see `OnError::Abandon`).
@@ -462,17 +464,17 @@ impl Drop for MpiPending {
 mod tests {
     use super::*;
 
-    /// Sends abandoned with their operation are only handed to MPI where no revoke can
-    /// complete them; every other way waits for them.
+    /// Sends abandoned with their operation are handed to MPI unless the program revoked the
+    /// communicator, which completes them; the other ways always wait.
     #[test]
-    fn abandoned_sends_are_waited_for_wherever_a_revoke_completes_them() {
-        let abandon = OnError::Abandon { leaked: Arc::default() };
-        assert_eq!(abandon.disposal(true), Disposal::RevokeThenWait);
-        assert_eq!(abandon.disposal(false), Disposal::Free);
-        for ulfm in [false, true] {
-            assert_eq!(OnError::Wait.disposal(ulfm), Disposal::Wait);
-            assert_eq!(OnError::Revoke.disposal(ulfm), Disposal::RevokeThenWait);
-        }
+    fn abandoned_sends_are_waited_for_once_the_communicator_is_revoked() {
+        let revoked = Arc::new(AtomicBool::new(false));
+        let abandon = OnError::Abandon { leaked: Arc::default(), revoked: Arc::clone(&revoked) };
+        assert_eq!(abandon.disposal(), Disposal::Free);
+        revoked.store(true, Ordering::Release);
+        assert_eq!(abandon.disposal(), Disposal::Wait);
+        assert_eq!(OnError::Wait.disposal(), Disposal::Wait);
+        assert_eq!(OnError::Revoke.disposal(), Disposal::RevokeThenWait);
     }
 
     fn transport(rank: usize, max_count: usize, leaders: &[usize], net: usize) -> MpiTransport {

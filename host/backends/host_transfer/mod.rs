@@ -459,7 +459,7 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// [`OnTimeout::Error`], this returns [`Error::Timeout`] once the communicator is given up
     /// (its flags raised, so the streams go on; the outputs are then undefined).
     pub fn synchronize(&self) -> Result<()> {
-        let (device, m) = (&self.shared.device, &self.shared.monitor);
+        let m = &self.shared.monitor;
         if self.is_through()? {
             // Nothing to wait for (operations that ran on the calling thread leave nothing
             // behind): no wait to record.
@@ -467,16 +467,25 @@ impl<D: Device> HostTransferCommunicator<D> {
             return self.shared.errors.check();
         }
         let wait = m.wait_begin("synchronize");
-        let stop = || m.poisoned().is_some();
-        let give_up: crate::device::GiveUp<'_> = (m.on_timeout() == OnTimeout::Error).then_some(&stop);
-        let mut waited = device.synchronize_helping(&self.stream, &mut || self.drive_pending(), give_up);
-        if let (Ok(()), Some(side)) = (&waited, self.side.get()) {
-            waited = device.synchronize_helping(side, &mut || self.drive_pending(), give_up);
-        }
+        let waited = self.wait_for_streams();
         m.wait_end(wait);
         waited?;
         m.check_poison(Asker::Waiter(wait))?;
         self.shared.errors.check()
+    }
+
+    /// Waits until the stream (and the side stream, if one was made) has run what was queued
+    /// on it, driving the operations' host parts meanwhile; under [`OnTimeout::Error`] a
+    /// give-up ends the wait.
+    fn wait_for_streams(&self) -> Result<()> {
+        let (device, m) = (&self.shared.device, &self.shared.monitor);
+        let stop = || m.poisoned().is_some();
+        let give_up: crate::device::GiveUp<'_> = (m.on_timeout() == OnTimeout::Error).then_some(&stop);
+        device.synchronize_helping(&self.stream, &mut || self.drive_pending(), give_up)?;
+        match self.side.get() {
+            Some(side) => device.synchronize_helping(side, &mut || self.drive_pending(), give_up),
+            None => Ok(()),
+        }
     }
 
     /// The deadline of every operation and wait (`None`: none), as on the Mpi backend
@@ -501,8 +510,18 @@ impl<D: Device> HostTransferCommunicator<D> {
 
     /// Sets what a timeout does. Under [`OnTimeout::Error`] the MPI parts always stage (never
     /// run on host-accessible device memory directly), so an abandoned operation leaves MPI
-    /// only memory the library owns.
+    /// only memory the library owns. Switching from `Abort` to `Error` first waits for the
+    /// operations queued on the stream (under `Abort`'s deadline, whose timeout ends the job):
+    /// those may run on the device buffers themselves, and must never be given up. Their
+    /// errors are left for [`synchronize`](Self::synchronize).
     pub fn set_on_timeout(&mut self, on_timeout: OnTimeout) {
+        let m = &self.shared.monitor;
+        if on_timeout == OnTimeout::Error && m.on_timeout() == OnTimeout::Abort && !self.is_through().unwrap_or(true) {
+            let wait = m.wait_begin("set_on_timeout");
+            // A device error here is the stream's, which `synchronize` reports again.
+            let _ = self.wait_for_streams();
+            m.wait_end(wait);
+        }
         self.shared.monitor.set_on_timeout(on_timeout);
     }
 

@@ -573,6 +573,8 @@ impl MpiCommunicator {
         for c in [self.core.coll, self.core.algo, self.core.p2p] {
             ffi::ulfm::revoke(c)?;
         }
+        // Before the poison, which operations in flight see first.
+        self.core.monitor.mark_revoked();
         let mut st = self.core.monitor.lock();
         let poison = crate::reliability::monitor::plain_poison("revoked".into(), None);
         Monitor::poison_with(&mut st, &self.core.monitor, poison);
@@ -642,7 +644,7 @@ impl MpiCommunicator {
     fn on_error(&self) -> OnError {
         let m = &self.core.monitor;
         if m.on_timeout() == OnTimeout::Abort || m.guarded() {
-            OnError::Abandon { leaked: self.core.scratch.leak_flag() }
+            OnError::Abandon { leaked: self.core.scratch.leak_flag(), revoked: m.revoked_flag() }
         } else if ffi::ulfm::available() {
             OnError::Revoke
         } else {

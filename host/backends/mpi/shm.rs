@@ -90,10 +90,13 @@ const HEADER_BYTES: usize = 64;
 const PART_BYTES: usize = HEADER_BYTES + 2 * BUFFER_BYTES;
 
 /// The call a rank is in, written at the start of its part before an operation's first barrier
-/// and read by the others after it. The previous operation's is read by every rank before it
-/// enters that operation's second barrier, which every rank passes before writing the next.
-/// Ranks agree on everything but the number (a collective refused on one rank alone took a
-/// number there only).
+/// (after its first chunk is staged) and read by the others after it. The previous operation's
+/// is read by every rank before it enters that operation's second barrier, which every rank
+/// passes before writing the next. Ranks agree on everything but the number (a collective
+/// refused on one rank alone took a number there only), including how many operations the
+/// window ran before: a rank whose first barrier a colliding message of another call let
+/// through (`docs/reliability.md`) finds a peer's header of an earlier operation, never reads
+/// its buffers as this one's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct Header {
@@ -104,6 +107,8 @@ struct Header {
     /// Elements of this chunk of the operation (of a HostTransfer chunk, the chunk's).
     count: u64,
     elem_size: u64,
+    /// Operations the window ran before this one.
+    uses: u64,
 }
 
 const _: () = assert!(size_of::<Header>() <= HEADER_BYTES && HEADER_BYTES % ALIGN == 0);
@@ -111,7 +116,7 @@ const _: () = assert!(size_of::<Header>() <= HEADER_BYTES && HEADER_BYTES % ALIG
 impl Header {
     /// Whether two ranks' calls agree.
     fn agrees(&self, other: &Header) -> bool {
-        (self.hash, self.count, self.elem_size) == (other.hash, other.count, other.elem_size)
+        (self.hash, self.count, self.elem_size, self.uses) == (other.hash, other.count, other.elem_size, other.uses)
     }
 }
 
@@ -142,6 +147,8 @@ struct Turns {
     /// The buffer the next operation starts in (0 or 1): the one the last operation did not
     /// finish in.
     buffer: usize,
+    /// Operations that ran through the window.
+    uses: u64,
 }
 
 /// A window made: the node communicator, the window and where every rank's part lies here.
@@ -238,6 +245,8 @@ impl Window {
             // passed, and none is written again before the next one; any bit pattern is a
             // valid `Header` (plain integers).
             let h = unsafe { std::ptr::read_volatile(self.parts[j].cast::<Header>()) };
+            // The buffers are read after the header that says they hold this operation's.
+            atomic::fence(Ordering::Acquire);
             (!h.agrees(&mine)).then_some((j, h))
         })
     }
@@ -329,18 +338,22 @@ impl Turn {
         Turn { core, ticket }
     }
 
-    /// Completes when every earlier turn was given back; returns the buffer to start in.
-    async fn come_up(&self) -> usize {
+    /// Completes when every earlier turn was given back; returns the buffer to start in and
+    /// how many operations ran through the window before.
+    async fn come_up(&self) -> (usize, u64) {
         poll_fn(|_| {
             let t = self.core.shm.turns();
-            if t.serving == self.ticket { Poll::Ready(t.buffer) } else { Poll::Pending }
+            if t.serving == self.ticket { Poll::Ready((t.buffer, t.uses)) } else { Poll::Pending }
         })
         .await
     }
 
-    /// Records the buffer the next operation starts in (while this turn is being served).
+    /// Records that this operation ran through, and the buffer the next one starts in (while
+    /// this turn is being served).
     fn continue_at(&self, buffer: usize) {
-        self.core.shm.turns().buffer = buffer % 2;
+        let mut t = self.core.shm.turns();
+        t.buffer = buffer % 2;
+        t.uses += 1;
     }
 }
 
@@ -390,11 +403,13 @@ pub(super) fn plan_allreduce<T: Element, O: ReduceOp<T>>(
         hash: comm.current_hash(),
         count: out.len() as u64,
         elem_size: size_of::<T>() as u64,
+        uses: 0,
     };
     let stores = comm.tuning().shared_memory_stores;
     let turn = Turn::take(Arc::clone(&comm.core));
     Ok(Job::Future(Box::pin(async move {
-        let first = turn.come_up().await;
+        let (first, uses) = turn.come_up().await;
+        let header = Header { uses, ..header };
         let w = turn.core.shm.window.get().ok_or(Error::Progress("shared-memory window missing"))?;
         let r = host_reducer::<T, O>();
         // SAFETY: the public method borrows `send` and `out` for the whole operation (the
@@ -490,10 +505,13 @@ async unsafe fn pipeline<T: Element, R: Reducer<T>>(
     let how = if p.stream { w.stores.pick(stores) } else { Stores::Cached };
     // Each step below runs between the barriers the module docs give it, which is what the
     // steps of `Chunks` require.
-    // SAFETY: this operation holds the turn, before its first barrier.
-    unsafe { w.write_header(header) };
-    // SAFETY: as above; the caller guarantees `input` readable.
+    // SAFETY: this operation holds the turn, before its first barrier; the caller guarantees
+    // `input` readable.
     unsafe { p.stage(0, how) };
+    // The header after the staging (see `Header`).
+    w.fence()?;
+    // SAFETY: as above.
+    unsafe { w.write_header(header) };
     for c in 0..=chunks {
         w.fence()?;
         barrier(x).await?;
@@ -651,8 +669,12 @@ impl<'a, T: Element> Chunks<'a, T> {
 /// wrote `mine`.
 fn header_mismatch(x: &MpiTransport, j: usize, theirs: &Header, mine: &Header) -> Error {
     let (op, seq) = x.label.map_or(("allreduce", mine.seq), |l| (l.name, l.seq));
-    let call =
-        |h: &Header| format!("#{} of {} elements of {} bytes (signature {:016x})", h.seq, h.count, h.elem_size, h.hash);
+    let call = |h: &Header| {
+        format!(
+            "#{} of {} elements of {} bytes (signature {:016x}, after {} operations on the window)",
+            h.seq, h.count, h.elem_size, h.hash, h.uses
+        )
+    };
     let what = format!(
         "rank {j} is in another call on the shared-memory window: its header says {}, this rank's {}",
         call(theirs),
@@ -689,4 +711,22 @@ async fn barrier(x: &MpiTransport) -> Result<()> {
         dist *= 2;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Header;
+
+    /// Ranks agree on a call whatever its number on each, and on nothing else that differs:
+    /// a header left by an earlier operation on the window never passes for this one's.
+    #[test]
+    fn headers_agree_on_everything_but_the_number() {
+        let h = Header { seq: 3, hash: 7, count: 10, elem_size: 4, uses: 2 };
+        assert!(h.agrees(&Header { seq: 5, ..h }));
+        for other in
+            [Header { hash: 8, ..h }, Header { count: 11, ..h }, Header { elem_size: 8, ..h }, Header { uses: 1, ..h }]
+        {
+            assert!(!h.agrees(&other), "{other:?} agreed with {h:?}");
+        }
+    }
 }
