@@ -187,8 +187,9 @@ pub(crate) struct Monitor {
     pub(crate) comm_id: u64,
     settings: Settings,
     poisoned: AtomicBool,
-    /// Set once the program revoked the communicator (ULFM): MPI requests pending on it then
-    /// complete soon, so they may be waited for (see `transport::OnError::Abandon`).
+    /// Set once the communicator is known revoked (ULFM: the program's `revoke`, or an MPI call
+    /// that failed with `MPIX_ERR_REVOKED`): MPI requests pending on it then complete soon, so
+    /// they may be waited for (see `transport::OnError::Abandon`).
     revoked: Arc<AtomicBool>,
     state: Mutex<MonitorState>,
     /// Signals a concluded fault exchange to the waiting operation thread.

@@ -114,9 +114,9 @@ pub(crate) enum OnError {
     /// ([`OnTimeout::Abort`](crate::reliability::OnTimeout::Abort)) or the operation's buffers
     /// belong to the library: its shadow copies and staging are leaked with the operation, and
     /// `leaked`, once set, makes the communicator's scratch memory never return to the heap.
-    /// Once `revoked` is set (the program revoked the communicator, under `Abort` too, whose
-    /// operations may read the caller's own buffers) they are waited for instead
-    /// ([`OnError::disposal`]).
+    /// Once `revoked` is set (the program revoked the communicator, or MPI said another rank
+    /// did: under `Abort` too, whose operations may read the caller's own buffers) they are
+    /// waited for instead ([`OnError::disposal`]).
     Abandon { leaked: Arc<AtomicBool>, revoked: Arc<AtomicBool> },
 }
 
@@ -426,7 +426,14 @@ impl Future for MpiPending {
         match this.poll_all() {
             Ok(true) => Poll::Ready(Ok(())),
             Ok(false) => Poll::Pending,
-            Err(e) => Poll::Ready(Err(e)),
+            Err(e) => {
+                if let (Error::Revoked, OnError::Abandon { revoked, .. }) = (&e, &this.on_error) {
+                    // Another rank revoked the communicator: what is pending on it completes
+                    // soon, so the sends are waited for when this is dropped (`disposal`).
+                    revoked.store(true, Ordering::Release);
+                }
+                Poll::Ready(Err(e))
+            }
         }
     }
 }

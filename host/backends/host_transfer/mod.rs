@@ -510,18 +510,11 @@ impl<D: Device> HostTransferCommunicator<D> {
 
     /// Sets what a timeout does. Under [`OnTimeout::Error`] the MPI parts always stage (never
     /// run on host-accessible device memory directly), so an abandoned operation leaves MPI
-    /// only memory the library owns. Switching from `Abort` to `Error` first waits for the
-    /// operations queued on the stream (under `Abort`'s deadline, whose timeout ends the job):
-    /// those may run on the device buffers themselves, and must never be given up. Their
-    /// errors are left for [`synchronize`](Self::synchronize).
+    /// only memory the library owns. Operations queued before a switch from `Abort` keep
+    /// running on the device buffers themselves: switch with nothing queued (after
+    /// [`synchronize`](Self::synchronize)), or a give-up under `Error` without ULFM may leave
+    /// MPI using those buffers (`docs/reliability.md`).
     pub fn set_on_timeout(&mut self, on_timeout: OnTimeout) {
-        let m = &self.shared.monitor;
-        if on_timeout == OnTimeout::Error && m.on_timeout() == OnTimeout::Abort && !self.is_through().unwrap_or(true) {
-            let wait = m.wait_begin("set_on_timeout");
-            // A device error here is the stream's, which `synchronize` reports again.
-            let _ = self.wait_for_streams();
-            m.wait_end(wait);
-        }
         self.shared.monitor.set_on_timeout(on_timeout);
     }
 

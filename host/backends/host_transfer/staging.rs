@@ -49,16 +49,6 @@ pub(crate) struct Queued<D: Device> {
     pub(crate) errors: Arc<ErrorSlot>,
 }
 
-/// Why [`HostTransferCommunicator::enqueue_cut`] returned no [`Queued`].
-enum NotQueued {
-    /// Nothing of the operation runs: the device failed while it was queued, or no flag was
-    /// left.
-    Failed(Error),
-    /// The operation runs (the proxy thread has it); only the caller's stream could not be
-    /// made to wait for it.
-    Unjoined(Error),
-}
-
 /// An operation set up on the calling thread, its device side laid out but not queued.
 struct SetUp<D: Device> {
     geo: Geometry,
@@ -123,17 +113,11 @@ impl<D: Device> HostTransferCommunicator<D> {
                 m.set(id, State::Failed, Some(e.to_string()));
                 Err(e)
             }
-            Ok(geo) => match self.enqueue_cut(stream, plan, geo, (id, sig), Arc::clone(&errors), ring_before) {
-                Ok(queued) => Ok(queued),
-                // The device's failure, or no flag left, on this rank alone: the others may be
-                // in the operation already (see `Monitor::failed_to_queue`).
-                Err(NotQueued::Failed(e)) => Err(m.failed_to_queue(id, e)),
-                // The operation runs; only the caller's stream was not made to wait for it.
-                Err(NotQueued::Unjoined(e)) => {
-                    m.set(id, State::Failed, Some(e.to_string()));
-                    Err(e)
-                }
-            },
+            // The device's failure, or no flag left, on this rank alone: the others may be in
+            // the operation already (see `Monitor::failed_to_queue`).
+            Ok(geo) => self
+                .enqueue_cut(stream, plan, geo, (id, sig), Arc::clone(&errors), ring_before)
+                .map_err(|e| m.failed_to_queue(id, e)),
         };
         if queued.is_err() {
             errors.let_go();
@@ -150,9 +134,8 @@ impl<D: Device> HostTransferCommunicator<D> {
         op: (OpId, Signature),
         errors: Arc<ErrorSlot>,
         ring_before: (u64, u64),
-    ) -> std::result::Result<Queued<D>, NotQueued> {
-        use NotQueued::{Failed, Unjoined};
-        if self.may_start_here(stream, &geo).map_err(Failed)? {
+    ) -> Result<Queued<D>> {
+        if self.may_start_here(stream, &geo)? {
             let Some(started) = self.start_here(&mut plan, &geo, op, &errors) else {
                 return Ok(Queued { pending: None, errors });
             };
@@ -167,17 +150,26 @@ impl<D: Device> HostTransferCommunicator<D> {
             };
             let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), Some(started));
             self.finish_elsewhere(stream, &handed);
-            self.shared.device.release(stream, &handed.keeps).map_err(Unjoined)?;
+            self.release(stream, &handed, &errors);
             return Ok(Queued { pending: Some((handed.done, handed.task)), errors });
         }
-        let set_up =
-            self.set_up(stream, &mut plan, geo).inspect_err(|_| self.ring_next.set(ring_before)).map_err(Failed)?;
+        let set_up = self.set_up(stream, &mut plan, geo).inspect_err(|_| self.ring_next.set(ring_before))?;
         let handed = self.hand_over(set_up, plan.chunk, op, Arc::clone(&errors), None);
         if let Err(error) = self.queue_device_work(stream, &handed) {
-            return Err(Failed(self.abandon_queueing(stream, handed, error)));
+            return Err(self.abandon_queueing(stream, handed, error));
         }
-        self.shared.device.release(stream, &handed.keeps).map_err(Unjoined)?;
+        self.release(stream, &handed, &errors);
         Ok(Queued { pending: Some((handed.done, handed.task)), errors })
+    }
+
+    /// Makes the streams of the operation's buffers wait for it ([`Device::release`]). Where
+    /// the device cannot, the operation (queued and handed over, so it runs) ends before the
+    /// call returns instead, and the device's error goes where its errors go.
+    fn release(&self, stream: &D::Stream, handed: &HandedOver<D>, errors: &ErrorSlot) {
+        if let Err(e) = self.shared.device.release(stream, &handed.keeps) {
+            let _ = handed.task.wait();
+            errors.record(e);
+        }
     }
 
     /// How the operation is cut: in one chunk on the device buffers themselves where the host
