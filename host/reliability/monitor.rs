@@ -344,7 +344,7 @@ impl Monitor {
         (t / 2).clamp(Duration::from_secs(1), Duration::from_secs(10))
     }
 
-    /// The flag set once the program revoked the communicator.
+    /// The flag set once the communicator is known revoked (see the field).
     pub(crate) fn revoked_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.revoked)
     }
@@ -354,7 +354,7 @@ impl Monitor {
         self.revoked.store(true, Ordering::Release);
     }
 
-    /// Whether the program revoked the communicator.
+    /// Whether the communicator is known revoked (by the program here, or by another rank).
     pub(crate) fn revoked(&self) -> bool {
         self.revoked.load(Ordering::Acquire)
     }

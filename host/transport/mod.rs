@@ -134,9 +134,9 @@ enum Disposal {
 impl OnError {
     /// What becomes of the sends. Abandoned sends may read the caller's own buffers (under
     /// `OnTimeout::Abort`, whose failures end the job before the caller has them back): after
-    /// the program's own `revoke`, the one way a communicator under `Abort` is given up and
-    /// the job goes on, they complete soon and are waited for, so that the caller never gets
-    /// back a buffer MPI still reads (`docs/reliability.md`).
+    /// a revocation (this rank's `revoke`, or another rank's that MPI reported), the one way
+    /// the job goes on under `Abort`, they complete soon and are waited for, so that the caller
+    /// never gets back a buffer MPI still reads (`docs/reliability.md`).
     fn disposal(&self) -> Disposal {
         match self {
             OnError::Wait => Disposal::Wait,

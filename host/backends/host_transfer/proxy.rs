@@ -333,8 +333,9 @@ impl<D: Device, T: Element> HostPart<D, T> {
                 let give_up = || m.poisoned().map(|p| p.error(Asker::Op(id)));
                 let (input, ring, geo) = (self.op.input(), &self.op.shared.ring, &self.op.geo);
                 let steps = &mut self.steps;
-                // An MPI part on the caller's buffers is never left to MPI: given up after the
-                // program's revoke, it runs on to its end (its requests then complete soon).
+                // An MPI part on the caller's buffers is never left to MPI: given up once the
+                // communicator is known revoked, it runs on to its end (its requests then
+                // complete soon).
                 let direct = self.op.geo.direct.is_some();
                 let job = crate::common::progress::unless_or_finish(job, give_up, || direct && m.revoked());
                 observing(job, || observe(steps, geo, input, ring)).await.map_err(|_| GivenUp)?
