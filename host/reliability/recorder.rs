@@ -330,13 +330,15 @@ impl RecordId {
 
 /// The ring of the last `cap` operations. An unfinished operation is never lost: when the ring
 /// comes round to it, it moves aside until it finishes (so the memory is bounded by `cap`
-/// plus the operations in flight, which hold far more memory themselves).
+/// plus the operations in flight, which hold far more memory themselves). The last one set
+/// aside that failed is kept after it: its fault is reported after it ended.
 #[derive(Debug)]
 pub(crate) struct Recorder {
     ring: Vec<Record>,
     cap: usize,
     next_id: u64,
     aside: Vec<Record>,
+    failed_aside: Option<Record>,
 }
 
 /// The default number of operations a recorder keeps; `DURALUMIN_RECORDER_OPS` sets another
@@ -346,7 +348,7 @@ pub(crate) const DEFAULT_OPS: usize = 64;
 impl Recorder {
     pub(crate) fn new(cap: usize) -> Recorder {
         let cap = cap.clamp(8, 4096);
-        Recorder { ring: Vec::with_capacity(cap), cap, next_id: 0, aside: Vec::new() }
+        Recorder { ring: Vec::with_capacity(cap), cap, next_id: 0, aside: Vec::new(), failed_aside: None }
     }
 
     pub(crate) fn push(
@@ -377,7 +379,7 @@ impl Recorder {
     pub(crate) fn get_mut(&mut self, at: RecordId) -> Option<&mut Record> {
         match self.ring.get_mut(at.slot) {
             Some(r) if r.id == at.id => Some(r),
-            _ => self.aside.iter_mut().find(|r| r.id == at.id),
+            _ => self.aside.iter_mut().chain(&mut self.failed_aside).find(|r| r.id == at.id),
         }
     }
 
@@ -394,8 +396,13 @@ impl Recorder {
                 r.note = note.map(|n| clip(&n, 160).into());
             }
         }
-        if state.is_finished() {
-            self.aside.retain(|r| !r.state.is_finished());
+        if state.is_finished()
+            && let Some(i) = self.aside.iter().position(|r| r.id == at.id)
+        {
+            let r = self.aside.remove(i);
+            if state == State::Failed {
+                self.failed_aside = Some(r);
+            }
         }
     }
 
@@ -403,7 +410,8 @@ impl Recorder {
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Record> {
         #[allow(clippy::cast_possible_truncation, reason = "the remainder is below `cap`, a usize")]
         let split = if self.ring.len() < self.cap { 0 } else { (self.next_id % self.cap as u64) as usize };
-        self.aside.iter().chain(self.ring[split..].iter()).chain(self.ring[..split].iter())
+        let older = self.failed_aside.iter().chain(&self.aside);
+        older.chain(self.ring[split..].iter()).chain(self.ring[..split].iter())
     }
 
     /// The operation that has been running longest past its own deadline at `now`, if any has,
@@ -780,7 +788,17 @@ mod tests {
         r.set(first, State::Failed, 99, Some("x".repeat(500)));
         assert_eq!(r.unfinished(), 0);
         assert!(r.oldest_late(1000, None).is_none());
-        assert_eq!(r.iter().count(), 8, "a finished record that was set aside leaves");
+        let failed = r.get_mut(first).map(|x| (x.seq, x.state, x.note.as_deref().map_or(0, str::len)));
+        assert_eq!(failed, Some((1, State::Failed, 160)), "a failure set aside is kept for its report");
+        assert_eq!(r.iter().map(|x| x.seq).next(), Some(1), "oldest first");
+        let second = r.push(21, sig(21), State::Running, 100, None);
+        for seq in 22..=30 {
+            let id = r.push(seq, sig(usize::try_from(seq).unwrap()), State::Running, 100 + seq, None);
+            r.set(id, State::Done, 200 + seq, None);
+        }
+        r.set(second, State::Done, 300, None);
+        assert!(r.get_mut(first).is_some(), "until another failure takes its place");
+        assert_eq!(r.iter().count(), 9, "a record set aside that completed leaves");
         assert!(r.get_mut(ids[0]).is_none(), "an overwritten finished record is gone");
     }
 

@@ -87,6 +87,8 @@ fn main() {
             mismatch::main(backend);
         } else if let Some(backend) = program.strip_prefix("given-up-") {
             mismatch::given_up(backend);
+        } else if program == "set-aside" {
+            rank::set_aside();
         } else if program == "queue-failure" {
             #[cfg(feature = "cuda")]
             rank::queue_failure();
@@ -141,6 +143,8 @@ fn main() {
         trials.push(Trial::test(format!("given_up_{backend}_np2"), move || run_given_up(backend)));
         trials.push(Trial::test(format!("given_up_abort_{backend}_np2"), move || run_given_up_abort(backend)));
     }
+    // A fault in an operation the flight recorder had set aside.
+    trials.push(Trial::test("set_aside_host_np2", run_set_aside));
     // A collective one rank's device cannot queue, on cudasim.
     #[cfg(feature = "cuda")]
     {
@@ -307,6 +311,32 @@ fn run_queue_failure(sim: Option<&std::path::Path>) -> Result<(), Failed> {
         return Err(fail(format!("rank 0's error does not name rank 1: {}", errors(0))));
     }
     println!("queue failure: rank 0 got {}", errors(0).lines().next().unwrap_or_default());
+    Ok(())
+}
+
+/// See [`rank::set_aside`]: every rank must end with the fault's error (not its timeout) in a
+/// launch that ends on its own.
+fn run_set_aside() -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let env = [
+        ("DURALUMIN_FAULT_PROGRAM", "set-aside".to_string()),
+        ("DURALUMIN_CHECK", "0".to_string()),
+        ("DURALUMIN_RECORDER_OPS", "8".to_string()),
+    ];
+    let l = mpirun::launch(2, &exe, &env, &[], LIMIT)?;
+    let fail = |why: String| -> Failed { l.failure(&format!("set aside: {why}")).into() };
+    if !l.status.is_some_and(|s| s.success()) {
+        return Err(fail(format!("the launch ended with {:?}", l.status)));
+    }
+    let bound = rank::SET_ASIDE_TIMEOUT / 2;
+    for r in 0..2 {
+        match outcome_line(&l.stdout, &format!("SET_ASIDE {r} ")) {
+            Some((word, ms)) if word != "ok" && word != "Timeout" && u128::from(ms) < bound.as_millis() => {}
+            other => return Err(fail(format!("rank {r} ended {other:?}, not with the fault within {bound:?}"))),
+        }
+    }
+    let shown = |p: &str| l.stdout.lines().filter(|x| x.starts_with(p)).collect::<Vec<_>>().join("; ");
+    println!("set aside: {}; {}", shown("SET_ASIDE"), shown("ERROR"));
     Ok(())
 }
 

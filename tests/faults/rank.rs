@@ -244,6 +244,46 @@ pub fn queue_failure() {
     world.barrier();
 }
 
+/// How many operations [`set_aside`] queues; more than the flight recorder keeps
+/// (`DURALUMIN_RECORDER_OPS`, 8 in that launch).
+pub const SET_ASIDE_OPS: usize = 14;
+/// The deadline of [`set_aside`]: the fault report must end every rank long before it.
+pub const SET_ASIDE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// HostTransfer on the host device under `OnTimeout::Error`: [`SET_ASIDE_OPS`] allreduces
+/// queued behind a host kernel that holds the stream, so all of them are recorded before the
+/// first runs; rank 1's #2 has another count. Its record, with more operations queued behind
+/// it than the flight recorder keeps, was set aside: the fault must still be reported and the
+/// communicator given up on every rank. `SET_ASIDE <rank> <kind> <ms>`.
+pub fn set_aside() {
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    let dev = HostDevice::new(0);
+    let mut h = ht(&world, dev.clone(), dev.stream().expect("stream"));
+    h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Error);
+    h.comm.set_timeout(Some(SET_ASIDE_TIMEOUT));
+    let me = h.rank();
+    let count = |i: usize| if me == 1 && i == 2 { COUNT + 1 } else { COUNT };
+    let bufs: Vec<_> = (1..=SET_ASIDE_OPS)
+        .map(|i| {
+            (dev.upload(&vec![1.0f32; count(i)]).expect("upload"), dev.alloc_zeroed::<f32>(count(i)).expect("alloc"))
+        })
+        .collect();
+    let mut gate = dev.alloc_zeroed::<u8>(1).expect("alloc");
+    let start = std::time::Instant::now();
+    dev.launch(h.comm.stream(), &mut gate, |_| std::thread::sleep(Duration::from_millis(300))).expect("the gate");
+    let queued = bufs.into_iter().try_for_each(|(s, mut r)| h.comm.allreduce(&s, &mut r, Sum));
+    let r = queued.and_then(|()| h.comm.synchronize());
+    let ms = start.elapsed().as_millis();
+    match r {
+        Ok(()) => println!("SET_ASIDE {me} ok {ms}"),
+        Err(e) => {
+            println!("SET_ASIDE {me} {} {ms}", kind(&e));
+            report(me, 2, &e);
+        }
+    }
+}
+
 fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
     // Staged in small chunks, as on a GPU.
     let config = HostTransferConfig::default().with_chunk_bytes(1 << 20);
@@ -261,6 +301,7 @@ fn kind(e: &Error) -> &'static str {
         Error::BufferLength { .. } => "BufferLength",
         Error::Mpi { .. } => "Mpi",
         Error::CountMismatch { .. } => "CountMismatch",
+        Error::Mismatch { .. } => "Mismatch",
         Error::Device { .. } => "Device",
         _ => "other",
     }
