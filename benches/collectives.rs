@@ -652,14 +652,21 @@ fn host_transfer_rows(b: &mut Bench) {
         b.push("ht-allreduce/queued8", bytes, "stream", ours, Some(mpi), busbw_allreduce(n));
         // Host-thread cost of queueing one operation (the stream and proxy run it meanwhile):
         // the median and the slowest call, the slowest rank's.
+        // `idle`: after 1 ms asleep, by when the proxy and executor threads sleep too, so the
+        // call wakes them from cold caches, as one after a large operation does (see
+        // `docs/host_transfer.md`, "What an enqueue costs").
         let iters = Bench::iters(bytes).clamp(10, 200);
-        for (name, ht) in [
-            ("ht-allreduce/enqueue", &pipelined),
-            ("ht-allreduce/enqueue-copies", &copies),
-            ("ht-allreduce/enqueue-direct", &direct),
+        for (name, ht, idle) in [
+            ("ht-allreduce/enqueue", &pipelined, false),
+            ("ht-allreduce/enqueue-copies", &copies, false),
+            ("ht-allreduce/enqueue-direct", &direct, false),
+            ("ht-allreduce/enqueue-idle", &pipelined, true),
         ] {
             let mut enqueue = Vec::with_capacity(iters);
             for _ in 0..iters {
+                if idle {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
                 let t = Instant::now();
                 ht.allreduce(&send, &mut out, Sum).unwrap();
                 enqueue.push(t.elapsed().as_secs_f64() * 1e6);
@@ -777,6 +784,12 @@ fn targets(rows: &[Row], idle_before: f64, idle_after: f64, n: usize) {
             out,
             "  (info) HostTransfer<host> 64 MiB allreduce, pipelined / whole-buffer staging: {:.3}",
             p / w
+        );
+    }
+    if let Some(idle) = enqueue("ht-allreduce/enqueue-idle-p50") {
+        let _ = writeln!(
+            out,
+            "  (info) HostTransfer<host> staged enqueue p50 after 1 ms idle, us (max over sizes): {idle:.3}"
         );
     }
     println!("\n-- targets, np = {n} --\n{out}");

