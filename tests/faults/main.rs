@@ -87,6 +87,8 @@ fn main() {
             mismatch::main(backend);
         } else if let Some(backend) = program.strip_prefix("given-up-") {
             mismatch::given_up(backend);
+        } else if program == "switched" {
+            rank::switched();
         } else if program == "set-aside" {
             rank::set_aside();
         } else if program == "queue-failure" {
@@ -145,6 +147,8 @@ fn main() {
     }
     // A fault in an operation the flight recorder had set aside.
     trials.push(Trial::test("set_aside_host_np2", run_set_aside));
+    // An operation queued under `OnTimeout::Abort`, given up after a switch to `Error`.
+    trials.push(Trial::test("switched_abort_to_error_host_np2", run_switched));
     // A collective one rank's device cannot queue, on cudasim.
     #[cfg(feature = "cuda")]
     {
@@ -337,6 +341,25 @@ fn run_set_aside() -> Result<(), Failed> {
     }
     let shown = |p: &str| l.stdout.lines().filter(|x| x.starts_with(p)).collect::<Vec<_>>().join("; ");
     println!("set aside: {}; {}", shown("SET_ASIDE"), shown("ERROR"));
+    Ok(())
+}
+
+/// See [`rank::switched`]: the job must end, saying why, rather than rank 0 getting its
+/// buffers back while MPI may still use them.
+fn run_switched() -> Result<(), Failed> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let env = [("DURALUMIN_FAULT_PROGRAM", "switched".to_string()), ("DURALUMIN_CHECK", "0".to_string())];
+    let l = mpirun::launch(2, &exe, &env, &[], LIMIT)?;
+    let fail = |why: String| -> Failed { l.failure(&format!("switched: {why}")).into() };
+    let Some(status) = l.status else { return Err(fail(format!("still running after {LIMIT:?}: killed"))) };
+    if status.success() || l.stdout.contains("SWITCHED 0 downloaded") {
+        return Err(fail(format!("rank 0 got its buffers back ({status})")));
+    }
+    let why = "while MPI runs it on the caller's buffers (it was queued under OnTimeout::Abort)";
+    if !l.stderr.contains("rank 0: allreduce #1: the communicator was given up") || !l.stderr.contains(why) {
+        return Err(fail("the job did not end saying why".into()));
+    }
+    println!("switched: the job ended ({status})");
     Ok(())
 }
 

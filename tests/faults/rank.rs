@@ -284,6 +284,47 @@ pub fn set_aside() {
     }
 }
 
+/// The deadline of [`switched`].
+pub const SWITCHED_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// HostTransfer on the host device: rank 0 queues an allreduce under `OnTimeout::Abort` (so it
+/// runs on the device buffers themselves), then switches to `OnTimeout::Error` and
+/// synchronizes; rank 1 joins only after five deadlines. Given up without a revocation, the
+/// operation's MPI part cannot give the buffers back: the job must end before rank 0 can read
+/// its result (`synchronize` returns the give-up's error; the download waits for the stream).
+/// `SWITCHED <rank> <outcome>`, then `SWITCHED <rank> downloaded`.
+pub fn switched() {
+    let universe = duralumin::init().expect("MPI init");
+    let world = universe.world();
+    let dev = HostDevice::new(0);
+    let mut h = ht(&world, dev.clone(), dev.stream().expect("stream"));
+    let me = h.rank();
+    h.comm.set_timeout(Some(SWITCHED_TIMEOUT));
+    h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Abort);
+    // Larger than the operations started on the calling thread: it runs on the proxy thread.
+    let len = 1 << 18;
+    let send = dev.upload(&vec![1.0f32; len]).expect("upload");
+    let mut recv = dev.alloc_zeroed::<f32>(len).expect("alloc");
+    let r = if me == 0 {
+        let queued = h.comm.allreduce(&send, &mut recv, Sum);
+        h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Error);
+        queued.and_then(|()| h.comm.synchronize())
+    } else {
+        h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Error);
+        std::thread::sleep(5 * SWITCHED_TIMEOUT);
+        h.comm.allreduce(&send, &mut recv, Sum).and_then(|()| h.comm.synchronize())
+    };
+    match r {
+        Ok(()) => println!("SWITCHED {me} ok"),
+        Err(e) => println!("SWITCHED {me} {}", kind(&e)),
+    }
+    // The result, once the stream is past the operation: if it is, the buffers are the
+    // program's again.
+    let _ = dev.download(&recv);
+    println!("SWITCHED {me} downloaded");
+    drop((send, recv));
+}
+
 fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
     // Staged in small chunks, as on a GPU.
     let config = HostTransferConfig::default().with_chunk_bytes(1 << 20);

@@ -511,9 +511,10 @@ impl<D: Device> HostTransferCommunicator<D> {
     /// Sets what a timeout does. Under [`OnTimeout::Error`] the MPI parts always stage (never
     /// run on host-accessible device memory directly), so an abandoned operation leaves MPI
     /// only memory the library owns. Operations queued before a switch from `Abort` keep
-    /// running on the device buffers themselves: switch with nothing queued (after
-    /// [`synchronize`](Self::synchronize)), or a give-up under `Error` without ULFM may leave
-    /// MPI using those buffers (`docs/reliability.md`).
+    /// running on the device buffers themselves, so a give-up of one of them without a
+    /// revocation (ULFM) ends the job, as under `Abort`: switch with nothing queued (after
+    /// [`synchronize`](Self::synchronize)) to have errors for all of them
+    /// (`docs/reliability.md`).
     pub fn set_on_timeout(&mut self, on_timeout: OnTimeout) {
         self.shared.monitor.set_on_timeout(on_timeout);
     }

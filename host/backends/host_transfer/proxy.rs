@@ -335,9 +335,12 @@ impl<D: Device, T: Element> HostPart<D, T> {
                 let steps = &mut self.steps;
                 // An MPI part on the caller's buffers is never left to MPI: given up once the
                 // communicator is known revoked, it runs on to its end (its requests then
-                // complete soon).
+                // complete soon); given up without a revocation (it was queued under
+                // `OnTimeout::Abort`, and the communicator switched to `Error` since), the job
+                // ends, as it would have under the setting it was queued with.
                 let direct = self.op.geo.direct.is_some();
-                let job = crate::common::progress::unless_or_finish(job, give_up, || direct && m.revoked());
+                let finish = || direct && (m.revoked() || end_job_for_buffers(m, id));
+                let job = crate::common::progress::unless_or_finish(job, give_up, finish);
                 observing(job, || observe(steps, geo, input, ring)).await.map_err(|_| GivenUp)?
             }
             Err(e) => Err(e),
@@ -400,4 +403,17 @@ impl<D: Device, T: Element> HostPart<D, T> {
         let HostPart { op, monitor, id, .. } = self;
         op.abandon(&monitor, id)
     }
+}
+
+/// Ends the job for operation `id`, given up while MPI runs it on the caller's buffers and with
+/// no revocation to make MPI let them go (see `HostPart::run_mpi`).
+fn end_job_for_buffers(m: &Monitor, id: OpId) -> bool {
+    let why = m.poisoned().map_or_else(|| "given up".to_string(), |p| p.reason.clone());
+    crate::reliability::abort::abort_job(&format!(
+        "{} #{}: the communicator was given up ({why}) while MPI runs it on the caller's buffers \
+         (it was queued under OnTimeout::Abort), and without a revocation MPI cannot give them back: \
+         aborting the job (switch OnTimeout with nothing queued)",
+        id.kind.name(),
+        id.seq
+    ))
 }
