@@ -258,10 +258,7 @@ pub const SET_ASIDE_TIMEOUT: Duration = Duration::from_secs(20);
 pub fn set_aside() {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let dev = HostDevice::new(0);
-    let mut h = ht(&world, dev.clone(), dev.stream().expect("stream"));
-    h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Error);
-    h.comm.set_timeout(Some(SET_ASIDE_TIMEOUT));
+    let (dev, h) = on_host(&world, duralumin::reliability::OnTimeout::Error, SET_ASIDE_TIMEOUT);
     let me = h.rank();
     let count = |i: usize| if me == 1 && i == 2 { COUNT + 1 } else { COUNT };
     let bufs: Vec<_> = (1..=SET_ASIDE_OPS)
@@ -296,11 +293,8 @@ pub const SWITCHED_TIMEOUT: Duration = Duration::from_secs(1);
 pub fn switched() {
     let universe = duralumin::init().expect("MPI init");
     let world = universe.world();
-    let dev = HostDevice::new(0);
-    let mut h = ht(&world, dev.clone(), dev.stream().expect("stream"));
+    let (dev, mut h) = on_host(&world, duralumin::reliability::OnTimeout::Abort, SWITCHED_TIMEOUT);
     let me = h.rank();
-    h.comm.set_timeout(Some(SWITCHED_TIMEOUT));
-    h.comm.set_on_timeout(duralumin::reliability::OnTimeout::Abort);
     // Larger than the operations started on the calling thread: it runs on the proxy thread.
     let len = 1 << 18;
     let send = dev.upload(&vec![1.0f32; len]).expect("upload");
@@ -323,6 +317,19 @@ pub fn switched() {
     let _ = dev.download(&recv);
     println!("SWITCHED {me} downloaded");
     drop((send, recv));
+}
+
+/// A HostTransfer communicator on the host device with these settings, and its device.
+fn on_host(
+    world: &SimpleCommunicator,
+    on_timeout: duralumin::reliability::OnTimeout,
+    timeout: Duration,
+) -> (HostDevice, Ht<HostDevice>) {
+    let dev = HostDevice::new(0);
+    let mut h = ht(world, dev.clone(), dev.stream().expect("stream"));
+    h.comm.set_on_timeout(on_timeout);
+    h.comm.set_timeout(Some(timeout));
+    (dev, h)
 }
 
 fn ht<D: Dev>(world: &SimpleCommunicator, dev: D, stream: D::Stream) -> Ht<D> {
