@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use duralumin::HostTransferCommunicator;
 use duralumin::device::cpu::{HostBuffer, HostDevice};
+use duralumin::mpi::traits::CommunicatorCollectives as _;
 use duralumin::reliability::OnTimeout;
 use duralumin::{AllreduceAlgorithm, Error, MpiCommunicator, Result, Sum};
 
@@ -61,7 +62,6 @@ fn main() -> Result<()> {
         comm.set_on_timeout(OnTimeout::Abort);
         comm.set_timeout(timeout);
         revoke_in_flight(&comm, &dev, bytes)?;
-        use duralumin::mpi::traits::CommunicatorCollectives as _;
         world.barrier();
         return Ok(());
     }

@@ -407,7 +407,7 @@ impl<D: Device, T: Element> HostPart<D, T> {
 
 /// Ends the job for operation `id`, given up while MPI runs it on the caller's buffers and with
 /// no revocation to make MPI let them go (see `HostPart::run_mpi`).
-fn end_job_for_buffers(m: &Monitor, id: OpId) -> bool {
+fn end_job_for_buffers(m: &Monitor, id: OpId) -> ! {
     let why = m.poisoned().map_or_else(|| "given up".to_string(), |p| p.reason.clone());
     crate::reliability::abort::abort_job(&format!(
         "{} #{}: the communicator was given up ({why}) while MPI runs it on the caller's buffers \
